@@ -1,0 +1,110 @@
+"""Autograd: the engine, ``grad``, grad modes, ``gradcheck`` and the functional API."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import AutogradError
+from .engine import run_backward
+from .function import Context, Function
+from .gradients import Gradients
+from .grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    return tuple(x) if isinstance(x, tuple | list) else (x,)
+
+
+def grad(
+    outputs: Any,
+    inputs: Any,
+    grad_outputs: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool | None = None,
+    materialize_grads: bool = False,
+) -> tuple[Any, ...]:
+    """Gradients of ``outputs`` with respect to ``inputs``, leaving every ``.grad`` untouched.
+
+    Returns a tuple with one entry per input; an input the outputs do not depend on gives
+    None with ``allow_unused=True`` (zeros with ``materialize_grads=True``) and raises
+    otherwise.
+    """
+    from ..tensor import Tensor, ones_like, zeros_like  # noqa: PLC0415
+
+    outputs = _as_tuple(outputs)
+    inputs = _as_tuple(inputs)
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    if grad_outputs is None:
+        grad_outputs = (None,) * len(outputs)
+    grad_outputs = _as_tuple(grad_outputs)
+    if len(grad_outputs) != len(outputs):
+        raise AutogradError(
+            f"grad_outputs has {len(grad_outputs)} entries; outputs has {len(outputs)}"
+        )
+    seeds = []
+    for out, seed in zip(outputs, grad_outputs, strict=True):
+        if seed is None:
+            if out.numel() != 1:
+                raise AutogradError(
+                    f"grad can be implicitly created only for scalar outputs; an output has "
+                    f"shape {out.shape}: pass grad_outputs"
+                )
+            seed = ones_like(out)
+        elif not isinstance(seed, Tensor):
+            seed = Tensor(seed, dtype=out.dtype, device=out.device)
+        seeds.append(seed)
+    kept = [(o, s) for o, s in zip(outputs, seeds, strict=True) if o.requires_grad]
+    if not kept:
+        raise AutogradError("element 0 of tensors does not require grad and does not have a grad_fn")
+    if retain_graph is None:
+        retain_graph = create_graph
+    captured, _ = run_backward(
+        [o for o, _ in kept], [s for _, s in kept], retain_graph=retain_graph,
+        create_graph=create_graph, capture=list(inputs), accumulate=False,
+    )
+    from ..tensor import _leaf_node  # noqa: PLC0415
+
+    result = []
+    for index, t in enumerate(inputs):
+        node = t.grad_fn if t.grad_fn is not None else _leaf_node(t)
+        g = captured.get(node)
+        if g is None:
+            if materialize_grads:
+                g = zeros_like(t)
+            elif not allow_unused:
+                raise AutogradError(
+                    f"input {index} (shape {t.shape}) was not used in the graph; pass "
+                    "allow_unused=True if this is what you want"
+                )
+        result.append(g)
+    return tuple(result)
+
+
+from .gradcheck import gradcheck, gradgradcheck  # noqa: E402
+from . import functional  # noqa: E402
+
+__all__ = [
+    "Context",
+    "Function",
+    "Gradients",
+    "enable_grad",
+    "functional",
+    "grad",
+    "gradcheck",
+    "gradgradcheck",
+    "inference_mode",
+    "is_grad_enabled",
+    "is_inference_mode_enabled",
+    "no_grad",
+    "set_grad_enabled",
+]

@@ -1,0 +1,184 @@
+"""Graph nodes: ``Function`` (an op's forward and backward side by side) and its ``Node``.
+
+A Function subclass defines ``forward(ctx, *args)`` on raw arrays (Tensor arguments arrive
+as Tensors so that the op can save them) and ``backward(ctx, grad)`` written with Tensor
+operations, so that with ``create_graph=True`` the backward pass is itself recorded and
+higher derivatives work. The graph walk lives in ``engine.py``, apart from the rules.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AutogradError, InplaceModificationError
+from .grad_mode import _state
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
+
+
+class Context:
+    """What a Function's forward keeps for its backward."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self._saved: tuple[tuple[Tensor, int], ...] = ()
+        self.needs_input_grad: tuple[bool, ...] = ()
+
+    def save_for_backward(self, *tensors: Tensor) -> None:
+        """Keep ``tensors`` for backward; changing one of them in place later is an error."""
+        self._saved = tuple((t, t._version_box[0]) for t in tensors)
+
+    def save_output(self) -> None:
+        """Keep the op's output too (it is appended to ``saved_tensors`` once known)."""
+        self._node.saves_output = True
+
+    @property
+    def saved_tensors(self) -> tuple[Tensor, ...]:
+        """The saved tensors; raises if the graph was freed or one was modified in place."""
+        if self._node.released:
+            raise AutogradError(
+                f"trying to backward through the graph a second time (node {self._node.name}); "
+                "its saved tensors were freed after the first backward. Pass retain_graph=True "
+                "to the first backward if you need to backward twice."
+            )
+        for index, (tensor, version) in enumerate(self._saved):
+            current = tensor._version_box[0]
+            if current != version:
+                op = tensor._version_box[1] or "an in-place operation"
+                raise InplaceModificationError(
+                    f"one of the tensors needed for gradient computation was modified by an "
+                    f"in-place operation ({op}): saved tensor {index} of {self._node.name}, "
+                    f"shape {tuple(tensor.shape)}, is at version {current}; expected version "
+                    f"{version}. Use the out-of-place op or clone the tensor first."
+                )
+        return tuple(tensor for tensor, _ in self._saved)
+
+
+class Node:
+    """A recorded op: its backward rule, the edges to its inputs' nodes and their shapes."""
+
+    __slots__ = (
+        "name",
+        "function",
+        "ctx",
+        "next_nodes",
+        "input_shapes",
+        "released",
+        "saves_output",
+        "tensor_hooks",
+        "retained",
+        "sequence",
+        "__weakref__",
+    )
+
+    _counter = 0
+
+    def __init__(self, function: type[Function] | None, name: str) -> None:
+        self.name = name
+        self.function = function
+        self.ctx: Context | None = None
+        self.next_nodes: tuple[Node | None, ...] = ()
+        self.input_shapes: tuple[tuple[int, ...], ...] = ()
+        self.released = False
+        self.saves_output = False
+        self.tensor_hooks: list[Callable[[Tensor], Tensor | None]] = []
+        self.retained: weakref.ref[Tensor] | None = None
+        Node._counter += 1
+        self.sequence = Node._counter
+
+    def apply(self, grad: Tensor) -> tuple[Tensor | None, ...]:
+        """Gradients for each input given the gradient of the output."""
+        assert self.function is not None and self.ctx is not None
+        grads = self.function.backward(self.ctx, grad)
+        if not isinstance(grads, tuple):
+            grads = (grads,)
+        return grads
+
+    def release(self) -> None:
+        """Free the saved tensors (the graph cannot be walked through this node again)."""
+        if self.ctx is not None and self.ctx._saved:
+            self.ctx._saved = ()
+            self.released = True
+
+    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> None:
+        self.tensor_hooks.append(hook)
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+class AccumulateGrad(Node):
+    """The node of a leaf that requires grad: sums incoming gradients into ``leaf.grad``."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, leaf: Tensor) -> None:
+        super().__init__(None, "AccumulateGrad")
+        self.variable = weakref.ref(leaf)
+
+
+class Function:
+    """Base of every differentiable op. Subclasses define ``forward`` and ``backward``."""
+
+    differentiable = True
+
+    @staticmethod
+    def forward(ctx: Context, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx: Context, grad: Tensor) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Tensor:
+        """Run forward; record a node when grad mode is on and an input requires grad."""
+        from ..tensor import Tensor, _leaf_node  # noqa: PLC0415 - circular at import time
+
+        tensor_inputs = [a for a in args if isinstance(a, Tensor)]
+        record = (
+            cls.differentiable
+            and _state.grad_enabled
+            and any(t.requires_grad for t in tensor_inputs)
+        )
+        if record:
+            for t in tensor_inputs:
+                if t._inference:
+                    raise AutogradError(
+                        f"inference tensors cannot be saved for backward ({cls.__name__}): "
+                        "the tensor was made under inference_mode; clone it outside "
+                        "inference_mode to use it in autograd"
+                    )
+            node = Node(cls, cls.__name__ + "Backward")
+            ctx = Context(node)
+            ctx.needs_input_grad = tuple(t.requires_grad for t in tensor_inputs)
+            data = cls.forward(ctx, *args, **kwargs)
+            node.ctx = ctx
+            node.next_nodes = tuple(
+                (t.grad_fn if t.grad_fn is not None else _leaf_node(t)) if t.requires_grad else None
+                for t in tensor_inputs
+            )
+            node.input_shapes = tuple(tuple(t.shape) for t in tensor_inputs)
+            out = Tensor._make(data, requires_grad=True, grad_fn=node)
+            if node.saves_output:
+                ctx._saved = ctx._saved + ((out, out._version_box[0]),)
+            return out
+        data = cls.forward(_FreeContext(), *args, **kwargs)
+        return Tensor._make(data)
+
+
+class _FreeContext(Context):
+    """The context handed to forward when nothing is recorded: saving is a no-op."""
+
+    def __init__(self) -> None:
+        self._saved = ()
+        self.needs_input_grad = ()
+
+    def save_for_backward(self, *tensors: Tensor) -> None:
+        return None
+
+    def save_output(self) -> None:
+        return None

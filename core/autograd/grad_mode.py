@@ -1,0 +1,91 @@
+"""Grad modes: ``no_grad``, ``enable_grad`` and ``inference_mode``, thread-local as in PyTorch."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.grad_enabled = True
+        self.inference = False
+
+
+_state = _State()
+
+
+def is_grad_enabled() -> bool:
+    """True when operations record a graph."""
+    return _state.grad_enabled
+
+
+def is_inference_mode_enabled() -> bool:
+    """True inside ``inference_mode()``."""
+    return _state.inference
+
+
+def set_grad_enabled(mode: bool) -> None:
+    """Turn graph recording on or off for this thread."""
+    _state.grad_enabled = bool(mode)
+
+
+class _Mode:
+    """Base of the grad-mode context managers; instances also decorate functions."""
+
+    def _enter(self) -> tuple[bool, bool]:
+        raise NotImplementedError
+
+    def __enter__(self) -> None:
+        self._saved = (_state.grad_enabled, _state.inference)
+        self._enter()
+
+    def __exit__(self, *exc: object) -> None:
+        _state.grad_enabled, _state.inference = self._saved
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self.__class__(*self._args()):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def _args(self) -> tuple[Any, ...]:
+        return ()
+
+
+class no_grad(_Mode):  # noqa: N801 - PyTorch's name
+    """Operations inside record no graph; results do not require grad."""
+
+    def _enter(self) -> tuple[bool, bool]:
+        _state.grad_enabled = False
+        return self._saved
+
+
+class enable_grad(_Mode):  # noqa: N801 - PyTorch's name
+    """Turn graph recording back on inside a ``no_grad`` block."""
+
+    def _enter(self) -> tuple[bool, bool]:
+        _state.grad_enabled = True
+        return self._saved
+
+
+class inference_mode(_Mode):  # noqa: N801 - PyTorch's name
+    """Like ``no_grad``; tensors made inside are inference tensors that can never enter a graph."""
+
+    def __init__(self, mode: bool = True) -> None:
+        self.mode = bool(mode)
+
+    def _args(self) -> tuple[Any, ...]:
+        return (self.mode,)
+
+    def _enter(self) -> tuple[bool, bool]:
+        if self.mode:
+            _state.grad_enabled = False
+            _state.inference = True
+        return self._saved

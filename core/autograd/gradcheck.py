@@ -1,0 +1,154 @@
+"""Numerical checks of analytic gradients: ``gradcheck`` and ``gradgradcheck`` (float64)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import AutogradError
+from .grad_mode import enable_grad
+
+
+class GradcheckError(AutogradError):
+    """An analytic gradient disagrees with finite differences."""
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    return tuple(x) if isinstance(x, tuple | list) else (x,)
+
+
+def _prepare(inputs: Any) -> tuple[Any, ...]:
+    from ..tensor import Tensor, float64  # noqa: PLC0415
+
+    prepared = []
+    for t in _as_tuple(inputs):
+        if isinstance(t, Tensor) and t.dtype.kind == "f":
+            copy = Tensor._make(t._data.astype(float64))
+            copy.requires_grad_(t.requires_grad)
+            prepared.append(copy)
+        else:
+            prepared.append(t)
+    return tuple(prepared)
+
+
+def _flat_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> list[Any]:
+    from ..tensor import Tensor  # noqa: PLC0415
+
+    return [o for o in _as_tuple(fn(*inputs)) if isinstance(o, Tensor) and o.dtype.kind == "f"]
+
+
+def _numerical(fn: Callable[..., Any], inputs: tuple[Any, ...], index: int, eps: float,
+               out_sizes: list[int]) -> np.ndarray:
+    from .. import backend  # noqa: PLC0415
+
+    t = inputs[index]
+    flat = t._data.reshape(-1)
+    jac = np.zeros((t.numel(), sum(out_sizes)))
+    for j in range(t.numel()):
+        original = flat[j].item()
+        values = []
+        for delta in (eps, -eps):
+            flat[j] = original + delta
+            outs = _flat_outputs(fn, inputs)
+            values.append(np.concatenate(
+                [backend.to_host(o._data).reshape(-1).astype(np.float64) for o in outs]
+            ) if outs else np.zeros(0))
+        flat[j] = original
+        jac[j] = (values[0] - values[1]) / (2 * eps)
+    return jac
+
+
+def _analytic(fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: list[int]
+              ) -> tuple[list[np.ndarray], list[int]]:
+    from .. import backend  # noqa: PLC0415
+    from ..tensor import zeros_like  # noqa: PLC0415
+    from . import grad  # noqa: PLC0415
+
+    with enable_grad():
+        outs = _flat_outputs(fn, inputs)
+    sizes = [o.numel() for o in outs]
+    jacs = [np.zeros((inputs[i].numel(), sum(sizes))) for i in diff_indices]
+    column = 0
+    for o in outs:
+        for k in range(o.numel()):
+            if o.requires_grad:
+                seed = zeros_like(o)
+                seed._data.reshape(-1)[k] = 1
+                grads = grad(o, [inputs[i] for i in diff_indices], seed, retain_graph=True,
+                             allow_unused=True)
+                for jac, g in zip(jacs, grads, strict=True):
+                    if g is not None:
+                        jac[:, column] = backend.to_host(g._data).reshape(-1)
+            column += 1
+    return jacs, sizes
+
+
+def gradcheck(fn: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol: float = 1e-5,
+              rtol: float = 1e-3, raise_exception: bool = True,
+              check_second_order: bool = False) -> bool:
+    """True when ``fn``'s analytic gradients match central finite differences in float64.
+
+    Floating inputs are copied to float64 first; only inputs with ``requires_grad`` are
+    checked. With ``check_second_order`` the gradients' own gradients are checked too
+    (``gradgradcheck``). A mismatch raises ``GradcheckError`` naming the input and the worst
+    element, or returns False when ``raise_exception=False``.
+    """
+    inputs = _prepare(inputs)
+    diff_indices = [i for i, t in enumerate(inputs) if getattr(t, "requires_grad", False)]
+    if not diff_indices:
+        raise AutogradError("gradcheck needs at least one input with requires_grad=True")
+    analytic, sizes = _analytic(fn, inputs, diff_indices)
+    for jac, i in zip(analytic, diff_indices, strict=True):
+        numeric = _numerical(fn, inputs, i, eps, sizes)
+        if not np.allclose(jac, numeric, rtol=rtol, atol=atol, equal_nan=True):
+            worst = np.unravel_index(np.nanargmax(np.abs(jac - numeric)), jac.shape)
+            message = (
+                f"gradient of input {i} (shape {inputs[i].shape}) disagrees with finite "
+                f"differences: at (input element, output element) {tuple(map(int, worst))} "
+                f"analytic {jac[worst]:.10g}, numerical {numeric[worst]:.10g}"
+            )
+            if raise_exception:
+                raise GradcheckError(message)
+            return False
+    if check_second_order:
+        return gradgradcheck(fn, inputs, eps=eps, atol=atol, rtol=rtol,
+                             raise_exception=raise_exception)
+    return True
+
+
+def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None, *,
+                  eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
+                  raise_exception: bool = True, seed: int = 0) -> bool:
+    """``gradcheck`` of the vector-Jacobian product of ``fn`` (second-order gradients)."""
+    from ..tensor import Tensor, zeros_like  # noqa: PLC0415
+    from . import grad  # noqa: PLC0415
+
+    inputs = _prepare(inputs)
+    diff = [t for t in inputs if getattr(t, "requires_grad", False)]
+    with enable_grad():
+        outs = _flat_outputs(fn, inputs)
+    if grad_outputs is None:
+        rng = np.random.default_rng(seed)
+        grad_outputs = tuple(
+            Tensor._make(rng.standard_normal(o.shape)).requires_grad_() for o in outs
+        )
+    grad_outputs = _prepare(grad_outputs)
+    count = len(inputs)
+
+    def first_derivative(*args: Any) -> tuple[Any, ...]:
+        with enable_grad():
+            values = _flat_outputs(fn, args[:count])
+            kept = [(o, v) for o, v in zip(values, args[count:], strict=True) if o.requires_grad]
+            targets = [t for t in args[:count] if getattr(t, "requires_grad", False)]
+            if not kept:
+                return tuple(zeros_like(t) for t in targets)
+            grads = grad([o for o, _ in kept], targets, [v for _, v in kept],
+                         create_graph=True, allow_unused=True)
+        return tuple(g if g is not None else zeros_like(t) for g, t in zip(grads, targets,
+                                                                           strict=True))
+
+    del diff
+    return gradcheck(first_derivative, inputs + tuple(grad_outputs), eps=eps, atol=atol,
+                     rtol=rtol, raise_exception=raise_exception)

@@ -1,0 +1,114 @@
+"""The one seam that picks the array module: NumPy for ``cpu``, CuPy for ``cuda:N``."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from .errors import DeviceError
+
+
+@dataclass(frozen=True, order=True)
+class Device:
+    """A device: ``cpu`` or ``cuda:N``."""
+
+    type: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __repr__(self) -> str:
+        return f"device({str(self)!r})"
+
+    @property
+    def backend(self) -> str:
+        """``"numpy"`` or ``"cupy"``: the array library that holds this device's data."""
+        return "numpy" if self.type == "cpu" else "cupy"
+
+
+CPU = Device("cpu")
+
+
+def device(spec: Device | str | None) -> Device:
+    """Parse ``spec`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a Device or None for cpu)."""
+    if spec is None:
+        return CPU
+    if isinstance(spec, Device):
+        return spec
+    if not isinstance(spec, str):
+        raise DeviceError(f"device must be a string such as 'cpu' or 'cuda:0'; got {spec!r}")
+    text = spec.strip().lower()
+    if text == "cpu":
+        return CPU
+    if text == "cuda":
+        return Device("cuda", 0)
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return Device("cuda", int(text[5:]))
+    raise DeviceError(f"unknown device {spec!r}; expected 'cpu', 'cuda' or 'cuda:N'")
+
+
+@functools.cache
+def _cupy() -> ModuleType:
+    try:
+        import cupy  # noqa: PLC0415 - optional, imported only when a CUDA device is asked for
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise DeviceError(
+            "a cuda device needs CuPy; install the extra: pip install 'gradvault[cuda]'"
+        ) from exc
+    return cupy
+
+
+def cuda_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        return _cupy().cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - any failure means no usable device
+        return False
+
+
+def array_module(dev: Device) -> ModuleType:
+    """The array module (numpy or cupy) for ``dev``."""
+    return np if dev.type == "cpu" else _cupy()
+
+
+def device_of(array: Any) -> Device:
+    """The device an array lives on."""
+    if isinstance(array, np.ndarray | np.generic):
+        return CPU
+    index = getattr(getattr(array, "device", None), "id", 0)
+    return Device("cuda", int(index))
+
+
+def to_device(array: Any, dev: Device) -> Any:
+    """``array`` on ``dev``: the same object when it is already there."""
+    if device_of(array) == dev:
+        return array
+    if dev.type == "cpu":
+        return array.get()
+    cp = _cupy()
+    with cp.cuda.Device(dev.index or 0):
+        return cp.asarray(array)
+
+
+def to_host(array: Any) -> np.ndarray:
+    """A NumPy array with the contents of ``array`` (no copy for a NumPy array)."""
+    return array if isinstance(array, np.ndarray) else array.get()
+
+
+def use_device(dev: Device) -> Any:
+    """A context manager that makes ``dev`` current for the array module (no-op on cpu)."""
+    if dev.type == "cpu":
+        import contextlib  # noqa: PLC0415
+
+        return contextlib.nullcontext()
+    return _cupy().cuda.Device(dev.index or 0)
+
+
+def xp_of(array: Any) -> ModuleType:
+    """The array module that owns ``array``."""
+    return np if isinstance(array, np.ndarray | np.generic) else _cupy()

@@ -1,0 +1,123 @@
+"""The errors gradvault raises.
+
+Every error derives from one root, and the recorder's errors say what was expected and
+what was found, naming the parameter::
+
+    GradvaultError
+    ├── AutogradError (RuntimeError)          misuse of the autodiff engine
+    │   └── InplaceModificationError          a saved tensor was changed in place
+    ├── DeviceError (ValueError)              unknown device, or a backend that is not installed
+    └── RecorderError                         records, the store and the recorder
+        ├── BackendMismatchError              record asked for on another backend
+        ├── MissingGradientError (KeyError)   a gradient the caller needs is absent
+        ├── DuplicateParamError (ValueError)  the same ParamId twice in one record
+        ├── DtypeMismatchError (ValueError)
+        ├── ShapeMismatchError (ValueError)
+        ├── SizeMismatchError (ValueError)    byte count does not match dtype x shape
+        ├── ParamIdMismatchError (KeyError)   record's ids are not the module's ids
+        ├── ChecksumMismatchError (ValueError) a stored chunk fails its crc32c
+        ├── FormatVersionError (ValueError)   written by an incompatible format version
+        ├── SnapshotNotFoundError (KeyError)
+        ├── SnapshotBusyError                 a snapshot is in flight and the policy rejects
+        ├── InvalidSnapshotIdError (ValueError)
+        └── StoreUnavailableError (OSError)   the store cannot be reached or written
+"""
+
+from __future__ import annotations
+
+
+class GradvaultError(Exception):
+    """Root of every error gradvault raises."""
+
+    def __str__(self) -> str:  # KeyError subclasses would otherwise quote the message
+        return " ".join(str(arg) for arg in self.args) if self.args else ""
+
+
+class AutogradError(GradvaultError, RuntimeError):
+    """The autodiff engine was used in a way PyTorch would reject too."""
+
+
+class InplaceModificationError(AutogradError):
+    """A tensor saved for backward was modified in place before backward ran."""
+
+
+class DeviceError(GradvaultError, ValueError):
+    """An unknown device string, or a device whose backend is not installed."""
+
+
+class RecorderError(GradvaultError):
+    """Records, the store and the recorder."""
+
+
+class BackendMismatchError(RecorderError, ValueError):
+    """A record was asked for on a backend other than the gradients' own."""
+
+
+class MissingGradientError(RecorderError, KeyError):
+    """A gradient that the caller needs is not there."""
+
+
+class DuplicateParamError(RecorderError, ValueError):
+    """The same ParamId appears twice in one record."""
+
+
+class DtypeMismatchError(RecorderError, ValueError):
+    """A gradient's dtype is not the one expected."""
+
+
+class ShapeMismatchError(RecorderError, ValueError):
+    """A gradient's shape is not the one expected."""
+
+
+class SizeMismatchError(RecorderError, ValueError):
+    """A gradient's byte count does not match its dtype and shape."""
+
+
+class ParamIdMismatchError(RecorderError, KeyError):
+    """The record's ParamIds are not the module's ParamIds."""
+
+
+class ChecksumMismatchError(RecorderError, ValueError):
+    """Stored bytes do not match their crc32c checksum."""
+
+
+class FormatVersionError(RecorderError, ValueError):
+    """Data written by a format version this release cannot read."""
+
+
+class SnapshotNotFoundError(RecorderError, KeyError):
+    """No committed snapshot has that id."""
+
+
+class SnapshotBusyError(RecorderError):
+    """A snapshot is in flight and the backpressure policy is to reject."""
+
+
+class InvalidSnapshotIdError(RecorderError, ValueError):
+    """A string that is not a well-formed snapshot id."""
+
+
+class StoreUnavailableError(RecorderError, OSError):
+    """The store cannot be reached, read or written."""
+
+
+__all__ = [
+    "AutogradError",
+    "BackendMismatchError",
+    "ChecksumMismatchError",
+    "DeviceError",
+    "DtypeMismatchError",
+    "DuplicateParamError",
+    "FormatVersionError",
+    "GradvaultError",
+    "InplaceModificationError",
+    "InvalidSnapshotIdError",
+    "MissingGradientError",
+    "ParamIdMismatchError",
+    "RecorderError",
+    "ShapeMismatchError",
+    "SizeMismatchError",
+    "SnapshotBusyError",
+    "SnapshotNotFoundError",
+    "StoreUnavailableError",
+]

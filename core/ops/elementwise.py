@@ -1,0 +1,384 @@
+"""Elementwise ops: arithmetic, comparisons and activations, each with its backward rule."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..autograd.function import Context, Function
+from ..tensor import Tensor
+from ._common import as_tensor_like, constant, xp
+
+
+class Add(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
+        return a._data + b._data
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[Tensor, Tensor]:
+        return g, g
+
+
+class Sub(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
+        return a._data - b._data
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[Tensor, Tensor]:
+        return g, -g
+
+
+class Mul(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
+        ctx.save_for_backward(a, b)
+        return a._data * b._data
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad
+        return (g * b if need_a else None), (g * a if need_b else None)
+
+
+class Div(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
+        ctx.save_for_backward(a, b)
+        return a._data / b._data
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad
+        return (g / b if need_a else None), (-g * a / (b * b) if need_b else None)
+
+
+class Neg(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        return -a._data
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        return -g
+
+
+class Pow(Function):
+    """``a ** b`` for two tensors."""
+
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
+        ctx.save_for_backward(a, b)
+        ctx.save_output()
+        return a._data ** b._data
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        a, b, out = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad
+        grad_a = g * b * a ** (b - 1) if need_a else None
+        grad_b = None
+        if need_b:  # d/db a**b = a**b log a; PyTorch takes 0 where a == 0 and b >= 0
+            safe = where(a == 0, as_tensor_like(1, a), a)
+            grad_b = where((a == 0) & (b >= 0), as_tensor_like(0, g), g * out * safe.log())
+        return grad_a, grad_b
+
+
+class PowScalar(Function):
+    """``a ** exponent`` for a Python number."""
+
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, exponent: float) -> Any:
+        ctx.save_for_backward(a)
+        ctx.exponent = exponent
+        return a._data ** exponent
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (a,) = ctx.saved_tensors
+        e = ctx.exponent
+        if e == 0:
+            return g * 0
+        return g * e * (a ** (e - 1) if e != 1 else 1)
+
+
+class Exp(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        ctx.save_output()
+        return xp(a).exp(a._data)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        return g * out
+
+
+class Log(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        ctx.save_for_backward(a)
+        return xp(a).log(a._data)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (a,) = ctx.saved_tensors
+        return g / a
+
+
+class Sqrt(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        ctx.save_output()
+        return xp(a).sqrt(a._data)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        return g / (out * 2)
+
+
+class Abs(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        ctx.save_for_backward(a)
+        return xp(a).abs(a._data)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (a,) = ctx.saved_tensors
+        return g * constant(xp(a).sign(a._data))
+
+
+class Tanh(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        ctx.save_output()
+        return xp(a).tanh(a._data)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        return g * (1 - out * out)
+
+
+class Sigmoid(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        ctx.save_output()
+        m = xp(a)
+        x = a._data
+        # split by sign so that exp never overflows
+        e = m.exp(-m.abs(x))
+        return m.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        return g * out * (1 - out)
+
+
+class Relu(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        ctx.save_output()
+        return xp(a).maximum(a._data, 0)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        return g * constant(out._data > 0)
+
+
+def _erf_array(x: Any) -> Any:
+    m = np if isinstance(x, np.ndarray | np.generic) else None
+    if m is None:
+        from cupyx.scipy.special import erf  # noqa: PLC0415 - only on the CUDA path
+
+        return erf(x)
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+
+
+class Erf(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        ctx.save_for_backward(a)
+        return _erf_array(a._data)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (a,) = ctx.saved_tensors
+        return g * (2 / math.sqrt(math.pi)) * (-(a * a)).exp()
+
+
+class Gelu(Function):
+    """GELU with the exact erf form (PyTorch's ``approximate='none'``)."""
+
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        ctx.save_for_backward(a)
+        x = a._data
+        return (x * 0.5 * (1 + _erf_array(x / math.sqrt(2)))).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (a,) = ctx.saved_tensors
+        cdf = 0.5 * (1 + erf(a * (1 / math.sqrt(2))))
+        pdf = (-(a * a) * 0.5).exp() * (1 / math.sqrt(2 * math.pi))
+        return g * (cdf + a * pdf)
+
+
+class Clamp(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, low: Any, high: Any) -> Any:
+        ctx.save_for_backward(a)
+        ctx.low, ctx.high = low, high
+        return xp(a).clip(a._data, low, high).astype(a.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        (a,) = ctx.saved_tensors
+        x = a._data
+        mask = xp(a).ones(x.shape, dtype=bool)
+        if ctx.low is not None:
+            mask &= x >= ctx.low
+        if ctx.high is not None:
+            mask &= x <= ctx.high
+        return g * constant(mask)
+
+
+class Where(Function):
+    @staticmethod
+    def forward(ctx: Context, cond: Tensor, a: Tensor, b: Tensor) -> Any:
+        ctx.cond = cond
+        return xp(a).where(cond._data, a._data, b._data)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[None, Tensor, Tensor]:
+        zero = as_tensor_like(0, g)
+        return None, where(ctx.cond, g, zero), where(ctx.cond, zero, g)
+
+
+# ---------------------------------------------------------------------- functional API
+def _binary(fn: type[Function], a: Any, b: Any) -> Tensor:
+    if not isinstance(a, Tensor):
+        a = as_tensor_like(a, b)
+    elif not isinstance(b, Tensor):
+        b = as_tensor_like(b, a)
+    return fn.apply(a, b)
+
+
+def add(a: Any, b: Any) -> Tensor:
+    return _binary(Add, a, b)
+
+
+def sub(a: Any, b: Any) -> Tensor:
+    return _binary(Sub, a, b)
+
+
+def mul(a: Any, b: Any) -> Tensor:
+    return _binary(Mul, a, b)
+
+
+def div(a: Any, b: Any) -> Tensor:
+    return _binary(Div, a, b)
+
+
+def neg(a: Tensor) -> Tensor:
+    return Neg.apply(a)
+
+
+def pow(a: Any, exponent: Any) -> Tensor:  # noqa: A001 - PyTorch's name
+    """``a ** exponent``; a Python-number exponent keeps the graph small."""
+    if isinstance(a, Tensor) and isinstance(exponent, int | float) and not isinstance(
+        exponent, bool
+    ):
+        return PowScalar.apply(a, exponent)
+    return _binary(Pow, a, exponent)
+
+
+def exp(a: Tensor) -> Tensor:
+    return Exp.apply(a)
+
+
+def log(a: Tensor) -> Tensor:
+    return Log.apply(a)
+
+
+def sqrt(a: Tensor) -> Tensor:
+    return Sqrt.apply(a)
+
+
+def abs(a: Tensor) -> Tensor:  # noqa: A001 - PyTorch's name
+    return Abs.apply(a)
+
+
+def tanh(a: Tensor) -> Tensor:
+    return Tanh.apply(a)
+
+
+def sigmoid(a: Tensor) -> Tensor:
+    return Sigmoid.apply(a)
+
+
+def relu(a: Tensor) -> Tensor:
+    return Relu.apply(a)
+
+
+def erf(a: Tensor) -> Tensor:
+    return Erf.apply(a)
+
+
+def gelu(a: Tensor, approximate: str = "none") -> Tensor:
+    """GELU; ``approximate='tanh'`` uses the tanh formula, as in PyTorch."""
+    if approximate == "none":
+        return Gelu.apply(a)
+    if approximate == "tanh":
+        c = math.sqrt(2 / math.pi)
+        return a * 0.5 * (1 + tanh((a + a * a * a * 0.044715) * c))
+    raise ValueError(f"approximate must be 'none' or 'tanh'; got {approximate!r}")
+
+
+def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    """Values limited to [min, max]; the gradient passes where min <= a <= max."""
+    if min is None and max is None:
+        raise ValueError("clamp needs at least one of min and max")
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        out = a
+        if min is not None:
+            out = where(out < min, as_tensor_like(min, a), out)
+        if max is not None:
+            out = where(out > max, as_tensor_like(max, a), out)
+        return out
+    return Clamp.apply(a, min, max)
+
+
+def where(condition: Any, a: Any, b: Any) -> Tensor:
+    """Elements of ``a`` where ``condition`` holds, else of ``b``."""
+    like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else condition
+    if not isinstance(like, Tensor):
+        raise TypeError("where needs at least one tensor argument")
+    cond = condition if isinstance(condition, Tensor) else as_tensor_like(condition, like)
+    if cond.dtype != np.dtype(bool):
+        cond = constant(cond._data.astype(bool))
+    a = as_tensor_like(a, like)
+    b = as_tensor_like(b, like)
+    return Where.apply(cond, a, b)
+
+
+def _compare(ufunc: str, a: Tensor, b: Any) -> Tensor:
+    b = as_tensor_like(b, a)
+    return constant(getattr(xp(a), ufunc)(a._data, b._data))
+
+
+def logical_and(a: Tensor, b: Any) -> Tensor:
+    return _compare("logical_and", a, b)
+
+
+def logical_or(a: Tensor, b: Any) -> Tensor:
+    return _compare("logical_or", a, b)

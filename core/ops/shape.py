@@ -1,0 +1,248 @@
+"""Shape ops: reshape/view, transpose, permute, expand, indexing, cat and stack."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..autograd.function import Context, Function
+from ..autograd.engine import sum_to_shape
+from ..tensor import Tensor
+from ._common import as_tensor_like, xp
+
+
+def _as_view(out: Tensor, base: Tensor) -> Tensor:
+    """Mark ``out`` as a view of ``base``: they share storage and the version counter."""
+    if xp(base).shares_memory(out._data, base._data) if out._data.size and base._data.size \
+            else False:
+        out._version_box = base._version_box
+        base._version_box[2] = True
+        out._base = base if base._base is None else base._base
+    return out
+
+
+class Reshape(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, shape: tuple[int, ...]) -> Any:
+        ctx.shape = a.shape
+        return a._data.reshape(shape)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        return reshape(g, ctx.shape)
+
+
+class Permute(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, dims: tuple[int, ...]) -> Any:
+        ctx.inverse = tuple(int(i) for i in np.argsort(dims))
+        return a._data.transpose(dims)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        return permute(g, ctx.inverse)
+
+
+class Expand(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, shape: tuple[int, ...]) -> Any:
+        ctx.shape = a.shape
+        return xp(a).broadcast_to(a._data, shape)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        return sum_to_shape(g, ctx.shape)
+
+
+def _index_arrays(index: Any, m: Any) -> Any:
+    """``index`` with tensors replaced by arrays (kept a tuple when it was one)."""
+    def one(i: Any) -> Any:
+        if isinstance(i, Tensor):
+            return i._data
+        if isinstance(i, list):
+            return m.asarray(i)
+        return i
+
+    return tuple(one(i) for i in index) if isinstance(index, tuple) else one(index)
+
+
+def _is_basic(index: Any) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(p, int | slice | type(None)) or p is Ellipsis for p in parts)
+
+
+class Index(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, index: Any) -> Any:
+        ctx.shape, ctx.index = a.shape, index
+        return a._data[index]
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        return IndexScatter.apply(g, ctx.shape, ctx.index)
+
+
+class IndexScatter(Function):
+    """Zeros of ``shape`` with ``g`` summed in at ``index``: the backward of indexing."""
+
+    @staticmethod
+    def forward(ctx: Context, g: Tensor, shape: tuple[int, ...], index: Any) -> Any:
+        ctx.index = index
+        m = xp(g)
+        out = m.zeros(shape, dtype=g.dtype)
+        if _is_basic(index):
+            out[index] = g._data
+        elif m is np:
+            np.add.at(out, index, g._data)
+        else:  # pragma: no cover - CUDA path
+            import cupyx  # noqa: PLC0415
+
+            cupyx.scatter_add(out, index, g._data)
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[Tensor]:
+        return (Index.apply(g, ctx.index),)
+
+
+class IndexPut(Function):
+    """``a`` with ``value`` written at ``index`` (the out-of-place form of ``a[index] = v``)."""
+
+    @staticmethod
+    def forward(ctx: Context, a: Tensor, value: Tensor, index: Any) -> Any:
+        ctx.index, ctx.value_shape = index, value.shape
+        out = a._data.copy()
+        out[index] = value._data
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[Tensor, Tensor]:
+        return _masked(g, ctx.index), sum_to_shape(Index.apply(g, ctx.index), ctx.value_shape)
+
+
+def _masked(g: Tensor, index: Any) -> Tensor:
+    mask = xp(g).ones(g.shape, dtype=bool)
+    mask[index] = False
+    return g * Tensor._make(mask)
+
+
+class Cat(Function):
+    @staticmethod
+    def forward(ctx: Context, *args: Any) -> Any:
+        *tensors, dim = args
+        ctx.dim = dim
+        ctx.sizes = [t.shape[dim] for t in tensors]
+        return xp(tensors[0]).concatenate([t._data for t in tensors], axis=dim)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[Tensor, ...]:
+        out, start = [], 0
+        for size in ctx.sizes:
+            index = (slice(None),) * ctx.dim + (slice(start, start + size),)
+            out.append(Index.apply(g, index))
+            start += size
+        return tuple(out)
+
+
+# ---------------------------------------------------------------------- functional API
+def reshape(a: Tensor, *shape: Any) -> Tensor:
+    """The same elements in ``shape`` (one dim may be -1)."""
+    if len(shape) == 1 and isinstance(shape[0], tuple | list):
+        shape = tuple(shape[0])
+    shape = tuple(int(n) for n in shape)
+    if shape == a.shape:
+        return a
+    return _as_view(Reshape.apply(a, shape), a)
+
+
+view = reshape
+
+
+def permute(a: Tensor, *dims: Any) -> Tensor:
+    """Dimensions reordered as ``dims``."""
+    if len(dims) == 1 and isinstance(dims[0], tuple | list):
+        dims = tuple(dims[0])
+    dims = tuple(int(d) % max(a.ndim, 1) for d in dims)
+    if sorted(dims) != list(range(a.ndim)):
+        raise ValueError(f"permute dims {dims} are not a permutation of {a.ndim} dims")
+    return _as_view(Permute.apply(a, dims), a)
+
+
+def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
+    """Dims ``dim0`` and ``dim1`` swapped."""
+    dims = list(range(a.ndim))
+    dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+    return permute(a, tuple(dims))
+
+
+def expand(a: Tensor, *shape: Any) -> Tensor:
+    """A broadcast view of ``a`` with ``shape`` (-1 keeps a dim)."""
+    if len(shape) == 1 and isinstance(shape[0], tuple | list):
+        shape = tuple(shape[0])
+    lead = len(shape) - a.ndim
+    shape = tuple(
+        a.shape[i - lead] if n == -1 else int(n) for i, n in enumerate(shape)
+    )
+    if shape == a.shape:
+        return a
+    return Expand.apply(a, shape)
+
+
+def unsqueeze(a: Tensor, dim: int) -> Tensor:
+    dim = dim % (a.ndim + 1)
+    return reshape(a, a.shape[:dim] + (1,) + a.shape[dim:])
+
+
+def squeeze(a: Tensor, dim: int | None = None) -> Tensor:
+    if dim is None:
+        return reshape(a, tuple(n for n in a.shape if n != 1))
+    dim = dim % max(a.ndim, 1)
+    if a.ndim == 0 or a.shape[dim] != 1:
+        return a
+    return reshape(a, a.shape[:dim] + a.shape[dim + 1:])
+
+
+def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    if a.ndim == 0:
+        return reshape(a, (1,))
+    start, end = start_dim % a.ndim, end_dim % a.ndim
+    size = 1
+    for n in a.shape[start:end + 1]:
+        size *= n
+    return reshape(a, a.shape[:start] + (size,) + a.shape[end + 1:])
+
+
+def getitem(a: Tensor, index: Any) -> Tensor:
+    """``a[index]`` with NumPy/PyTorch indexing; differentiable (repeated indices sum)."""
+    index = _index_arrays(index, xp(a))
+    out = Index.apply(a, index)
+    return _as_view(out, a) if _is_basic(index) else out
+
+
+def index_put(a: Tensor, index: Any, value: Any) -> Tensor:
+    """A copy of ``a`` with ``value`` written at ``index``."""
+    index = _index_arrays(index, xp(a))
+    value = as_tensor_like(value, a)
+    if value.dtype != a.dtype:
+        value = value.to(dtype=a.dtype)
+    return IndexPut.apply(a, value, index)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """The tensors joined along ``dim``."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat needs at least one tensor")
+    dim = dim % max(tensors[0].ndim, 1)
+    return Cat.apply(*tensors, dim)
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """The tensors joined along a new dim ``dim``."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack needs at least one tensor")
+    dim = dim % (tensors[0].ndim + 1)
+    return cat([unsqueeze(t, dim) for t in tensors], dim)

@@ -1,0 +1,208 @@
+"""GradientsParamsRecord: host copies of gradients, with their ids, names, dtypes and shapes.
+
+A record is what crosses the boundary between the trainer and everything else (the
+store, the service, the clients): plain little-endian bytes and metadata, never pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import (
+    DtypeMismatchError,
+    DuplicateParamError,
+    FormatVersionError,
+    MissingGradientError,
+    SizeMismatchError,
+)
+from .param_id import ParamId, as_param_id
+
+FORMAT_VERSION = 1
+
+#: dtypes a record may carry; names follow NumPy (and zarr's v3 data type names).
+SUPPORTED_DTYPES = (
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool",
+)
+
+
+def _little_endian(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
+@dataclass(frozen=True)
+class GradientRecordEntry:
+    """One gradient: ParamId, module path, dtype name, shape and its raw little-endian bytes.
+
+    ``array`` is a read-only, C-contiguous, little-endian NumPy array that owns or shares
+    the bytes; ``data`` is the same bytes as a memoryview.
+    """
+
+    param_id: ParamId
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    array: np.ndarray = field(repr=False)
+
+    @classmethod
+    def from_array(cls, param_id: ParamId | str, name: str, array: np.ndarray) -> GradientRecordEntry:
+        """An entry holding ``array`` (copied only if it is not C-contiguous little-endian)."""
+        host = np.asarray(array)
+        dtype = _little_endian(host.dtype)
+        if host.dtype.name not in SUPPORTED_DTYPES:
+            raise DtypeMismatchError(
+                f"gradient for param {param_id} ({name!r}) has dtype {host.dtype.name}; "
+                f"supported: {', '.join(SUPPORTED_DTYPES)}"
+            )
+        host = np.ascontiguousarray(host, dtype=dtype)
+        if host.flags.writeable and host.base is not None:
+            host = host.view()
+        host.flags.writeable = False
+        return cls(as_param_id(param_id), name, host.dtype.name, tuple(host.shape), host)
+
+    @classmethod
+    def from_bytes(
+        cls,
+        param_id: ParamId | str,
+        name: str,
+        dtype: str,
+        shape: tuple[int, ...] | list[int],
+        data: bytes | bytearray | memoryview,
+    ) -> GradientRecordEntry:
+        """An entry from raw bytes; raises when dtype, shape and byte count disagree."""
+        pid = as_param_id(param_id)
+        if dtype not in SUPPORTED_DTYPES:
+            raise DtypeMismatchError(
+                f"gradient for param {pid} ({name!r}) has dtype {dtype!r}; "
+                f"supported: {', '.join(SUPPORTED_DTYPES)}"
+            )
+        shape = tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise SizeMismatchError(f"gradient for param {pid} ({name!r}) has a negative dim in {shape}")
+        np_dtype = _little_endian(np.dtype(dtype))
+        expected = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
+        found = memoryview(data).nbytes
+        if found != expected:
+            raise SizeMismatchError(
+                f"gradient for param {pid} ({name!r}) has {found} bytes; "
+                f"{dtype} x {shape} needs {expected}"
+            )
+        array = np.frombuffer(data, dtype=np_dtype).reshape(shape)
+        array.flags.writeable = False
+        return cls(pid, name, dtype, shape, array)
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the gradient in bytes."""
+        return int(self.array.nbytes)
+
+    @property
+    def data(self) -> memoryview:
+        """The raw little-endian bytes, C order."""
+        return memoryview(self.array.reshape(-1)).cast("B") if self.array.size else memoryview(b"")
+
+    def validate(self) -> None:
+        """Raise the matching RecorderError if dtype, shape and bytes disagree."""
+        if self.dtype not in SUPPORTED_DTYPES or self.array.dtype.name != self.dtype:
+            raise DtypeMismatchError(
+                f"gradient for param {self.param_id} ({self.name!r}) says dtype {self.dtype}; "
+                f"its bytes are {self.array.dtype.name}"
+            )
+        if tuple(self.array.shape) != tuple(self.shape):
+            raise SizeMismatchError(
+                f"gradient for param {self.param_id} ({self.name!r}) says shape {self.shape}; "
+                f"its bytes hold {tuple(self.array.shape)}"
+            )
+
+
+class GradientsParamsRecord:
+    """An immutable list of gradient entries plus format version and metadata.
+
+    Iterating gives the entries in order; ``record[param_id]`` finds one by id.
+    """
+
+    def __init__(
+        self,
+        entries: list[GradientRecordEntry] | tuple[GradientRecordEntry, ...] = (),
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        format_version: int = FORMAT_VERSION,
+    ) -> None:
+        if format_version != FORMAT_VERSION:
+            raise FormatVersionError(
+                f"record has format version {format_version}; this release reads version "
+                f"{FORMAT_VERSION}"
+            )
+        self._entries = tuple(entries)
+        self._by_id: dict[ParamId, GradientRecordEntry] = {}
+        for entry in self._entries:
+            if entry.param_id in self._by_id:
+                raise DuplicateParamError(
+                    f"param {entry.param_id} ({entry.name!r}) appears twice in the record "
+                    f"(first as {self._by_id[entry.param_id].name!r})"
+                )
+            entry.validate()
+            self._by_id[entry.param_id] = entry
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.format_version = format_version
+
+    @property
+    def entries(self) -> tuple[GradientRecordEntry, ...]:
+        """The entries, in order."""
+        return self._entries
+
+    def __iter__(self) -> Iterator[GradientRecordEntry]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, param_id: object) -> bool:
+        try:
+            return as_param_id(param_id) in self._by_id  # type: ignore[arg-type]
+        except (ValueError, TypeError):
+            return False
+
+    def __getitem__(self, param_id: ParamId | str) -> GradientRecordEntry:
+        pid = as_param_id(param_id)
+        try:
+            return self._by_id[pid]
+        except KeyError:
+            raise MissingGradientError(f"record has no gradient for param {pid}") from None
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of every gradient."""
+        return sum(entry.nbytes for entry in self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GradientsParamsRecord):
+            return NotImplemented
+        return len(self) == len(other) and all(
+            a.param_id == b.param_id
+            and a.name == b.name
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.array.tobytes() == b.array.tobytes()
+            for a, b in zip(self._entries, other._entries, strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        lines = [f"GradientsParamsRecord({len(self)} gradients, {self.nbytes} bytes)"]
+        lines += [f"  {e.param_id} {e.name!r} {e.dtype}{list(e.shape)}" for e in self._entries[:20]]
+        if len(self) > 20:
+            lines.append(f"  ... {len(self) - 20} more")
+        return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""What a storage backend provides to SnapshotStore: keyed bytes plus a commit protocol.
+
+Keys are ``/``-separated paths relative to the store root (``snapshots/<id>/zarr.json``).
+A backend never sees a record; SnapshotStore hands it encoded chunks and metadata
+documents, so the local folder and the object store share all format logic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: An encoded chunk: its key under the array (``c/0/1``) and the buffers to write, in order.
+EncodedChunk = tuple[str, list[Any]]
+
+SNAPSHOTS_PREFIX = "snapshots"
+MANIFEST_NAME = "zarr.json"
+
+
+def snapshot_key(snapshot_id: str, *parts: str) -> str:
+    """The key of ``parts`` inside the snapshot group ``snapshot_id``."""
+    return "/".join((SNAPSHOTS_PREFIX, snapshot_id, *parts))
+
+
+class ThreadRunner:
+    """Runs blocking work (file I/O, checksums, stats) off the event loop, in its own pool.
+
+    A dedicated pool rather than the loop's default one: the store keeps many files in
+    flight at once, and must not starve (or be starved by) the application's to_thread.
+    """
+
+    def __init__(self, max_workers: int) -> None:
+        self._max_workers = max_workers
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._max_workers, thread_name_prefix="gradvault-store")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(function, *args))
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+class MissingKeyError(KeyError):
+    """A key that is not in the store (backends raise it; SnapshotStore translates it)."""
+
+
+class SnapshotWriter(ABC):
+    """Writes one snapshot; nothing is visible to readers until :meth:`commit` returns."""
+
+    @abstractmethod
+    async def write_array(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
+        """Write every chunk of array ``name``, then its ``zarr.json``.
+
+        ``chunks`` may do CPU work (checksums) as it is iterated; iterate it off the loop.
+        """
+
+    @abstractmethod
+    async def commit(self, group_metadata: bytes) -> None:
+        """Write the group's ``zarr.json`` (the manifest) and make the snapshot visible."""
+
+    @abstractmethod
+    async def abort(self) -> None:
+        """Remove whatever was written, as far as possible; never raises."""
+
+
+class Backend(ABC):
+    """A store root: the local folder or an object-store prefix."""
+
+    #: How messages name this store (a path or a URL).
+    location: str
+
+    @abstractmethod
+    async def prepare(self) -> None:
+        """Create the root and ``snapshots`` group documents if they are missing."""
+
+    @abstractmethod
+    async def begin(self, snapshot_id: str) -> SnapshotWriter:
+        """A writer for a new snapshot."""
+
+    @abstractmethod
+    async def read(self, key: str) -> memoryview:
+        """The bytes at ``key``; MissingKeyError if absent, StoreUnavailableError if unreadable."""
+
+    @abstractmethod
+    async def committed_ids(self) -> list[str]:
+        """Ids of the snapshots whose manifest exists, in any order."""
+
+    @abstractmethod
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Remove a committed snapshot (invisible first, then its data); False if absent."""
+
+    @abstractmethod
+    async def collect_garbage(self, grace_seconds: float) -> list[str]:
+        """Remove leftovers of unfinished writes untouched for ``grace_seconds``; their names."""
+
+    async def close(self) -> None:
+        """Release connections and handles."""

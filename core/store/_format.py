@@ -1,0 +1,367 @@
+"""The on-disk format: Zarr v3 metadata documents, chunk layout, chunk codecs and stats.
+
+Everything here is pure computation (no I/O), so the local and the S3 backends share it.
+zarr-python is not used on the write path (creating one array through it costs ~3 ms);
+instead this module writes the same ``zarr.json`` documents zarr-python writes and encodes
+chunks exactly as its ``bytes`` -> ``zstd`` -> ``crc32c`` codec chain does. docs/FORMAT.md
+describes the result; tests/core/test_store.py pins it against zarr-python itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import numpy as np
+from numcodecs.zstd import Zstd
+
+from ..record import GradientRecordEntry
+
+#: Version of the snapshot layout and manifest (``attributes["gradvault"]["format_version"]``).
+STORE_FORMAT_VERSION = 1
+#: Name of the array that holds the packed small gradients of a snapshot.
+PACKED_ARRAY = "packed"
+#: Every gradient in the packed array starts at a multiple of this many bytes.
+PACK_ALIGNMENT = 8
+#: Gradients smaller than this many bytes are packed (by default).
+DEFAULT_PACK_THRESHOLD = 64 * 1024
+#: Target size of one chunk, before the crc32c suffix (by default).
+DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
+
+_CHECKSUM_PREFIX = "crc32c:"
+
+
+@dataclass(frozen=True)
+class Compression:
+    """A zstd level; ``None`` in its place means chunks are stored uncompressed."""
+
+    level: int = 3
+
+    @property
+    def codec(self) -> dict[str, Any]:
+        return {"name": "zstd", "configuration": {"level": self.level, "checksum": False}}
+
+
+def parse_compression(text: str | None) -> Compression | None:
+    """``None`` for no compression, ``"zstd"`` or ``"zstd:<level>"``; ValueError otherwise."""
+    if text is None or text == "none":
+        return None
+    name, _, level = text.partition(":")
+    if name != "zstd" or (level and not level.lstrip("-").isdigit()):
+        raise ValueError(f"compression is None, 'zstd' or 'zstd:<level>'; got {text!r}")
+    return Compression(int(level)) if level else Compression()
+
+
+# --- Zarr v3 metadata documents -------------------------------------------------------
+
+
+def _fill_value(dtype: str) -> bool | int | float:
+    if dtype == "bool":
+        return False
+    return 0.0 if dtype.startswith("float") else 0
+
+
+def array_metadata(
+    shape: tuple[int, ...],
+    dtype: str,
+    chunk_shape: tuple[int, ...],
+    compression: Compression | None,
+    attributes: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``zarr.json`` zarr-python 3.1 writes for such an array (key order included)."""
+    bytes_codec: dict[str, Any] = {"name": "bytes"}
+    if np.dtype(dtype).itemsize > 1:
+        bytes_codec["configuration"] = {"endian": "little"}
+    codecs = [bytes_codec]
+    if compression is not None:
+        codecs.append(compression.codec)
+    codecs.append({"name": "crc32c"})
+    return {
+        "shape": list(shape),
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk_shape)}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": _fill_value(dtype),
+        "codecs": codecs,
+        "attributes": attributes or {},
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
+
+
+def group_metadata(attributes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``zarr.json`` zarr-python writes for a group with these attributes."""
+    return {"attributes": attributes or {}, "zarr_format": 3, "node_type": "group"}
+
+
+def dump_json(document: dict[str, Any], *, compact: bool = False) -> bytes:
+    """``document`` as UTF-8 JSON; strict (NaN and Infinity are never written bare)."""
+    if compact:
+        return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(document, indent=2, allow_nan=False).encode()
+
+
+# --- chunk layout ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkSpan:
+    """One chunk: its key under the array, and the bytes of the C-order data it holds.
+
+    ``length`` bytes from ``start`` are data; the chunk is ``padded_length`` bytes long
+    before encoding (an edge chunk is padded with zeros, as Zarr stores edge chunks whole).
+    """
+
+    key: str
+    start: int
+    length: int
+    padded_length: int
+
+
+def chunk_shape_for(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> tuple[int, ...]:
+    """Chunks of about ``chunk_bytes`` that are contiguous runs of the C-order bytes.
+
+    The shape is ``(1, ..., 1, k, *shape[a+1:])`` where ``a`` is the first axis whose
+    trailing block fits in ``chunk_bytes``; each chunk is then one contiguous byte range.
+    """
+    if not shape:
+        return ()
+    if 0 in shape:
+        return tuple(max(1, n) for n in shape)
+    for axis in range(len(shape)):
+        inner = itemsize * math.prod(shape[axis + 1 :])
+        if inner <= chunk_bytes or axis == len(shape) - 1:
+            rows = max(1, min(shape[axis], chunk_bytes // inner))
+            return (1,) * axis + (rows,) + tuple(shape[axis + 1 :])
+    raise AssertionError("unreachable")
+
+
+def chunk_spans(shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int) -> list[ChunkSpan]:
+    """Every chunk of an array laid out by :func:`chunk_shape_for`, in C order of keys."""
+    if not shape:
+        return [ChunkSpan("c", 0, itemsize, itemsize)]
+    if 0 in shape:
+        return []
+    # The split axis: leading axes have chunk extent 1, trailing axes are whole.
+    axis = len(shape) - 1
+    while axis > 0 and chunk_shape[axis] == shape[axis]:
+        axis -= 1
+    if any(extent != 1 for extent in chunk_shape[:axis]):
+        raise ValueError(f"chunk shape {chunk_shape} of shape {shape} is not contiguous")
+    inner = itemsize * math.prod(shape[axis + 1 :])
+    rows = chunk_shape[axis]
+    trailing_zeros = "/0" * (len(shape) - axis - 1)
+    spans = []
+    for outer in range(math.prod(shape[:axis])):
+        prefix = "".join(f"/{i}" for i in np.unravel_index(outer, shape[:axis])) if axis else ""
+        base = outer * shape[axis] * inner
+        for j in range(math.ceil(shape[axis] / rows)):
+            length = min(rows, shape[axis] - j * rows) * inner
+            spans.append(
+                ChunkSpan(f"c{prefix}/{j}{trailing_zeros}", base + j * rows * inner, length, rows * inner)
+            )
+    return spans
+
+
+def packed_layout(sizes: list[int], chunk_bytes: int) -> tuple[list[int], int, int]:
+    """Offsets of gradients of ``sizes`` bytes in the packed array, its length and chunk size.
+
+    Offsets are multiples of PACK_ALIGNMENT; the chunk size splits the array into the
+    fewest chunks of at most ``chunk_bytes`` with less than one byte per chunk of padding.
+    """
+    offsets = []
+    end = 0
+    for size in sizes:
+        start = -(-end // PACK_ALIGNMENT) * PACK_ALIGNMENT
+        offsets.append(start)
+        end = start + size
+    if end == 0:
+        return offsets, 0, 1
+    count = -(-end // chunk_bytes)
+    return offsets, end, -(-end // count)
+
+
+# --- chunk codecs ---------------------------------------------------------------------
+
+_ZEROS = memoryview(bytes(1 << 16))
+
+
+def _zeros(count: int) -> memoryview:
+    return _ZEROS[:count] if count <= len(_ZEROS) else memoryview(bytes(count))
+
+
+def encode_chunk(
+    payload: memoryview, padding: int, compression: Compression | None
+) -> tuple[list[memoryview | bytes], int]:
+    """The buffers of one encoded chunk (bytes -> [zstd] -> crc32c) and the payload's crc32c.
+
+    Uncompressed, the buffers share the payload's memory (no copy): payload, zero padding,
+    then the 4-byte little-endian crc32c of everything before it.
+    """
+    payload_crc = crc32c.crc32c(payload)
+    if compression is None:
+        parts: list[memoryview | bytes] = [payload]
+        chunk_crc = payload_crc
+        if padding:
+            zeros = _zeros(padding)
+            parts.append(zeros)
+            chunk_crc = crc32c.crc32c(zeros, value=payload_crc)
+    else:
+        raw = bytes(payload) + bytes(padding) if padding else payload
+        encoded = Zstd(level=compression.level).encode(raw)
+        parts = [encoded]
+        chunk_crc = crc32c.crc32c(encoded)
+    parts.append(chunk_crc.to_bytes(4, "little"))
+    return parts, payload_crc
+
+
+def decode_chunk(chunk: memoryview, padded_length: int, compression: Compression | None) -> memoryview:
+    """The decoded bytes of one stored chunk; ValueError when its crc32c does not match."""
+    if len(chunk) < 4:
+        raise ValueError(f"chunk is {len(chunk)} bytes, too short for its crc32c")
+    body, stored = chunk[:-4], int.from_bytes(chunk[-4:], "little")
+    computed = crc32c.crc32c(body)
+    if computed != stored:
+        raise ValueError(f"stored crc32c {stored:08x}, computed {computed:08x}")
+    if compression is not None:
+        body = memoryview(Zstd().decode(body))
+    if len(body) != padded_length:
+        raise ValueError(f"chunk decodes to {len(body)} bytes; expected {padded_length}")
+    return body
+
+
+def format_checksum(value: int) -> str:
+    return f"{_CHECKSUM_PREFIX}{value:08x}"
+
+
+def parse_checksum(text: str) -> int:
+    if not text.startswith(_CHECKSUM_PREFIX):
+        raise ValueError(f"checksum is 'crc32c:<8 hex digits>'; got {text!r}")
+    return int(text[len(_CHECKSUM_PREFIX) :], 16)
+
+
+_CRC32C_POLY = 0x82F63B78
+
+
+def _gf2_times(matrix: list[int], vector: int) -> int:
+    total = 0
+    row = 0
+    while vector:
+        if vector & 1:
+            total ^= matrix[row]
+        vector >>= 1
+        row += 1
+    return total
+
+
+def _gf2_square(matrix: list[int]) -> list[int]:
+    return [_gf2_times(matrix, matrix[n]) for n in range(32)]
+
+
+@functools.lru_cache(maxsize=64)
+def _append_zeros_operator(length: int) -> tuple[int, ...]:
+    """The GF(2) matrix that advances a crc32c state over ``length`` zero bytes."""
+    power = [_CRC32C_POLY] + [1 << n for n in range(31)]  # one zero bit
+    for _ in range(3):
+        power = _gf2_square(power)  # eight zero bits: one byte
+    result = [1 << n for n in range(32)]
+    while length:
+        if length & 1:
+            result = [_gf2_times(power, column) for column in result]
+        length >>= 1
+        if length:
+            power = _gf2_square(power)
+    return tuple(result)
+
+
+def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
+    """crc32c of A+B from crc32c(A), crc32c(B) and len(B) (zlib's crc32_combine)."""
+    if length_b <= 0:
+        return crc_a
+    return _gf2_times(list(_append_zeros_operator(length_b)), crc_a) ^ crc_b
+
+
+# --- stats ----------------------------------------------------------------------------
+
+
+def _json_float(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _stats_dict(sum_squares: float, max_abs: float, nan_count: int, inf_count: int) -> dict:
+    return {
+        "l2_norm": _json_float(math.sqrt(sum_squares)),
+        "max_abs": _json_float(max_abs),
+        "nan_count": nan_count,
+        "inf_count": inf_count,
+    }
+
+
+_ZERO_STATS = {"l2_norm": 0.0, "max_abs": 0.0, "nan_count": 0, "inf_count": 0}
+
+
+def _flat_for_math(array: np.ndarray) -> np.ndarray:
+    flat = array.reshape(-1)
+    return flat.view(np.uint8) if flat.dtype == np.bool_ else flat
+
+
+def _careful_stats(flat: np.ndarray) -> dict:
+    """Stats of an array holding NaN or Inf: norms over the finite values, plus counts."""
+    nan_count = int(np.count_nonzero(np.isnan(flat)))
+    inf_count = int(np.count_nonzero(np.isinf(flat)))
+    finite = flat[np.isfinite(flat)]
+    if finite.size == 0:
+        return _stats_dict(0.0, 0.0, nan_count, inf_count)
+    sum_squares = float(np.einsum("i,i->", finite, finite, dtype=np.float64))
+    max_abs = max(float(finite.max()), -float(finite.min()))
+    return _stats_dict(sum_squares, max_abs, nan_count, inf_count)
+
+
+def gradient_stats(array: np.ndarray) -> dict:
+    """L2 norm and max |g| (float64 accumulation, finite values only) and NaN/Inf counts."""
+    if array.size == 0:
+        return dict(_ZERO_STATS)
+    flat = _flat_for_math(array)
+    sum_squares = float(np.einsum("i,i->", flat, flat, dtype=np.float64))
+    high, low = flat.max(), flat.min()
+    if flat.dtype.kind == "f":
+        max_abs = max(float(high), -float(low))
+        if not (math.isfinite(sum_squares) and math.isfinite(max_abs)):
+            return _careful_stats(flat)
+    else:
+        max_abs = float(max(int(high), -int(low)))
+    return _stats_dict(sum_squares, max_abs, 0, 0)
+
+
+def packed_stats(entries: list[GradientRecordEntry]) -> list[dict]:
+    """:func:`gradient_stats` of many small gradients, vectorised per dtype."""
+    stats: list[dict | None] = [None] * len(entries)
+    by_dtype: dict[str, list[int]] = {}
+    for index, entry in enumerate(entries):
+        if entry.array.size == 0:
+            stats[index] = dict(_ZERO_STATS)
+        else:
+            by_dtype.setdefault(entry.dtype, []).append(index)
+    for indices in by_dtype.values():
+        flats = [_flat_for_math(entries[i].array) for i in indices]
+        values = np.concatenate(flats)
+        starts = np.zeros(len(flats), dtype=np.intp)
+        np.cumsum([f.size for f in flats[:-1]], out=starts[1:])
+        sums = np.add.reduceat(np.square(values, dtype=np.float64), starts)
+        highs = np.maximum.reduceat(values, starts).astype(np.float64)
+        lows = np.minimum.reduceat(values, starts).astype(np.float64)
+        max_abs = np.maximum(highs, -lows)
+        suspect = ~(np.isfinite(sums) & np.isfinite(max_abs))
+        for position, index in enumerate(indices):
+            if suspect[position]:
+                stats[index] = gradient_stats(entries[index].array)
+            else:
+                stats[index] = _stats_dict(float(sums[position]), float(max_abs[position]), 0, 0)
+    return stats  # type: ignore[return-value]

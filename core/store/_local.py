@@ -1,0 +1,248 @@
+"""The local-folder backend: stage, fsync everything, rename into place.
+
+A snapshot is written under ``.staging/<id>/``; every file and folder is fsynced; then
+one ``os.rename`` moves it to ``snapshots/<id>`` and the ``snapshots`` folder is fsynced.
+A reader therefore sees a whole snapshot or none. Files are written with
+``os.open``/``os.writev``/``os.fsync`` in a thread pool, many at once (measured faster
+than aiofiles, which makes one thread hop per call; docs/FORMAT.md has the figures).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import StoreUnavailableError
+from ._backend import (
+    MANIFEST_NAME,
+    SNAPSHOTS_PREFIX,
+    Backend,
+    EncodedChunk,
+    MissingKeyError,
+    SnapshotWriter,
+    ThreadRunner,
+)
+from ._format import dump_json, group_metadata
+from ._ids import parse_snapshot_id
+
+STAGING_FOLDER = ".staging"
+_DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+T = TypeVar("T")
+
+
+def _write_file(path: str, buffers: list[Any]) -> None:
+    """Create ``path`` holding ``buffers`` back to back, and fsync it."""
+    fd = os.open(path, _NEW_FILE_FLAGS, 0o644)
+    try:
+        views = [view for view in (memoryview(b).cast("B") for b in buffers) if len(view)]
+        while views:
+            written = os.writev(fd, views[:1024])
+            while views and written >= len(views[0]):
+                written -= len(views[0])
+                views.pop(0)
+            if written:
+                views[0] = views[0][written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, _DIRECTORY_FLAGS)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_file(path: str) -> memoryview:
+    with open(path, "rb", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        filled = 0
+        while filled < size:
+            count = file.readinto(view[filled:])
+            if not count:
+                break
+            filled += count
+    return view[:filled]
+
+
+def _newest_mtime(path: str) -> float:
+    newest = os.lstat(path).st_mtime
+    for folder, subfolders, files in os.walk(path):
+        for name in subfolders + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(folder, name)).st_mtime)
+            except FileNotFoundError:
+                pass
+    return newest
+
+
+class LocalBackend(Backend):
+    """Snapshots in a local folder (see the module docstring for the commit protocol)."""
+
+    def __init__(self, root: Path, threads: ThreadRunner) -> None:
+        self.root = root
+        self.location = str(root)
+        self.snapshots_dir = root / SNAPSHOTS_PREFIX
+        self.staging_dir = root / STAGING_FOLDER
+        self._threads = threads
+        self._prepared = False
+
+    async def _run(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        try:
+            return await self._threads.run(function, *args)
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            if isinstance(error, StoreUnavailableError):
+                raise
+            raise StoreUnavailableError(
+                f"local store {self.location}: {action} failed: {error}"
+            ) from error
+
+    def _prepare_sync(self) -> None:
+        for folder in (self.root, self.snapshots_dir, self.staging_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        for folder in (self.root, self.snapshots_dir):
+            document = folder / MANIFEST_NAME
+            if not document.exists():
+                temporary = folder / f".{MANIFEST_NAME}.{secrets.token_hex(8)}"
+                _write_file(str(temporary), [dump_json(group_metadata())])
+                os.replace(temporary, document)
+                _fsync_directory(str(folder))
+
+    async def prepare(self) -> None:
+        if not self._prepared:
+            await self._run("creating the store folders", self._prepare_sync)
+            self._prepared = True
+
+    async def begin(self, snapshot_id: str) -> SnapshotWriter:
+        folder = self.staging_dir / snapshot_id
+        await self._run(f"creating staging folder {folder}", folder.mkdir)
+        return _LocalSnapshotWriter(self, snapshot_id, folder)
+
+    async def read(self, key: str) -> memoryview:
+        try:
+            return await self._run(f"reading {key}", _read_file, str(self.root / key))
+        except FileNotFoundError:
+            raise MissingKeyError(key) from None
+        except NotADirectoryError:
+            raise MissingKeyError(key) from None
+
+    def _committed_ids_sync(self) -> list[str]:
+        try:
+            entries = list(os.scandir(self.snapshots_dir))
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in entries:
+            try:
+                parse_snapshot_id(entry.name)
+            except ValueError:
+                continue
+            if os.path.exists(os.path.join(entry.path, MANIFEST_NAME)):
+                found.append(entry.name)
+        return found
+
+    async def committed_ids(self) -> list[str]:
+        return await self._run("listing snapshots", self._committed_ids_sync)
+
+    def _delete_sync(self, snapshot_id: str) -> bool:
+        self.staging_dir.mkdir(parents=True, exist_ok=True)
+        doomed = self.staging_dir / f"{snapshot_id}.deleting-{secrets.token_hex(4)}"
+        try:
+            os.rename(self.snapshots_dir / snapshot_id, doomed)
+        except FileNotFoundError:
+            return False
+        _fsync_directory(str(self.snapshots_dir))
+        shutil.rmtree(doomed)
+        return True
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await self._run(f"deleting snapshot {snapshot_id}", self._delete_sync, snapshot_id)
+
+    def _collect_sync(self, grace_seconds: float) -> list[str]:
+        try:
+            entries = list(os.scandir(self.staging_dir))
+        except FileNotFoundError:
+            return []
+        cutoff = time.time() - grace_seconds
+        removed = []
+        for entry in entries:
+            try:
+                if _newest_mtime(entry.path) > cutoff:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                continue  # another process collected it first
+            removed.append(entry.name)
+        return sorted(removed)
+
+    async def collect_garbage(self, grace_seconds: float) -> list[str]:
+        return await self._run("collecting leftovers", self._collect_sync, grace_seconds)
+
+
+class _LocalSnapshotWriter(SnapshotWriter):
+    def __init__(self, backend: LocalBackend, snapshot_id: str, folder: Path) -> None:
+        self._backend = backend
+        self._snapshot_id = snapshot_id
+        self._folder = folder
+
+    def _write_array_sync(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
+        array_dir = os.path.join(self._folder, name)
+        os.mkdir(array_dir)
+        folders = [array_dir]
+        made = {""}
+        for key, buffers in chunks:
+            parent = key.rpartition("/")[0]
+            if parent not in made:
+                partial = ""
+                for part in parent.split("/"):
+                    partial = f"{partial}/{part}" if partial else part
+                    if partial not in made:
+                        os.mkdir(os.path.join(array_dir, partial))
+                        folders.append(os.path.join(array_dir, partial))
+                        made.add(partial)
+            _write_file(os.path.join(array_dir, key), buffers)
+        _write_file(os.path.join(array_dir, MANIFEST_NAME), [metadata])
+        for folder in reversed(folders):
+            _fsync_directory(folder)
+
+    async def write_array(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
+        await self._backend._run(
+            f"writing array {name} of snapshot {self._snapshot_id}",
+            self._write_array_sync,
+            name,
+            metadata,
+            chunks,
+        )
+
+    def _commit_sync(self, group_document: bytes) -> None:
+        _write_file(os.path.join(self._folder, MANIFEST_NAME), [group_document])
+        _fsync_directory(str(self._folder))
+        os.rename(self._folder, self._backend.snapshots_dir / self._snapshot_id)
+        _fsync_directory(str(self._backend.snapshots_dir))
+
+    async def commit(self, group_metadata: bytes) -> None:
+        await self._backend._run(
+            f"committing snapshot {self._snapshot_id}", self._commit_sync, group_metadata
+        )
+
+    async def abort(self) -> None:
+        try:
+            await self._backend._threads.run(shutil.rmtree, self._folder, True)
+        except Exception:  # noqa: BLE001 - best effort; gc collects what remains
+            pass

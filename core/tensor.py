@@ -1,0 +1,636 @@
+"""Tensor: an array on a device with PyTorch's autograd semantics, and its factories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import backend
+from .autograd.function import AccumulateGrad, Node
+from .autograd.grad_mode import _state
+from .backend import Device
+from .errors import AutogradError
+
+float16 = np.dtype("float16")
+float32 = np.dtype("float32")
+float64 = np.dtype("float64")
+int32 = np.dtype("int32")
+int64 = np.dtype("int64")
+bool_ = np.dtype("bool")
+
+DEFAULT_FLOAT = float32
+
+DTypeLike = np.dtype | str | type | None
+DeviceLike = Device | str | None
+
+
+def as_dtype(dtype: DTypeLike) -> np.dtype | None:
+    """``dtype`` as a NumPy dtype (None stays None); Python ``float`` means float32."""
+    if dtype is None:
+        return None
+    if dtype is float:
+        return DEFAULT_FLOAT
+    if dtype is int:
+        return int64
+    if dtype is bool:
+        return bool_
+    try:
+        return np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"unknown dtype {dtype!r}") from exc
+
+
+def _is_floating(dtype: np.dtype) -> bool:
+    return dtype.kind == "f"
+
+
+class Tensor:
+    """An n-dimensional array on ``cpu`` or ``cuda:N`` that records operations for autograd."""
+
+    __slots__ = (
+        "_data",
+        "_requires_grad",
+        "_grad",
+        "grad_fn",
+        "_version_box",
+        "_hooks",
+        "_inference",
+        "_base",
+        "_cow",
+        "_accumulator",
+        "__weakref__",
+    )
+    __array_priority__ = 1000  # NumPy defers ``array * tensor`` to Tensor.__rmul__
+
+    def __init__(self, data: Any, *, dtype: DTypeLike = None, device: DeviceLike = None,
+                 requires_grad: bool = False) -> None:
+        made = tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
+        for name in Tensor.__slots__[:-1]:
+            setattr(self, name, getattr(made, name))
+
+    @classmethod
+    def _make(cls, data: Any, requires_grad: bool = False, grad_fn: Node | None = None) -> Tensor:
+        """Wrap an array without copying (internal)."""
+        t = object.__new__(cls)
+        t._data = data
+        t._requires_grad = requires_grad
+        t._grad = None
+        t.grad_fn = grad_fn
+        t._version_box = [0, None, False]  # version, last in-place op, has views
+        t._hooks = []
+        t._inference = _state.inference
+        t._base = None
+        t._cow = False
+        t._accumulator = None
+        return t
+
+    # ------------------------------------------------------------------ attributes
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The size of each dimension."""
+        return tuple(self._data.shape)
+
+    def size(self, dim: int | None = None) -> tuple[int, ...] | int:
+        """``shape``, or the size of one dimension."""
+        return self.shape if dim is None else self.shape[dim]
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    def dim(self) -> int:
+        return self._data.ndim
+
+    def numel(self) -> int:
+        return int(self._data.size)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._data.dtype
+
+    @property
+    def device(self) -> Device:
+        return backend.device_of(self._data)
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for tensors made by the user and for tensors that do not require grad."""
+        return self.grad_fn is None
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Set ``requires_grad`` on a leaf (in place) and return it."""
+        if self.grad_fn is not None and not requires_grad:
+            raise AutogradError(
+                "you can only change requires_grad flags of leaf tensors; use detach() to get "
+                "a tensor that does not require grad"
+            )
+        if requires_grad and not _is_floating(self.dtype):
+            raise AutogradError(
+                f"only tensors of floating point dtype can require gradients; got {self.dtype}"
+            )
+        if requires_grad and self._inference and not _state.inference:
+            raise AutogradError(
+                "setting requires_grad=True on an inference tensor outside inference_mode is "
+                "not allowed; clone it outside inference_mode first"
+            )
+        self._requires_grad = bool(requires_grad) or self.grad_fn is not None
+        return self
+
+    @property
+    def grad(self) -> Tensor | None:
+        """The accumulated gradient: None until a backward pass reaches this tensor."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"grad must be a Tensor or None; got {type(value).__name__}")
+            if value.shape != self.shape:
+                raise AutogradError(
+                    f"assigned grad has shape {value.shape}; the tensor has shape {self.shape}"
+                )
+        self._grad = value
+
+    @property
+    def data(self) -> Tensor:
+        """A tensor sharing this one's storage, outside the graph."""
+        return self.detach()
+
+    @property
+    def _version(self) -> int:
+        return self._version_box[0]
+
+    # ------------------------------------------------------------------ graph helpers
+    def detach(self) -> Tensor:
+        """A tensor sharing the storage and version counter, outside the graph."""
+        out = Tensor._make(self._data)
+        out._version_box = self._version_box
+        out._base = self if self._base is None else self._base
+        self._version_box[2] = True
+        out._inference = self._inference
+        return out
+
+    def detach_(self) -> Tensor:
+        """Detach this tensor from the graph in place."""
+        self.grad_fn = None
+        self._requires_grad = False
+        return self
+
+    def retain_grad(self) -> None:
+        """Populate ``.grad`` of this non-leaf tensor during backward."""
+        if not self.requires_grad:
+            raise AutogradError("can't retain_grad on a tensor that has requires_grad=False")
+        if self.grad_fn is not None:
+            self.grad_fn.retained = _weakref(self)
+
+    @property
+    def retains_grad(self) -> bool:
+        return self.grad_fn is not None and self.grad_fn.retained is not None
+
+    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> Callable[[], None]:
+        """Call ``hook(grad)`` when this tensor's gradient is computed; it may return a new one.
+
+        Returns a function that removes the hook.
+        """
+        if not self.requires_grad:
+            raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
+        hooks = self._hooks if self.grad_fn is None else self.grad_fn.tensor_hooks
+        hooks.append(hook)
+        return lambda: hooks.remove(hook) if hook in hooks else None
+
+    def backward(
+        self,
+        gradient: Tensor | None = None,
+        retain_graph: bool | None = None,
+        create_graph: bool = False,
+        inputs: Sequence[Tensor] | Tensor | None = None,
+    ) -> Gradients:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``; return this pass's gradients.
+
+        The returned ``Gradients`` maps each leaf reached to the gradient of this pass alone
+        (Burn's ``B::Gradients``); ``GradientsParams.from_grads`` consumes it.
+        """
+        from .autograd.engine import run_backward  # noqa: PLC0415
+        from .autograd.gradients import Gradients  # noqa: PLC0415
+
+        if gradient is None:
+            if self.numel() != 1:
+                raise AutogradError(
+                    f"grad can be implicitly created only for scalar outputs; this tensor has "
+                    f"shape {self.shape}: pass gradient= of the same shape"
+                )
+            gradient = ones_like(self)
+        elif not isinstance(gradient, Tensor):
+            gradient = tensor(gradient, dtype=self.dtype, device=self.device)
+        if gradient.shape != self.shape:
+            raise AutogradError(
+                f"gradient has shape {gradient.shape}; the output has shape {self.shape}"
+            )
+        if retain_graph is None:
+            retain_graph = create_graph
+        if isinstance(inputs, Tensor):
+            inputs = [inputs]
+        _, delivered = run_backward(
+            [self], [gradient], retain_graph=retain_graph, create_graph=create_graph,
+            capture=list(inputs) if inputs is not None else None,
+        )
+        return Gradients(delivered.values())
+
+    # ------------------------------------------------------------------ conversion
+    def numpy(self) -> np.ndarray:
+        """The data as a NumPy array (shares memory on the cpu)."""
+        if self.requires_grad:
+            raise AutogradError(
+                "can't call numpy() on a tensor that requires grad; use tensor.detach().numpy()"
+            )
+        return backend.to_host(self._data)
+
+    def item(self) -> Any:
+        """The value of a one-element tensor as a Python number."""
+        if self.numel() != 1:
+            raise ValueError(f"only one-element tensors can be converted; shape is {self.shape}")
+        return backend.to_host(self._data).reshape(()).item()
+
+    def tolist(self) -> Any:
+        return backend.to_host(self._data).tolist()
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        host = backend.to_host(self._data)
+        return host if dtype is None else host.astype(dtype)
+
+    def to(self, device: DeviceLike | DTypeLike = None, dtype: DTypeLike = None) -> Tensor:
+        """This tensor on ``device`` and/or as ``dtype``; itself when nothing changes."""
+        from . import ops  # noqa: PLC0415
+
+        if device is not None and not isinstance(device, Device | str):
+            device, dtype = None, device
+        if isinstance(device, str) and device not in ("cpu",) and not device.startswith("cuda"):
+            device, dtype = None, device
+        out = self
+        if dtype is not None and as_dtype(dtype) != self.dtype:
+            out = ops.ToDtype.apply(out, as_dtype(dtype))
+        if device is not None and backend.device(device) != self.device:
+            out = ops.ToDevice.apply(out, backend.device(device))
+        return out
+
+    def cpu(self) -> Tensor:
+        return self.to("cpu")
+
+    def cuda(self, index: int = 0) -> Tensor:
+        return self.to(f"cuda:{index}")
+
+    def float(self) -> Tensor:
+        return self.to(dtype=float32)
+
+    def double(self) -> Tensor:
+        return self.to(dtype=float64)
+
+    def half(self) -> Tensor:
+        return self.to(dtype=float16)
+
+    def long(self) -> Tensor:
+        return self.to(dtype=int64)
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):  # noqa: ANN204
+        return (self[i] for i in range(len(self)))
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(
+                f"boolean value of a tensor with {self.numel()} elements is ambiguous"
+            )
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iub":
+            raise TypeError("only integer tensors of a single element can be an index")
+        return int(self.item())
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        body = np.array2string(backend.to_host(self._data), separator=", ", precision=4)
+        extra = []
+        if self.device.type != "cpu":
+            extra.append(f"device='{self.device}'")
+        if self.dtype != float32 and self.dtype != int64:
+            extra.append(f"dtype={self.dtype}")
+        if self.grad_fn is not None:
+            extra.append(f"grad_fn=<{self.grad_fn.name}>")
+        elif self.requires_grad:
+            extra.append("requires_grad=True")
+        return "tensor(" + ", ".join([body, *extra]) + ")"
+
+    # ------------------------------------------------------------------ in-place machinery
+    def _prepare_write(self, op: str) -> None:
+        if self._inference and not _state.inference:
+            raise AutogradError(
+                f"in-place update ({op}) of an inference tensor outside inference_mode is not "
+                "allowed"
+            )
+        if self._cow:  # a snapshot (or another tensor) still reads this buffer: copy first
+            self._data = self._data.copy()
+            self._cow = False
+
+    def _bump(self, op: str) -> None:
+        self._version_box[0] += 1
+        self._version_box[1] = op
+
+    def _inplace(self, op: str, out_of_place: Callable[[Tensor], Tensor],
+                 others: Sequence[Any] = ()) -> Tensor:
+        """Apply ``out_of_place`` and write its result into this tensor's storage."""
+        recording = _state.grad_enabled and (
+            self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in others)
+        )
+        if recording:
+            if self.grad_fn is None and self.requires_grad:
+                raise AutogradError(
+                    f"a leaf tensor that requires grad is being used in an in-place operation "
+                    f"({op}); do it under no_grad() or on a clone"
+                )
+            if self._base is not None and self._base.requires_grad:
+                raise AutogradError(
+                    f"in-place operation ({op}) on a view of a tensor that requires grad is "
+                    "not supported; use the out-of-place op"
+                )
+            previous = Tensor._make(self._data.copy(), self.requires_grad, self.grad_fn)
+            result = out_of_place(previous)
+            self._prepare_write(op)
+            self._data[...] = result._data
+            self.grad_fn = result.grad_fn
+            self._requires_grad = True
+        else:
+            with _no_grad_block():
+                result = out_of_place(self)
+            self._prepare_write(op)
+            self._data[...] = result._data
+        self._bump(op)
+        return self
+
+    def _accumulate_(self, array: Any) -> None:
+        """``self += array`` for gradient accumulation, honouring copy-on-write."""
+        if self._cow:
+            self._data = self._data + array
+            self._cow = False
+        else:
+            self._data += array
+        self._bump("accumulate_grad")
+
+    def add_(self, other: Any, *, alpha: float = 1) -> Tensor:
+        return self._inplace("add_", lambda s: s + (other * alpha if alpha != 1 else other),
+                             (other,))
+
+    def sub_(self, other: Any, *, alpha: float = 1) -> Tensor:
+        return self._inplace("sub_", lambda s: s - (other * alpha if alpha != 1 else other),
+                             (other,))
+
+    def mul_(self, other: Any) -> Tensor:
+        return self._inplace("mul_", lambda s: s * other, (other,))
+
+    def div_(self, other: Any) -> Tensor:
+        return self._inplace("div_", lambda s: s / other, (other,))
+
+    def pow_(self, exponent: Any) -> Tensor:
+        return self._inplace("pow_", lambda s: s**exponent, (exponent,))
+
+    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+        return self._inplace("clamp_", lambda s: s.clamp(min, max))
+
+    def zero_(self) -> Tensor:
+        return self.fill_(0)
+
+    def fill_(self, value: Any) -> Tensor:
+        if isinstance(value, Tensor):
+            return self._inplace("fill_", lambda s: s * 0 + value, (value,))
+        self._prepare_write("fill_")
+        if _state.grad_enabled and self.requires_grad:
+            return self._inplace("fill_", lambda s: s * 0 + value)
+        self._data[...] = value
+        self._bump("fill_")
+        return self
+
+    def copy_(self, src: Any) -> Tensor:
+        if not isinstance(src, Tensor):
+            src = tensor(src, dtype=self.dtype, device=self.device)
+        src = src.to(self.device)
+        return self._inplace("copy_", lambda s: (s * 0 + src).to(dtype=self.dtype), (src,))
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        from . import ops  # noqa: PLC0415
+
+        self._inplace("__setitem__", lambda s: ops.index_put(s, index, value), (value,))
+
+    def __iadd__(self, other: Any) -> Tensor:
+        return self.add_(other)
+
+    def __isub__(self, other: Any) -> Tensor:
+        return self.sub_(other)
+
+    def __imul__(self, other: Any) -> Tensor:
+        return self.mul_(other)
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return self.div_(other)
+
+
+def _weakref(t: Tensor) -> Any:
+    import weakref  # noqa: PLC0415
+
+    return weakref.ref(t)
+
+
+class _no_grad_block:  # noqa: N801
+    def __enter__(self) -> None:
+        self.saved = _state.grad_enabled
+        _state.grad_enabled = False
+
+    def __exit__(self, *exc: object) -> None:
+        _state.grad_enabled = self.saved
+
+
+def _leaf_node(t: Tensor) -> AccumulateGrad:
+    """The AccumulateGrad node of a leaf that requires grad (one per leaf)."""
+    if t._accumulator is None:
+        t._accumulator = AccumulateGrad(t)
+    return t._accumulator
+
+
+# ---------------------------------------------------------------------- factories
+_generator = np.random.default_rng()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the random factories (``randn``, ``rand``) and ``Dropout``."""
+    global _generator
+    _generator = np.random.default_rng(seed)
+    if "cupy" in __import__("sys").modules:
+        __import__("cupy").random.seed(seed)
+
+
+def generator() -> np.random.Generator:
+    """The NumPy generator behind the random factories."""
+    return _generator
+
+
+def _finish(data: Any, dtype: np.dtype | None, device: DeviceLike, requires_grad: bool) -> Tensor:
+    dev = backend.device(device)
+    if dtype is not None and data.dtype != dtype:
+        data = data.astype(dtype)
+    if dev.type != "cpu":
+        data = backend.to_device(data, dev)
+    t = Tensor._make(data)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def tensor(data: Any, *, dtype: DTypeLike = None, device: DeviceLike = None,
+           requires_grad: bool = False) -> Tensor:
+    """A new leaf tensor holding a copy of ``data`` (lists of floats become float32)."""
+    dtype = as_dtype(dtype)
+    if isinstance(data, Tensor):
+        array = data._data.copy()
+        if device is None:
+            device = data.device
+    elif isinstance(data, np.ndarray):
+        array = data.copy()
+    elif hasattr(data, "__cuda_array_interface__"):
+        array = data.copy()
+        if device is None:
+            device = backend.device_of(data)
+    else:
+        array = np.array(data)
+        if dtype is None and array.dtype == np.float64 and not isinstance(data, np.generic):
+            array = array.astype(DEFAULT_FLOAT)
+        elif dtype is None and array.dtype.kind in "iu":
+            array = array.astype(int64)
+    if array.dtype.kind not in "fiub":
+        raise TypeError(f"can't make a tensor from data of dtype {array.dtype}")
+    return _finish(array, dtype, device, requires_grad)
+
+
+def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
+    if len(size) == 1 and isinstance(size[0], tuple | list):
+        size = tuple(size[0])
+    return tuple(int(n) for n in size)
+
+
+def _filled(fill: Callable[[Any, tuple[int, ...], np.dtype], Any], size: tuple[Any, ...],
+            dtype: DTypeLike, device: DeviceLike, requires_grad: bool) -> Tensor:
+    dev = backend.device(device)
+    xp = backend.array_module(dev)
+    dt = as_dtype(dtype) or DEFAULT_FLOAT
+    with backend.use_device(dev):
+        data = fill(xp, _size(size), dt)
+    return _finish(data, dt, dev, requires_grad)
+
+
+def zeros(*size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
+          requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros."""
+    return _filled(lambda xp, s, d: xp.zeros(s, d), size, dtype, device, requires_grad)
+
+
+def ones(*size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
+         requires_grad: bool = False) -> Tensor:
+    """A tensor of ones."""
+    return _filled(lambda xp, s, d: xp.ones(s, d), size, dtype, device, requires_grad)
+
+
+def full(size: Sequence[int], fill_value: Any, *, dtype: DTypeLike = None,
+         device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+    """A tensor filled with ``fill_value``."""
+    if dtype is None:
+        dtype = bool_ if isinstance(fill_value, bool) else (
+            int64 if isinstance(fill_value, int) else DEFAULT_FLOAT)
+    return _filled(lambda xp, s, d: xp.full(s, fill_value, d), (tuple(size),), dtype, device,
+                   requires_grad)
+
+
+def _random(kind: str, size: tuple[Any, ...], dtype: DTypeLike, device: DeviceLike,
+            requires_grad: bool) -> Tensor:
+    dt = as_dtype(dtype) or DEFAULT_FLOAT
+    shape = _size(size)
+    data = (_generator.standard_normal(shape) if kind == "normal" else _generator.random(shape))
+    return _finish(np.asarray(data, dtype=dt), dt, device, requires_grad)
+
+
+def randn(*size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
+          requires_grad: bool = False) -> Tensor:
+    """Samples of the standard normal distribution."""
+    return _random("normal", size, dtype, device, requires_grad)
+
+
+def rand(*size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
+         requires_grad: bool = False) -> Tensor:
+    """Samples of the uniform distribution on [0, 1)."""
+    return _random("uniform", size, dtype, device, requires_grad)
+
+
+def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: DTypeLike = None,
+           device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+    """Evenly spaced values in [start, end)."""
+    if end is None:
+        start, end = 0, start
+    if dtype is None:
+        is_int = all(isinstance(v, int) for v in (start, end, step))
+        dtype = int64 if is_int else DEFAULT_FLOAT
+    data = np.arange(start, end, step)
+    return _finish(data, as_dtype(dtype), device, requires_grad)
+
+
+def _like(fn: Callable[..., Tensor], other: Tensor, dtype: DTypeLike, device: DeviceLike,
+          requires_grad: bool, *args: Any) -> Tensor:
+    return fn(*args, dtype=dtype or other.dtype, device=device or other.device,
+              requires_grad=requires_grad)
+
+
+def zeros_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
+               requires_grad: bool = False) -> Tensor:
+    return _like(zeros, t, dtype, device, requires_grad, t.shape)
+
+
+def ones_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
+              requires_grad: bool = False) -> Tensor:
+    return _like(ones, t, dtype, device, requires_grad, t.shape)
+
+
+def full_like(t: Tensor, fill_value: Any, *, dtype: DTypeLike = None,
+              device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+    return _like(full, t, dtype, device, requires_grad, t.shape, fill_value)
+
+
+def randn_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
+               requires_grad: bool = False) -> Tensor:
+    return _like(randn, t, dtype, device, requires_grad, t.shape)
+
+
+def rand_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
+              requires_grad: bool = False) -> Tensor:
+    return _like(rand, t, dtype, device, requires_grad, t.shape)
+
+
+from .autograd.gradients import Gradients  # noqa: E402
+from . import ops as _ops  # noqa: E402, F401  (installs Tensor's operator methods)
