@@ -25,6 +25,21 @@ from .errors import (
     SnapshotNotFoundError,
     StoreUnavailableError,
 )
+from .grads import GradientsAccumulator, GradientsParams
+from .nn import (
+    GELU,
+    MLP,
+    Dropout,
+    Embedding,
+    LayerNorm,
+    Linear,
+    Module,
+    ModuleRecord,
+    Param,
+    ReLU,
+    Sequential,
+    Tanh,
+)
 from .ops import (
     abs,
     argmax,
@@ -55,6 +70,7 @@ from .ops import (
     var,
     where,
 )
+from .optim import SGD, Adam, AdamW, Optimizer, OptimizerRecord
 from .param_id import ParamId
 from .record import GradientRecordEntry, GradientsParamsRecord
 from .tensor import (
@@ -81,6 +97,9 @@ from .tensor import (
 )
 
 __all__ = [
+    "GELU", "MLP", "SGD", "Adam", "AdamW", "Dropout", "Embedding", "GradientsAccumulator",
+    "GradientsParams", "LayerNorm", "Linear", "Module", "ModuleRecord", "Optimizer",
+    "OptimizerRecord", "Param", "ReLU", "Sequential", "Tanh",
     "AutogradError", "BackendMismatchError", "ChecksumMismatchError", "Device", "DeviceError",
     "DtypeMismatchError", "DuplicateParamError", "FormatVersionError", "GradientRecordEntry",
     "Gradients", "GradientsParamsRecord", "GradvaultError", "InplaceModificationError",

@@ -56,7 +56,9 @@ class GradientRecordEntry:
     array: np.ndarray = field(repr=False)
 
     @classmethod
-    def from_array(cls, param_id: ParamId | str, name: str, array: np.ndarray) -> GradientRecordEntry:
+    def from_array(
+        cls, param_id: ParamId | str, name: str, array: np.ndarray
+    ) -> GradientRecordEntry:
         """An entry holding ``array`` (copied only if it is not C-contiguous little-endian)."""
         host = np.asarray(array)
         dtype = _little_endian(host.dtype)
@@ -65,9 +67,8 @@ class GradientRecordEntry:
                 f"gradient for param {param_id} ({name!r}) has dtype {host.dtype.name}; "
                 f"supported: {', '.join(SUPPORTED_DTYPES)}"
             )
-        host = np.ascontiguousarray(host, dtype=dtype)
-        if host.flags.writeable and host.base is not None:
-            host = host.view()
+        # a read-only view: the caller's array stays writable, the record's does not
+        host = np.ascontiguousarray(host, dtype=dtype).view()
         host.flags.writeable = False
         return cls(as_param_id(param_id), name, host.dtype.name, tuple(host.shape), host)
 
@@ -89,7 +90,9 @@ class GradientRecordEntry:
             )
         shape = tuple(int(n) for n in shape)
         if any(n < 0 for n in shape):
-            raise SizeMismatchError(f"gradient for param {pid} ({name!r}) has a negative dim in {shape}")
+            raise SizeMismatchError(
+                f"gradient for param {pid} ({name!r}) has a negative dim in {shape}"
+            )
         np_dtype = _little_endian(np.dtype(dtype))
         expected = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
         found = memoryview(data).nbytes

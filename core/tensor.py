@@ -632,5 +632,5 @@ def rand_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
     return _like(rand, t, dtype, device, requires_grad, t.shape)
 
 
-from .autograd.gradients import Gradients  # noqa: E402
 from . import ops as _ops  # noqa: E402, F401  (installs Tensor's operator methods)
+from .autograd.gradients import Gradients  # noqa: E402

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from ..errors import AutogradError
 from .engine import run_backward
 from .function import Context, Function
-from .gradients import Gradients
 from .grad_mode import (
     enable_grad,
     inference_mode,
@@ -17,6 +15,7 @@ from .grad_mode import (
     no_grad,
     set_grad_enabled,
 )
+from .gradients import Gradients
 
 
 def _as_tuple(x: Any) -> tuple[Any, ...]:
@@ -65,7 +64,9 @@ def grad(
         seeds.append(seed)
     kept = [(o, s) for o, s in zip(outputs, seeds, strict=True) if o.requires_grad]
     if not kept:
-        raise AutogradError("element 0 of tensors does not require grad and does not have a grad_fn")
+        raise AutogradError(
+            "element 0 of tensors does not require grad and does not have a grad_fn"
+        )
     if retain_graph is None:
         retain_graph = create_graph
     captured, _ = run_backward(
@@ -90,8 +91,8 @@ def grad(
     return tuple(result)
 
 
-from .gradcheck import gradcheck, gradgradcheck  # noqa: E402
 from . import functional  # noqa: E402
+from .gradcheck import gradcheck, gradgradcheck  # noqa: E402
 
 __all__ = [
     "Context",

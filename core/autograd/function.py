@@ -12,6 +12,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import AutogradError, InplaceModificationError
 from .grad_mode import _state
 
@@ -155,7 +157,7 @@ class Function:
             node = Node(cls, cls.__name__ + "Backward")
             ctx = Context(node)
             ctx.needs_input_grad = tuple(t.requires_grad for t in tensor_inputs)
-            data = cls.forward(ctx, *args, **kwargs)
+            data = _as_array(cls.forward(ctx, *args, **kwargs))
             node.ctx = ctx
             node.next_nodes = tuple(
                 (t.grad_fn if t.grad_fn is not None else _leaf_node(t)) if t.requires_grad else None
@@ -166,8 +168,13 @@ class Function:
             if node.saves_output:
                 ctx._saved = ctx._saved + ((out, out._version_box[0]),)
             return out
-        data = cls.forward(_FreeContext(), *args, **kwargs)
+        data = _as_array(cls.forward(_FreeContext(), *args, **kwargs))
         return Tensor._make(data)
+
+
+def _as_array(data: Any) -> Any:
+    # NumPy reductions return scalars (np.float32); a Tensor always holds an array
+    return np.asarray(data) if isinstance(data, np.generic) else data
 
 
 class _FreeContext(Context):

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.function import Context, Function
 from ..autograd.engine import sum_to_shape
+from ..autograd.function import Context, Function
 from ..tensor import Tensor
 from ._common import as_tensor_like, xp
 

@@ -1,0 +1,317 @@
+"""GradientsParams: gradients keyed by ParamId, with Burn's names, and their records.
+
+Taking a record is a point-in-time capture done by copy-on-write: the record keeps the
+gradient's current buffer and the gradient tensor is flagged, so the next in-place write
+to it (accumulation, ``zero_``, an optimizer touching it) first moves it to a new buffer.
+The trainer therefore waits for a number of flag updates that grows with the number of
+parameters, never for a copy of their bytes (on the cpu; a cuda device is read to host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import backend
+from .autograd.gradients import Gradients
+from .errors import (
+    BackendMismatchError,
+    ParamIdMismatchError,
+    RecorderError,
+    ShapeMismatchError,
+)
+from .param_id import ParamId, as_param_id
+from .record import GradientRecordEntry, GradientsParamsRecord
+from .tensor import Tensor
+
+if TYPE_CHECKING:
+    from .nn.module import Module
+
+
+def _backend_name(spec: Any) -> str:
+    """``"numpy"`` or ``"cupy"`` from a backend name, a device string or a Device."""
+    if isinstance(spec, backend.Device):
+        return spec.backend
+    text = str(spec).lower()
+    if text in ("numpy", "cupy"):
+        return text
+    try:
+        return backend.device(text).backend
+    except Exception:  # noqa: BLE001
+        raise BackendMismatchError(
+            f"unknown backend {spec!r}; expected 'numpy', 'cupy' or a device such as 'cpu'"
+        ) from None
+
+
+class GradientsParams:
+    """Gradients keyed by ParamId (Burn's ``GradientsParams``)."""
+
+    def __init__(self) -> None:
+        self._grads: dict[ParamId, Tensor] = {}
+        self._names: dict[ParamId, str] = {}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_grads(cls, grads: Gradients, module: Module) -> GradientsParams:
+        """The gradients of ``module``'s params out of one backward pass; ``grads`` is consumed."""
+        out = cls.from_module(grads, module)
+        for leaf, _ in list(grads):
+            grads.remove(leaf)
+        return out
+
+    @classmethod
+    def from_module(cls, grads: Gradients, module: Module) -> GradientsParams:
+        """Take (remove) the gradients of ``module``'s params out of ``grads``."""
+        return cls.from_params(grads, module, None)
+
+    @classmethod
+    def from_params(cls, grads: Gradients, module: Module,
+                    params: Iterable[ParamId | str] | None) -> GradientsParams:
+        """Take (remove) the gradients of the listed ParamIds of ``module`` out of ``grads``."""
+        wanted = None if params is None else {as_param_id(p) for p in params}
+        out = cls()
+        for name, param in module.named_parameters():
+            if wanted is not None and param.id not in wanted:
+                continue
+            grad = grads.remove(param)
+            if grad is not None:
+                out.register(param.id, grad, name=name)
+        return out
+
+    @classmethod
+    def from_module_grad(cls, module: Module) -> GradientsParams:
+        """The ``.grad`` of every param of ``module`` (PyTorch-style accumulation), shared."""
+        out = cls()
+        for name, param in module.named_parameters():
+            if param.grad is not None:
+                out.register(param.id, param.grad, name=name)
+        return out
+
+    # ------------------------------------------------------------------ container
+    def _checked(self, param_id: ParamId | str, grad: Tensor | None, ndim: int | None
+                 ) -> Tensor | None:
+        if grad is not None and ndim is not None and grad.ndim != ndim:
+            pid = as_param_id(param_id)
+            name = self._names.get(pid, "?")
+            raise ShapeMismatchError(
+                f"gradient for param {pid} ({name!r}) has {grad.ndim} dims (shape "
+                f"{grad.shape}); the caller asked for {ndim}"
+            )
+        return grad
+
+    def get(self, param_id: ParamId | str, ndim: int | None = None) -> Tensor | None:
+        """The gradient for ``param_id`` or None; a wrong ``ndim`` raises."""
+        pid = as_param_id(param_id)
+        return self._checked(pid, self._grads.get(pid), ndim)
+
+    def remove(self, param_id: ParamId | str, ndim: int | None = None) -> Tensor | None:
+        """Take the gradient for ``param_id`` out, or None; a wrong ``ndim`` raises."""
+        pid = as_param_id(param_id)
+        self._checked(pid, self._grads.get(pid), ndim)
+        self._names.pop(pid, None)
+        return self._grads.pop(pid, None)
+
+    def register(self, param_id: ParamId | str, tensor: Tensor, *, name: str | None = None
+                 ) -> None:
+        """Store ``tensor`` as the gradient of ``param_id``, replacing what was there."""
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"a gradient must be a Tensor; got {type(tensor).__name__}")
+        pid = as_param_id(param_id)
+        self._grads[pid] = tensor
+        if name is not None:
+            self._names[pid] = name
+        else:
+            self._names.setdefault(pid, "")
+
+    def name(self, param_id: ParamId | str) -> str:
+        """The module path recorded for ``param_id`` ("" when unknown)."""
+        return self._names.get(as_param_id(param_id), "")
+
+    def len(self) -> int:
+        return len(self._grads)
+
+    def __len__(self) -> int:
+        return len(self._grads)
+
+    def is_empty(self) -> bool:
+        return not self._grads
+
+    def __contains__(self, param_id: object) -> bool:
+        try:
+            return as_param_id(param_id) in self._grads  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+
+    def __iter__(self) -> Iterator[ParamId]:
+        return iter(list(self._grads))
+
+    def items(self) -> Iterator[tuple[ParamId, Tensor]]:
+        return iter(list(self._grads.items()))
+
+    def to_device(self, device: backend.Device | str, module: Module) -> GradientsParams:
+        """Move the gradients of ``module``'s params to ``device``; returns self."""
+        dev = backend.device(device)
+        for param in module.parameters():
+            grad = self._grads.get(param.id)
+            if grad is not None:
+                self._grads[param.id] = grad.to(dev)
+        return self
+
+    def __repr__(self) -> str:
+        lines = [f"GradientsParams({len(self)} gradients)"]
+        for pid, grad in list(self._grads.items())[:20]:
+            lines.append(f"  {pid} {self._names.get(pid, '')!r} {grad.dtype}{list(grad.shape)} "
+                         f"on {grad.device}")
+        if len(self) > 20:
+            lines.append(f"  ... {len(self) - 20} more")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ records
+    def _check_backend(self, backend_spec: Any) -> None:
+        if backend_spec is None:
+            return
+        asked = _backend_name(backend_spec)
+        for pid, grad in self._grads.items():
+            if grad.device.backend != asked:
+                raise BackendMismatchError(
+                    f"gradient for param {pid} ({self._names.get(pid, '')!r}) is on "
+                    f"{grad.device} ({grad.device.backend}); the record was asked for on the "
+                    f"{asked} backend"
+                )
+
+    def _capture(self) -> list[tuple[ParamId, str, Any]]:
+        """Freeze the current buffers (copy-on-write); O(number of gradients)."""
+        captured = []
+        for pid, grad in self._grads.items():
+            data = grad._data
+            if grad._base is not None or grad._version_box[2]:
+                data = data.copy()  # views may write to this storage behind the flag
+            else:
+                grad._cow = True
+            captured.append((pid, self._names.get(pid, ""), data))
+        return captured
+
+    @staticmethod
+    def _to_record(captured: list[tuple[ParamId, str, Any]], metadata: dict[str, Any]
+                   ) -> GradientsParamsRecord:
+        return GradientsParamsRecord(
+            [GradientRecordEntry.from_array(pid, name, backend.to_host(data))
+             for pid, name, data in captured],
+            metadata=metadata,
+        )
+
+    def _metadata(self) -> dict[str, Any]:
+        devices = sorted({str(g.device) for g in self._grads.values()})
+        return {"device": devices[0] if len(devices) == 1 else ",".join(devices)}
+
+    def try_to_record(self, backend: Any = None) -> GradientsParamsRecord:
+        """A record of host copies of every gradient, leaving this container as it was.
+
+        Device reads are complete when it returns. ``backend`` ("numpy", "cupy" or a device)
+        must be the one the gradients live on, or BackendMismatchError is raised.
+        """
+        self._check_backend(backend)
+        return self._to_record(self._capture(), self._metadata())
+
+    async def to_record_async(self, backend: Any = None) -> GradientsParamsRecord:
+        """``try_to_record`` without blocking the event loop: device reads run in a thread.
+
+        The capture (the point in time) happens before the first await.
+        """
+        self._check_backend(backend)
+        captured = self._capture()
+        metadata = self._metadata()
+        if all(isinstance(data, np.ndarray) for _, _, data in captured):
+            return self._to_record(captured, metadata)
+        return await asyncio.to_thread(self._to_record, captured, metadata)
+
+    @classmethod
+    def from_record(cls, record: GradientsParamsRecord, device: backend.Device | str = "cpu",
+                    *, module: Module | None = None, match: str = "id") -> GradientsParams:
+        """New gradients on ``device`` from ``record``; nothing else is summed into or cleared.
+
+        Every entry's dtype, shape and byte count is validated. With ``module``, the record's
+        ids must be the module's ids (load the model record first), or with ``match="name"``
+        entries are mapped to the module's params by module path.
+        """
+        if match not in ("id", "name"):
+            raise ValueError(f"match must be 'id' or 'name'; got {match!r}")
+        dev = backend.device(device)
+        targets: dict[ParamId, tuple[ParamId, str, tuple[int, ...]]] = {}
+        if module is not None:
+            params = list(module.named_parameters())
+            by_id = {p.id: (p.id, name, p.shape) for name, p in params}
+            by_name = {name: (p.id, name, p.shape) for name, p in params}
+            for entry in record:
+                target = by_id.get(entry.param_id) if match == "id" else by_name.get(entry.name)
+                if target is None:
+                    hint = ("load the model record first (module.load_record) so the ids "
+                            "match, or pass match='name'") if match == "id" else \
+                        "the module has no parameter of that name"
+                    raise ParamIdMismatchError(
+                        f"record's gradient for param {entry.param_id} ({entry.name!r}) matches "
+                        f"no parameter of the module by {match}; {hint}"
+                    )
+                if tuple(entry.shape) != tuple(target[2]):
+                    raise ShapeMismatchError(
+                        f"gradient for param {entry.param_id} ({entry.name!r}) has shape "
+                        f"{tuple(entry.shape)}; the module's parameter {target[1]!r} has "
+                        f"{tuple(target[2])}"
+                    )
+                targets[entry.param_id] = target
+        out = cls()
+        for entry in record:
+            entry.validate()
+            array = np.array(entry.array, dtype=entry.array.dtype.newbyteorder("="), copy=True)
+            grad = Tensor._make(backend.to_device(array, dev))
+            pid, name = (targets[entry.param_id][:2] if entry.param_id in targets
+                         else (entry.param_id, entry.name))
+            if pid in out:
+                raise RecorderError(f"two record entries map to param {pid} ({name!r})")
+            out.register(pid, grad, name=name)
+        return out
+
+
+class GradientsAccumulator:
+    """Sums GradientsParams over micro-batches (Burn's ``GradientsAccumulator``)."""
+
+    def __init__(self) -> None:
+        self._sum = GradientsParams()
+
+    def accumulate(self, module: Module, grads: GradientsParams) -> None:
+        """Add ``module``'s gradients from ``grads`` into the running sum."""
+        for name, param in module.named_parameters():
+            grad = grads.get(param.id)
+            if grad is None:
+                continue
+            current = self._sum.get(param.id)
+            if current is None:
+                # share the buffer until the first addition moves the sum to its own
+                alias = Tensor._make(grad._data)
+                alias._cow = True
+                self._sum.register(param.id, alias, name=name)
+            else:
+                if current.shape != grad.shape:
+                    raise ShapeMismatchError(
+                        f"gradient for param {param.id} ({name!r}) has shape {grad.shape}; "
+                        f"the running sum has {current.shape}"
+                    )
+                current._accumulate_(grad._data)
+
+    def current(self) -> GradientsParams:
+        """The running sum so far, without resetting it (what a mid-window snapshot takes)."""
+        view = GradientsParams()
+        for pid, grad in self._sum.items():
+            view.register(pid, grad, name=self._sum.name(pid))
+        return view
+
+    def grads(self) -> GradientsParams:
+        """The sum; the accumulator starts again from empty."""
+        out, self._sum = self._sum, GradientsParams()
+        return out
+
+    def __len__(self) -> int:
+        return len(self._sum)
