@@ -197,14 +197,16 @@ class GradientsParams:
     @staticmethod
     def _to_record(captured: list[tuple[ParamId, str, Any]], metadata: dict[str, Any]
                    ) -> GradientsParamsRecord:
+        # entries built by from_array are consistent by construction
         return GradientsParamsRecord(
             [GradientRecordEntry.from_array(pid, name, backend.to_host(data))
              for pid, name, data in captured],
             metadata=metadata,
+            _validated=True,
         )
 
     def _metadata(self) -> dict[str, Any]:
-        devices = sorted({str(g.device) for g in self._grads.values()})
+        devices = sorted({str(backend.device_of(g._data)) for g in self._grads.values()})
         return {"device": devices[0] if len(devices) == 1 else ",".join(devices)}
 
     def try_to_record(self, backend: Any = None) -> GradientsParamsRecord:

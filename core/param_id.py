@@ -44,10 +44,10 @@ class ParamId:
         return f"ParamId('{self}')"
 
     def __hash__(self) -> int:
-        return hash((ParamId, self._value))
+        return hash(self._value)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ParamId) and other._value == self._value
+        return type(other) is ParamId and other._value == self._value
 
     def __lt__(self, other: ParamId) -> bool:
         if not isinstance(other, ParamId):

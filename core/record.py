@@ -17,6 +17,7 @@ from .errors import (
     DuplicateParamError,
     FormatVersionError,
     MissingGradientError,
+    ShapeMismatchError,
     SizeMismatchError,
 )
 from .param_id import ParamId, as_param_id
@@ -35,6 +36,15 @@ SUPPORTED_DTYPES = (
     "uint8",
     "bool",
 )
+
+
+# NumPy's ``dtype.name`` is computed in Python on every access; capture holds a hot loop
+_NAME_OF = {np.dtype(name).newbyteorder("<"): name for name in SUPPORTED_DTYPES}
+_NAME_OF.update({np.dtype(name): name for name in SUPPORTED_DTYPES})
+
+
+def _dtype_name(dtype: np.dtype) -> str | None:
+    return _NAME_OF.get(dtype)
 
 
 def _little_endian(dtype: np.dtype) -> np.dtype:
@@ -61,16 +71,18 @@ class GradientRecordEntry:
     ) -> GradientRecordEntry:
         """An entry holding ``array`` (copied only if it is not C-contiguous little-endian)."""
         host = np.asarray(array)
-        dtype = _little_endian(host.dtype)
-        if host.dtype.name not in SUPPORTED_DTYPES:
+        dtype_name = _dtype_name(host.dtype)
+        if dtype_name is None:
             raise DtypeMismatchError(
-                f"gradient for param {param_id} ({name!r}) has dtype {host.dtype.name}; "
+                f"gradient for param {param_id} ({name!r}) has dtype {host.dtype}; "
                 f"supported: {', '.join(SUPPORTED_DTYPES)}"
             )
+        if not host.flags.c_contiguous or host.dtype.byteorder == ">":
+            host = np.require(host, dtype=_little_endian(host.dtype), requirements="C")
         # a read-only view: the caller's array stays writable, the record's does not
-        host = np.ascontiguousarray(host, dtype=dtype).view()
+        host = host.view()
         host.flags.writeable = False
-        return cls(as_param_id(param_id), name, host.dtype.name, tuple(host.shape), host)
+        return cls(as_param_id(param_id), name, dtype_name, host.shape, host)
 
     @classmethod
     def from_bytes(
@@ -117,13 +129,15 @@ class GradientRecordEntry:
 
     def validate(self) -> None:
         """Raise the matching RecorderError if dtype, shape and bytes disagree."""
-        if self.dtype not in SUPPORTED_DTYPES or self.array.dtype.name != self.dtype:
+        if _dtype_name(self.array.dtype) != self.dtype or self.array.dtype.byteorder == ">":
             raise DtypeMismatchError(
                 f"gradient for param {self.param_id} ({self.name!r}) says dtype {self.dtype}; "
-                f"its bytes are {self.array.dtype.name}"
+                f"its bytes are {self.array.dtype}"
             )
-        if tuple(self.array.shape) != tuple(self.shape):
-            raise SizeMismatchError(
+        if self.array.shape != tuple(self.shape):
+            expected = int(np.prod(self.shape, dtype=np.int64)) * self.array.dtype.itemsize
+            error = ShapeMismatchError if expected == self.array.nbytes else SizeMismatchError
+            raise error(
                 f"gradient for param {self.param_id} ({self.name!r}) says shape {self.shape}; "
                 f"its bytes hold {tuple(self.array.shape)}"
             )
@@ -141,6 +155,7 @@ class GradientsParamsRecord:
         *,
         metadata: Mapping[str, Any] | None = None,
         format_version: int = FORMAT_VERSION,
+        _validated: bool = False,
     ) -> None:
         if format_version != FORMAT_VERSION:
             raise FormatVersionError(
@@ -155,7 +170,8 @@ class GradientsParamsRecord:
                     f"param {entry.param_id} ({entry.name!r}) appears twice in the record "
                     f"(first as {self._by_id[entry.param_id].name!r})"
                 )
-            entry.validate()
+            if not _validated:
+                entry.validate()
             self._by_id[entry.param_id] = entry
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.format_version = format_version

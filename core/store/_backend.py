@@ -41,7 +41,9 @@ class ThreadRunner:
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(self._max_workers, thread_name_prefix="gradvault-store")
+            self._executor = ThreadPoolExecutor(
+                self._max_workers, thread_name_prefix="gradvault-store"
+            )
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(function, *args))
 
@@ -104,5 +106,6 @@ class Backend(ABC):
     async def collect_garbage(self, grace_seconds: float) -> list[str]:
         """Remove leftovers of unfinished writes untouched for ``grace_seconds``; their names."""
 
+    @abstractmethod
     async def close(self) -> None:
         """Release connections and handles."""

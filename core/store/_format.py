@@ -141,7 +141,9 @@ def chunk_shape_for(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> 
     raise AssertionError("unreachable")
 
 
-def chunk_spans(shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int) -> list[ChunkSpan]:
+def chunk_spans(
+    shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int
+) -> list[ChunkSpan]:
     """Every chunk of an array laid out by :func:`chunk_shape_for`, in C order of keys."""
     if not shape:
         return [ChunkSpan("c", 0, itemsize, itemsize)]
@@ -163,7 +165,9 @@ def chunk_spans(shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: 
         for j in range(math.ceil(shape[axis] / rows)):
             length = min(rows, shape[axis] - j * rows) * inner
             spans.append(
-                ChunkSpan(f"c{prefix}/{j}{trailing_zeros}", base + j * rows * inner, length, rows * inner)
+                ChunkSpan(
+                    f"c{prefix}/{j}{trailing_zeros}", base + j * rows * inner, length, rows * inner
+                )
             )
     return spans
 
@@ -220,7 +224,9 @@ def encode_chunk(
     return parts, payload_crc
 
 
-def decode_chunk(chunk: memoryview, padded_length: int, compression: Compression | None) -> memoryview:
+def decode_chunk(
+    chunk: memoryview, padded_length: int, compression: Compression | None
+) -> memoryview:
     """The decoded bytes of one stored chunk; ValueError when its crc32c does not match."""
     if len(chunk) < 4:
         raise ValueError(f"chunk is {len(chunk)} bytes, too short for its crc32c")
@@ -312,6 +318,7 @@ def _flat_for_math(array: np.ndarray) -> np.ndarray:
     return flat.view(np.uint8) if flat.dtype == np.bool_ else flat
 
 
+@np.errstate(over="ignore", invalid="ignore")
 def _careful_stats(flat: np.ndarray) -> dict:
     """Stats of an array holding NaN or Inf: norms over the finite values, plus counts."""
     nan_count = int(np.count_nonzero(np.isnan(flat)))
@@ -324,6 +331,7 @@ def _careful_stats(flat: np.ndarray) -> dict:
     return _stats_dict(sum_squares, max_abs, nan_count, inf_count)
 
 
+@np.errstate(over="ignore", invalid="ignore")
 def gradient_stats(array: np.ndarray) -> dict:
     """L2 norm and max |g| (float64 accumulation, finite values only) and NaN/Inf counts."""
     if array.size == 0:
@@ -340,6 +348,7 @@ def gradient_stats(array: np.ndarray) -> dict:
     return _stats_dict(sum_squares, max_abs, 0, 0)
 
 
+@np.errstate(over="ignore", invalid="ignore")
 def packed_stats(entries: list[GradientRecordEntry]) -> list[dict]:
     """:func:`gradient_stats` of many small gradients, vectorised per dtype."""
     stats: list[dict | None] = [None] * len(entries)

@@ -194,6 +194,9 @@ class LocalBackend(Backend):
     async def collect_garbage(self, grace_seconds: float) -> list[str]:
         return await self._run("collecting leftovers", self._collect_sync, grace_seconds)
 
+    async def close(self) -> None:
+        """Nothing to release: files are opened and closed per operation."""
+
 
 class _LocalSnapshotWriter(SnapshotWriter):
     def __init__(self, backend: LocalBackend, snapshot_id: str, folder: Path) -> None:

@@ -135,7 +135,9 @@ class S3Backend(Backend):
         heads = await asyncio.gather(
             *(self._head(snapshot_key(name, MANIFEST_NAME)) for name in unknown)
         )
-        self._known_committed.update(name for name, head in zip(unknown, heads, strict=True) if head)
+        self._known_committed.update(
+            name for name, head in zip(unknown, heads, strict=True) if head
+        )
         self._known_committed.intersection_update(names)
         return [name for name in names if name in self._known_committed]
 
@@ -163,6 +165,9 @@ class S3Backend(Backend):
             await self._delete([meta["path"] for meta in objects])
             removed.append(name)
         return sorted(removed)
+
+    async def close(self) -> None:
+        """Nothing to release: obstore's client pool goes with the S3Store."""
 
 
 class _S3SnapshotWriter(SnapshotWriter):

@@ -1,0 +1,20 @@
+"""The snapshot store: gradient snapshots in a Zarr v3 hierarchy, local or on S3.
+
+``open_store(url_or_path)`` gives a :class:`SnapshotStore`; docs/FORMAT.md is the layout.
+"""
+
+from ._format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD, STORE_FORMAT_VERSION
+from ._ids import new_snapshot_id, parse_snapshot_id
+from ._open import open_store
+from ._snapshot_store import SnapshotInfo, SnapshotStore
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_PACK_THRESHOLD",
+    "STORE_FORMAT_VERSION",
+    "SnapshotInfo",
+    "SnapshotStore",
+    "new_snapshot_id",
+    "open_store",
+    "parse_snapshot_id",
+]

@@ -1,0 +1,699 @@
+"""SnapshotStore: write, read, list, delete and expire gradient snapshots in a Zarr v3 store.
+
+The store encodes chunks and writes the Zarr metadata itself (see ``_format``) and leaves
+the commit protocol to its backend (``_local``, ``_s3``). docs/FORMAT.md is the layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import numpy as np
+
+from ..errors import (
+    ChecksumMismatchError,
+    FormatVersionError,
+    MissingGradientError,
+    SnapshotNotFoundError,
+    StoreUnavailableError,
+)
+from ..param_id import ParamId, as_param_id
+from ..record import GradientRecordEntry, GradientsParamsRecord
+from ._backend import (
+    MANIFEST_NAME,
+    Backend,
+    EncodedChunk,
+    MissingKeyError,
+    ThreadRunner,
+    snapshot_key,
+)
+from ._format import (
+    PACK_ALIGNMENT,
+    PACKED_ARRAY,
+    STORE_FORMAT_VERSION,
+    ChunkSpan,
+    Compression,
+    array_metadata,
+    chunk_shape_for,
+    chunk_spans,
+    crc32c_combine,
+    decode_chunk,
+    dump_json,
+    encode_chunk,
+    format_checksum,
+    gradient_stats,
+    group_metadata,
+    packed_layout,
+    packed_stats,
+    parse_checksum,
+    parse_compression,
+)
+from ._ids import iso_utc, new_snapshot_id, parse_snapshot_id, snapshot_id_time_ms
+
+#: Chunks at least this big are checked and decoded in a thread rather than on the loop.
+_THREAD_DECODE_BYTES = 256 * 1024
+_MANIFEST_CACHE_SIZE = 8
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A committed snapshot: id, run, step, creation time (ISO 8601 UTC), bytes, gradients."""
+
+    id: str
+    run: str
+    step: int
+    created_at: str
+    nbytes: int
+    num_params: int
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any]) -> SnapshotInfo:
+        return cls(
+            id=manifest["id"],
+            run=manifest["run"],
+            step=manifest["step"],
+            created_at=manifest["created_at"],
+            nbytes=manifest["nbytes"],
+            num_params=manifest["num_params"],
+        )
+
+
+class _Abandoned(Exception):
+    """Another array of the same snapshot failed; stop writing this one."""
+
+
+class _WriteState:
+    def __init__(self) -> None:
+        self.failed = False
+
+
+class _GradientChunks:
+    """The encoded chunks of one gradient; once iterated, ``checksum`` is its crc32c."""
+
+    def __init__(
+        self,
+        data: memoryview,
+        spans: list[ChunkSpan],
+        compression: Compression | None,
+        state: _WriteState,
+    ) -> None:
+        self._data = data
+        self._spans = spans
+        self._compression = compression
+        self._state = state
+        self.checksum = 0
+
+    def __iter__(self) -> Iterator[EncodedChunk]:
+        checksum = 0
+        for span in self._spans:
+            if self._state.failed:
+                raise _Abandoned
+            payload = self._data[span.start : span.start + span.length]
+            parts, payload_crc = encode_chunk(
+                payload, span.padded_length - span.length, self._compression
+            )
+            checksum = crc32c_combine(checksum, payload_crc, span.length)
+            yield span.key, parts
+        self.checksum = checksum
+
+
+@dataclass
+class _Packed:
+    buffer: memoryview
+    length: int
+    chunk_bytes: int
+    offsets: list[int]
+    checksums: list[int]
+    stats: list[dict]
+
+
+def _pack(entries: list[GradientRecordEntry], chunk_bytes: int) -> _Packed:
+    offsets, length, chunk = packed_layout([entry.nbytes for entry in entries], chunk_bytes)
+    buffer = memoryview(bytearray(-(-length // chunk) * chunk))
+    checksums = []
+    for entry, offset in zip(entries, offsets, strict=True):
+        size = entry.nbytes
+        if size:
+            buffer[offset : offset + size] = entry.data
+        checksums.append(crc32c.crc32c(buffer[offset : offset + size]))
+    return _Packed(buffer, length, chunk, offsets, checksums, packed_stats(entries))
+
+
+def _little_endian(dtype: str) -> np.dtype:
+    return np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else np.dtype(dtype)
+
+
+def _make_entry(gradient: dict[str, Any], data: memoryview) -> GradientRecordEntry:
+    shape = tuple(gradient["shape"])
+    dtype = _little_endian(gradient["dtype"])
+    count = math.prod(shape)
+    array = np.frombuffer(data, dtype=dtype, count=count) if count else np.empty(0, dtype)
+    array = array.reshape(shape)
+    array.flags.writeable = False
+    return GradientRecordEntry(
+        ParamId.parse(gradient["param_id"]), gradient["name"], gradient["dtype"], shape, array
+    )
+
+
+class _Manifest:
+    """A parsed manifest with its gradients indexed by ParamId text."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+        self.gradients: list[dict[str, Any]] = document["gradients"]
+        self.compression = parse_compression(document.get("compression"))
+        self.packed: dict[str, Any] | None = document.get("packed")
+        self._index: dict[str, dict[str, Any]] | None = None
+
+    def gradient(self, param_id: str) -> dict[str, Any] | None:
+        if self._index is None:
+            self._index = {gradient["param_id"]: gradient for gradient in self.gradients}
+        return self._index.get(param_id)
+
+    def packed_spans(self) -> list[ChunkSpan]:
+        assert self.packed is not None
+        return chunk_spans((self.packed["nbytes"],), (self.packed["chunk_bytes"],), 1)
+
+
+def _describe(gradient: dict[str, Any]) -> str:
+    return f"param {gradient['param_id']} ({gradient['name']!r})"
+
+
+class SnapshotStore:
+    """Gradient snapshots in a Zarr v3 hierarchy; get one from :func:`open_store`.
+
+    Every method is a coroutine. A snapshot is visible (to ``list``, ``read_snapshot``,
+    other processes) only once wholly written; ids are from :func:`new_snapshot_id`.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        threads: ThreadRunner,
+        *,
+        pack_threshold: int,
+        chunk_bytes: int,
+        max_concurrency: int,
+    ) -> None:
+        self._backend = backend
+        self._threads = threads
+        self.pack_threshold = pack_threshold
+        self.chunk_bytes = chunk_bytes
+        self.max_concurrency = max_concurrency
+        self._infos: dict[str, SnapshotInfo] = {}
+        self._manifests: OrderedDict[str, _Manifest] = OrderedDict()
+
+    @property
+    def location(self) -> str:
+        """The folder or URL the store lives at."""
+        return self._backend.location
+
+    def __repr__(self) -> str:
+        return f"SnapshotStore({self.location!r})"
+
+    async def __aenter__(self) -> SnapshotStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release the store's threads and connections."""
+        await self._backend.close()
+        await asyncio.to_thread(self._threads.close)
+
+    # --- writing ----------------------------------------------------------------------
+
+    async def write_snapshot(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: dict[str, str] | None = None,
+        device: str = "cpu",
+        compression: str | None = None,
+    ) -> SnapshotInfo:
+        """Write ``record`` as a new snapshot and commit it; its SnapshotInfo once durable.
+
+        ``compression`` is None, ``"zstd"`` or ``"zstd:<level>"``. On any failure nothing
+        becomes visible and the partial write is removed where possible
+        (StoreUnavailableError for I/O failures, a full disk included).
+        """
+        if not isinstance(record, GradientsParamsRecord):
+            raise TypeError(f"record must be a GradientsParamsRecord; got {type(record).__name__}")
+        if not isinstance(run, str) or not run:
+            raise ValueError(f"run must be a non-empty string; got {run!r}")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be an int >= 0; got {step!r}")
+        tags = dict(tags or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+            raise ValueError(f"tags must map str to str; got {tags!r}")
+        codec = parse_compression(compression)
+        metadata = dict(record.metadata)
+        dump_json(metadata)  # fail early (TypeError/ValueError) if it is not JSON
+
+        snapshot_id = new_snapshot_id()
+        await self._backend.prepare()
+        writer = await self._backend.begin(snapshot_id)
+        state = _WriteState()
+        slots = asyncio.Semaphore(self.max_concurrency)
+        small = [entry for entry in record if entry.nbytes < self.pack_threshold]
+        large = [entry for entry in record if entry.nbytes >= self.pack_threshold]
+
+        async def guarded(job: Callable[[], Any]) -> Any:
+            async with slots:
+                if state.failed:
+                    raise _Abandoned
+                try:
+                    return await job()
+                except BaseException:
+                    state.failed = True
+                    raise
+
+        async def write_large(entry: GradientRecordEntry) -> dict[str, Any]:
+            itemsize = entry.array.dtype.itemsize
+            chunk_shape = chunk_shape_for(entry.shape, itemsize, self.chunk_bytes)
+            chunks = _GradientChunks(
+                entry.data, chunk_spans(entry.shape, chunk_shape, itemsize), codec, state
+            )
+            attributes = {"gradvault": {"param_id": str(entry.param_id), "name": entry.name}}
+            document = array_metadata(entry.shape, entry.dtype, chunk_shape, codec, attributes)
+            _, stats = await asyncio.gather(
+                writer.write_array(str(entry.param_id), dump_json(document), iter(chunks)),
+                self._threads.run(gradient_stats, entry.array),
+            )
+            return {
+                "array": str(entry.param_id),
+                "chunk_shape": list(chunk_shape),
+                "checksum": format_checksum(chunks.checksum),
+                "stats": stats,
+            }
+
+        async def write_packed() -> _Packed:
+            packed = await self._threads.run(_pack, small, self.chunk_bytes)
+            spans = chunk_spans((packed.length,), (packed.chunk_bytes,), 1)
+            chunks = _GradientChunks(packed.buffer, spans, codec, state)
+            document = array_metadata((packed.length,), "uint8", (packed.chunk_bytes,), codec)
+            await writer.write_array(PACKED_ARRAY, dump_json(document), iter(chunks))
+            return packed
+
+        jobs = [guarded(lambda entry=entry: write_large(entry)) for entry in large]
+        if small:
+            jobs.append(guarded(write_packed))
+        try:
+            results = await asyncio.gather(*jobs, return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                raise next((f for f in failures if not isinstance(f, _Abandoned)), failures[0])
+            placed = dict(zip((e.param_id for e in large), results, strict=False))
+            packed: _Packed | None = results[-1] if small else None  # type: ignore[assignment]
+            manifest = self._manifest(
+                record,
+                snapshot_id,
+                run,
+                step,
+                tags,
+                device,
+                compression,
+                codec,
+                metadata,
+                placed,
+                small,
+                packed,
+            )
+            group_document = dump_json(group_metadata({"gradvault": manifest}), compact=True)
+            await writer.commit(group_document)
+        except BaseException as error:
+            state.failed = True
+            await asyncio.shield(writer.abort())
+            if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):
+                raise StoreUnavailableError(
+                    f"store {self.location}: writing snapshot {snapshot_id} failed: {error}"
+                ) from error
+            raise
+        info = SnapshotInfo.from_manifest(manifest)
+        self._infos[snapshot_id] = info
+        return info
+
+    def _manifest(
+        self,
+        record: GradientsParamsRecord,
+        snapshot_id: str,
+        run: str,
+        step: int,
+        tags: dict[str, str],
+        device: str,
+        compression: str | None,
+        codec: Compression | None,
+        metadata: dict[str, Any],
+        placed: dict[ParamId, dict[str, Any]],
+        small: list[GradientRecordEntry],
+        packed: _Packed | None,
+    ) -> dict[str, Any]:
+        packed_index = {entry.param_id: i for i, entry in enumerate(small)}
+        gradients = []
+        for entry in record:
+            gradient = {
+                "param_id": str(entry.param_id),
+                "name": entry.name,
+                "dtype": entry.dtype,
+                "shape": list(entry.shape),
+                "nbytes": entry.nbytes,
+            }
+            if entry.param_id in placed:
+                gradient.update(placed[entry.param_id])
+            else:
+                assert packed is not None
+                i = packed_index[entry.param_id]
+                gradient["array"] = PACKED_ARRAY
+                gradient["offset"] = packed.offsets[i]
+                gradient["checksum"] = format_checksum(packed.checksums[i])
+                gradient["stats"] = packed.stats[i]
+            gradients.append(gradient)
+        return {
+            "format_version": STORE_FORMAT_VERSION,
+            "id": snapshot_id,
+            "run": run,
+            "step": step,
+            "created_at": iso_utc(snapshot_id_time_ms(snapshot_id)),
+            "device": device,
+            "backend": "cupy" if device.startswith("cuda") else "numpy",
+            "tags": tags,
+            "metadata": metadata,
+            "compression": None if codec is None else f"zstd:{codec.level}",
+            "nbytes": record.nbytes,
+            "num_params": len(record),
+            "packed": None
+            if packed is None
+            else {
+                "array": PACKED_ARRAY,
+                "nbytes": packed.length,
+                "chunk_bytes": packed.chunk_bytes,
+                "alignment": PACK_ALIGNMENT,
+            },
+            "gradients": gradients,
+        }
+
+    # --- reading ----------------------------------------------------------------------
+
+    async def _load_manifest(self, snapshot_id: str) -> _Manifest:
+        cached = self._manifests.get(snapshot_id)
+        if cached is not None:
+            self._manifests.move_to_end(snapshot_id)
+            return cached
+        try:
+            raw = await self._backend.read(snapshot_key(snapshot_id, MANIFEST_NAME))
+        except MissingKeyError:
+            raise SnapshotNotFoundError(
+                f"no committed snapshot {snapshot_id} in store {self.location}"
+            ) from None
+        try:
+            if len(raw) > _THREAD_DECODE_BYTES:
+                document = await self._threads.run(json.loads, bytes(raw))
+            else:
+                document = json.loads(bytes(raw))
+            manifest = document["attributes"]["gradvault"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise FormatVersionError(
+                f"snapshot {snapshot_id}: its zarr.json has no gradvault manifest ({error!r})"
+            ) from None
+        version = manifest.get("format_version")
+        if version != STORE_FORMAT_VERSION:
+            raise FormatVersionError(
+                f"snapshot {snapshot_id} has store format version {version!r}; this release "
+                f"reads version {STORE_FORMAT_VERSION}"
+            )
+        parsed = _Manifest(manifest)
+        self._manifests[snapshot_id] = parsed
+        if len(self._manifests) > _MANIFEST_CACHE_SIZE:
+            self._manifests.popitem(last=False)
+        self._infos[snapshot_id] = SnapshotInfo.from_manifest(manifest)
+        return parsed
+
+    def _forget(self, snapshot_id: str) -> None:
+        self._manifests.pop(snapshot_id, None)
+        self._infos.pop(snapshot_id, None)
+
+    async def _read_chunk(
+        self,
+        snapshot_id: str,
+        array: str,
+        span: ChunkSpan,
+        compression: Compression | None,
+        who: Callable[[], str],
+    ) -> tuple[memoryview, int]:
+        """A chunk's decoded bytes (padding included) and the crc32c of its data part."""
+        key = snapshot_key(snapshot_id, array, span.key)
+        try:
+            raw = await self._backend.read(key)
+        except MissingKeyError:
+            self._forget(snapshot_id)
+            await self._load_manifest(snapshot_id)  # SnapshotNotFoundError if deleted meanwhile
+            raise ChecksumMismatchError(
+                f"snapshot {snapshot_id}: chunk {array}/{span.key} of {who()} is missing"
+            ) from None
+
+        def decode() -> tuple[memoryview, int]:
+            body = decode_chunk(raw, span.padded_length, compression)
+            if compression is None and span.padded_length == span.length:
+                return body, int.from_bytes(raw[-4:], "little")
+            return body, crc32c.crc32c(body[: span.length])
+
+        try:
+            if len(raw) >= _THREAD_DECODE_BYTES:
+                return await self._threads.run(decode)
+            return decode()
+        except ValueError as error:
+            raise ChecksumMismatchError(
+                f"snapshot {snapshot_id}: chunk {array}/{span.key} of {who()} fails its crc32c "
+                f"check: {error}"
+            ) from None
+
+    async def _read_large(
+        self, snapshot_id: str, manifest: _Manifest, gradient: dict[str, Any]
+    ) -> GradientRecordEntry:
+        shape = tuple(gradient["shape"])
+        itemsize = np.dtype(gradient["dtype"]).itemsize
+        spans = chunk_spans(shape, tuple(gradient["chunk_shape"]), itemsize)
+        decoded = await asyncio.gather(
+            *(
+                self._read_chunk(
+                    snapshot_id,
+                    gradient["array"],
+                    span,
+                    manifest.compression,
+                    lambda: _describe(gradient),
+                )
+                for span in spans
+            )
+        )
+        checksum = 0
+        for span, (_, payload_crc) in zip(spans, decoded, strict=True):
+            checksum = crc32c_combine(checksum, payload_crc, span.length)
+        if checksum != parse_checksum(gradient["checksum"]):
+            raise ChecksumMismatchError(
+                f"snapshot {snapshot_id}: {_describe(gradient)} has crc32c {checksum:08x}; "
+                f"the manifest says {gradient['checksum']}"
+            )
+        if len(spans) == 1 and spans[0].length == spans[0].padded_length:
+            data = decoded[0][0]
+        else:
+            data = memoryview(bytearray(gradient["nbytes"]))
+            for span, (body, _) in zip(spans, decoded, strict=True):
+                data[span.start : span.start + span.length] = body[: span.length]
+        return _make_entry(gradient, data)
+
+    async def _read_packed(
+        self, snapshot_id: str, manifest: _Manifest, wanted: list[dict[str, Any]]
+    ) -> list[GradientRecordEntry]:
+        """The packed gradients ``wanted``, reading only the chunks they lie in."""
+        if not wanted:
+            return []
+        spans = manifest.packed_spans()
+        chunk = manifest.packed["chunk_bytes"]  # type: ignore[index]
+        needed: set[int] = set()
+        for gradient in wanted:
+            if gradient["nbytes"]:
+                first = gradient["offset"] // chunk
+                last = (gradient["offset"] + gradient["nbytes"] - 1) // chunk
+                needed.update(range(first, last + 1))
+
+        def who(span: ChunkSpan) -> Callable[[], str]:
+            def names() -> str:
+                inside = [
+                    _describe(g)
+                    for g in manifest.gradients
+                    if g["array"] == PACKED_ARRAY
+                    and g["offset"] < span.start + span.length
+                    and g["offset"] + g["nbytes"] > span.start
+                ]
+                shown = ", ".join(inside[:5])
+                return shown + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+
+            return names
+
+        order = sorted(needed)
+        decoded = await asyncio.gather(
+            *(
+                self._read_chunk(
+                    snapshot_id, PACKED_ARRAY, spans[i], manifest.compression, who(spans[i])
+                )
+                for i in order
+            )
+        )
+        buffer = memoryview(bytearray(len(spans) * chunk))
+        for i, (body, _) in zip(order, decoded, strict=True):
+            buffer[spans[i].start : spans[i].start + spans[i].length] = body[: spans[i].length]
+        entries = []
+        for gradient in wanted:
+            data = buffer[gradient["offset"] : gradient["offset"] + gradient["nbytes"]]
+            checksum = crc32c.crc32c(data)
+            if checksum != parse_checksum(gradient["checksum"]):
+                raise ChecksumMismatchError(
+                    f"snapshot {snapshot_id}: {_describe(gradient)} has crc32c {checksum:08x}; "
+                    f"the manifest says {gradient['checksum']}"
+                )
+            entries.append(_make_entry(gradient, data))
+        return entries
+
+    async def read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
+        """The snapshot's gradients, every chunk's crc32c verified.
+
+        The record's metadata is what was written, plus ``"snapshot"``: id, run, step,
+        created_at, device and tags. ChecksumMismatchError names the damaged parameter.
+        """
+        snapshot_id = parse_snapshot_id(snapshot_id)
+        manifest = await self._load_manifest(snapshot_id)
+        packed_wanted = [g for g in manifest.gradients if g["array"] == PACKED_ARRAY]
+        large = [g for g in manifest.gradients if g["array"] != PACKED_ARRAY]
+        slots = asyncio.Semaphore(self.max_concurrency)
+
+        async def bounded(job: Any) -> Any:
+            async with slots:
+                return await job
+
+        jobs = [bounded(self._read_large(snapshot_id, manifest, g)) for g in large]
+        results = await asyncio.gather(
+            self._read_packed(snapshot_id, manifest, packed_wanted), *jobs
+        )
+        by_id = {str(entry.param_id): entry for entry in results[0]}
+        by_id.update((str(entry.param_id), entry) for entry in results[1:])
+        document = manifest.document
+        metadata = dict(document.get("metadata") or {})
+        metadata["snapshot"] = {
+            key: copy.deepcopy(document[key])
+            for key in ("id", "run", "step", "created_at", "device", "tags")
+        }
+        entries = [by_id[g["param_id"]] for g in manifest.gradients]
+        return GradientsParamsRecord(entries, metadata=metadata)
+
+    async def read_gradient(self, snapshot_id: str, param_id: ParamId | str) -> GradientRecordEntry:
+        """One gradient of a snapshot (only its chunks are read and verified)."""
+        snapshot_id = parse_snapshot_id(snapshot_id)
+        pid = str(as_param_id(param_id))
+        manifest = await self._load_manifest(snapshot_id)
+        gradient = manifest.gradient(pid)
+        if gradient is None:
+            raise MissingGradientError(f"snapshot {snapshot_id} has no gradient for param {pid}")
+        if gradient["array"] == PACKED_ARRAY:
+            return (await self._read_packed(snapshot_id, manifest, [gradient]))[0]
+        return await self._read_large(snapshot_id, manifest, gradient)
+
+    # --- listing and housekeeping -----------------------------------------------------
+
+    async def list(
+        self,
+        run: str | None = None,
+        step_min: int | None = None,
+        step_max: int | None = None,
+    ) -> list[SnapshotInfo]:
+        """Committed snapshots, newest first, filtered by run and inclusive step range."""
+        ids = await self._backend.committed_ids()
+        slots = asyncio.Semaphore(self.max_concurrency)
+
+        async def load(snapshot_id: str) -> None:
+            async with slots:
+                try:
+                    await self._load_manifest(snapshot_id)
+                except SnapshotNotFoundError:
+                    pass  # deleted since the listing
+
+        await asyncio.gather(*(load(i) for i in ids if i not in self._infos))
+        found = [self._infos[i] for i in ids if i in self._infos]
+        return sorted(
+            (
+                info
+                for info in found
+                if (run is None or info.run == run)
+                and (step_min is None or info.step >= step_min)
+                and (step_max is None or info.step <= step_max)
+            ),
+            key=lambda info: info.id,
+            reverse=True,
+        )
+
+    async def info(self, snapshot_id: str) -> dict[str, Any]:
+        """The snapshot's manifest (a copy): see docs/FORMAT.md for its fields."""
+        snapshot_id = parse_snapshot_id(snapshot_id)
+        return copy.deepcopy((await self._load_manifest(snapshot_id)).document)
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Delete a committed snapshot; SnapshotNotFoundError if there is none."""
+        snapshot_id = parse_snapshot_id(snapshot_id)
+        self._forget(snapshot_id)
+        if not await self._backend.delete_snapshot(snapshot_id):
+            raise SnapshotNotFoundError(
+                f"no committed snapshot {snapshot_id} in store {self.location}"
+            )
+
+    async def gc(self, grace_seconds: float = 3600) -> list[str]:
+        """Remove leftovers of writes that never committed, untouched for ``grace_seconds``.
+
+        Returns the names of what was removed (snapshot ids; locally, staging folder names).
+        """
+        if not isinstance(grace_seconds, int | float) or grace_seconds < 0:
+            raise ValueError(f"grace_seconds must be a number >= 0; got {grace_seconds!r}")
+        return await self._backend.collect_garbage(grace_seconds)
+
+    async def apply_retention(
+        self,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        run: str | None = None,
+    ) -> list[str]:
+        """Delete snapshots (of ``run``, or all) that no rule keeps; the deleted ids.
+
+        Kept: the ``keep_last`` newest, every snapshot whose step is a multiple of
+        ``keep_every``, and always the newest one. With both rules None nothing is deleted.
+        """
+        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 0):
+            raise ValueError(f"keep_last must be an int >= 0 or None; got {keep_last!r}")
+        if keep_every is not None and (not isinstance(keep_every, int) or keep_every < 1):
+            raise ValueError(f"keep_every must be an int >= 1 or None; got {keep_every!r}")
+        if keep_last is None and keep_every is None:
+            return []
+        infos = await self.list(run=run)
+        doomed = []
+        for position, info in enumerate(infos):
+            kept = (
+                position == 0
+                or (keep_last is not None and position < keep_last)
+                or (keep_every is not None and info.step % keep_every == 0)
+            )
+            if not kept:
+                doomed.append(info.id)
+        for snapshot_id in doomed:
+            try:
+                await self.delete(snapshot_id)
+            except SnapshotNotFoundError:
+                pass  # deleted by someone else meanwhile
+        return doomed
