@@ -73,6 +73,8 @@ from .ops import (
 from .optim import SGD, Adam, AdamW, Optimizer, OptimizerRecord
 from .param_id import ParamId
 from .record import GradientRecordEntry, GradientsParamsRecord
+from .recorder import Recorder, SnapshotHandle, SyncRecorder
+from .store import SnapshotInfo, SnapshotStore, open_store
 from .tensor import (
     Tensor,
     arange,
@@ -99,7 +101,8 @@ from .tensor import (
 __all__ = [
     "GELU", "MLP", "SGD", "Adam", "AdamW", "Dropout", "Embedding", "GradientsAccumulator",
     "GradientsParams", "LayerNorm", "Linear", "Module", "ModuleRecord", "Optimizer",
-    "OptimizerRecord", "Param", "ReLU", "Sequential", "Tanh",
+    "OptimizerRecord", "Param", "ReLU", "Recorder", "Sequential", "SnapshotHandle",
+    "SnapshotInfo", "SnapshotStore", "SyncRecorder", "Tanh", "open_store",
     "AutogradError", "BackendMismatchError", "ChecksumMismatchError", "Device", "DeviceError",
     "DtypeMismatchError", "DuplicateParamError", "FormatVersionError", "GradientRecordEntry",
     "Gradients", "GradientsParamsRecord", "GradvaultError", "InplaceModificationError",

@@ -1,0 +1,302 @@
+"""Recorder: snapshots gradients into a store in the background, and restores them.
+
+The async API is the source of truth and runs every store operation on the recorder's
+own event loop, in a background thread, so that the store is bound to one loop whatever
+the caller does. ``start_snapshot`` captures the gradients in the caller's thread (a
+copy-on-write capture whose cost grows with the number of parameters) and returns a
+``SnapshotHandle`` at once; the encoding, checksums and writes happen in the background.
+``recorder.sync`` is the blocking facade for plain training loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Coroutine, Generator, Mapping
+from typing import Any, Literal, TypeVar
+
+from . import backend
+from .errors import RecorderError, SnapshotBusyError
+from .grads import GradientsParams
+from .record import GradientsParamsRecord
+from .store import SnapshotInfo, SnapshotStore, open_store
+
+T = TypeVar("T")
+BusyPolicy = Literal["wait", "reject"]
+
+
+class SnapshotHandle:
+    """A snapshot whose capture is done and whose commit may still be running.
+
+    ``handle.result(timeout)`` blocks for the ``SnapshotInfo``; ``await handle`` does the
+    same in async code; ``done()`` says whether the commit has finished.
+    """
+
+    def __init__(self, future: concurrent.futures.Future[SnapshotInfo], nbytes: int,
+                 num_params: int) -> None:
+        self._future = future
+        self.nbytes = nbytes
+        self.num_params = num_params
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> SnapshotInfo:
+        """The committed snapshot's info; re-raises the error if the commit failed."""
+        return self._future.result(timeout)
+
+    def __await__(self) -> Generator[Any, None, SnapshotInfo]:
+        return asyncio.wrap_future(self._future).__await__()
+
+
+class Recorder:
+    """Snapshots and restores gradients against a store (a store object, a path or a URL).
+
+    ``on_busy`` chooses what a snapshot started while another is committing does: "wait"
+    for it, or "reject" with ``SnapshotBusyError``. ``keep_last`` / ``keep_every`` apply the
+    retention policy after each commit (the newest snapshot is never deleted).
+    """
+
+    def __init__(self, store: SnapshotStore | str | os.PathLike[str], *,
+                 on_busy: BusyPolicy = "wait", keep_last: int | None = None,
+                 keep_every: int | None = None, compression: str | None = None,
+                 **store_options: Any) -> None:
+        if on_busy not in ("wait", "reject"):
+            raise ValueError(f"on_busy must be 'wait' or 'reject'; got {on_busy!r}")
+        self._store_arg = store
+        self._store_options = store_options
+        self._store: SnapshotStore | None = store if isinstance(store, SnapshotStore) else None
+        self.on_busy = on_busy
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self.compression = compression
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gradvault-recorder",
+                                        daemon=True)
+        self._thread.start()
+        self._inflight: concurrent.futures.Future[SnapshotInfo] | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.sync = SyncRecorder(self)
+
+    # ------------------------------------------------------------------ plumbing
+    def _get_store(self) -> SnapshotStore:
+        if self._store is None:
+            self._store = open_store(self._store_arg, **self._store_options)
+        return self._store
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self._closed:
+            coro.close()
+            raise RecorderError("the recorder is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(self._submit(coro))
+
+    # ------------------------------------------------------------------ snapshots
+    def _reserve(self, block: bool) -> None:
+        previous = self._inflight
+        if previous is None or previous.done():
+            return
+        if self.on_busy == "reject":
+            raise SnapshotBusyError(
+                "a snapshot is still committing and this recorder rejects new ones while busy "
+                "(on_busy='reject'); wait for its handle or use on_busy='wait'"
+            )
+        if block:
+            concurrent.futures.wait([previous])
+
+    def _launch(self, record: GradientsParamsRecord, run: str, step: int,
+                tags: Mapping[str, str] | None, device: str) -> SnapshotHandle:
+        async def commit() -> SnapshotInfo:
+            store = self._get_store()
+            info = await store.write_snapshot(record, run=run, step=step, tags=dict(tags or {}),
+                                              device=device, compression=self.compression)
+            if self.keep_last is not None or self.keep_every is not None:
+                await store.apply_retention(self.keep_last, self.keep_every, run=run)
+            return info
+
+        future = self._submit(commit())
+        self._inflight = future
+        return SnapshotHandle(future, record.nbytes, len(record))
+
+    @staticmethod
+    def _check(run: str, step: int) -> None:
+        if not isinstance(run, str) or not run:
+            raise ValueError(f"run must be a non-empty string; got {run!r}")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a non-negative int; got {step!r}")
+
+    def start_snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str,
+                       step: int, tags: Mapping[str, str] | None = None) -> SnapshotHandle:
+        """Capture ``grads`` now and commit them in the background; returns once capture is safe.
+
+        Nothing training does after this returns changes what is written. With
+        ``on_busy="wait"`` this blocks while a previous snapshot is still committing.
+        """
+        self._check(run, step)
+        with self._lock:
+            self._reserve(block=True)
+            record, device = _capture(grads)
+            return self._launch(record, run, step, tags, device)
+
+    async def snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str,
+                       step: int, tags: Mapping[str, str] | None = None) -> SnapshotInfo:
+        """Capture and commit ``grads``; returns the committed snapshot's info."""
+        self._check(run, step)
+        previous = self._inflight
+        if previous is not None and not previous.done():
+            if self.on_busy == "reject":
+                self._reserve(block=False)
+            await asyncio.wrap_future(previous)
+        if isinstance(grads, GradientsParams):
+            device = _device_of(grads)
+            record = await grads.to_record_async()
+        else:
+            record, device = grads, str(grads.metadata.get("device", "cpu"))
+        with self._lock:
+            handle = self._launch(record, run, step, tags, device)
+        return await handle
+
+    # ------------------------------------------------------------------ reads
+    async def restore(self, snapshot_id: str, device: backend.Device | str = "cpu", *,
+                      module: Any = None, match: str = "id") -> GradientsParams:
+        """The snapshot's gradients on ``device`` (checksums verified)."""
+        record = await self.fetch(snapshot_id)
+        return GradientsParams.from_record(record, device, module=module, match=match)
+
+    async def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
+        """The snapshot as a record (checksums verified)."""
+        return await self._call(self._get_store_async("read_snapshot", snapshot_id))
+
+    async def list(self, run: str | None = None, step_min: int | None = None,
+                   step_max: int | None = None) -> list[SnapshotInfo]:
+        """Committed snapshots, newest first."""
+        return await self._call(self._get_store_async("list", run=run, step_min=step_min,
+                                                      step_max=step_max))
+
+    async def info(self, snapshot_id: str) -> dict[str, Any]:
+        """The snapshot's manifest."""
+        return await self._call(self._get_store_async("info", snapshot_id))
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Delete one committed snapshot."""
+        await self._call(self._get_store_async("delete", snapshot_id))
+
+    async def gc(self, grace_seconds: float = 3600.0) -> list[str]:
+        """Remove leftovers of interrupted snapshots older than ``grace_seconds``."""
+        return await self._call(self._get_store_async("gc", grace_seconds=grace_seconds))
+
+    async def apply_retention(self, keep_last: int | None = None, keep_every: int | None = None,
+                              run: str | None = None) -> list[str]:
+        """Delete what the retention policy does not keep; returns the deleted ids."""
+        return await self._call(self._get_store_async("apply_retention", keep_last, keep_every,
+                                                      run=run))
+
+    async def _get_store_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(self._get_store(), method)(*args, **kwargs)
+
+    # ------------------------------------------------------------------ lifetime
+    async def aclose(self) -> None:
+        """Wait for the snapshot in flight, close the store and stop the background loop."""
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Blocking form of ``aclose``."""
+        if self._closed:
+            return
+        inflight = self._inflight
+        if inflight is not None:
+            concurrent.futures.wait([inflight])
+        if self._store is not None:
+            asyncio.run_coroutine_threadsafe(self._store.close(), self._loop).result()
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    async def __aenter__(self) -> Recorder:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _device_of(grads: GradientsParams) -> str:
+    devices = sorted({str(grads.get(pid).device) for pid in grads})
+    return devices[0] if len(devices) == 1 else ",".join(devices) or "cpu"
+
+
+def _capture(grads: GradientsParams | GradientsParamsRecord) -> tuple[GradientsParamsRecord, str]:
+    if isinstance(grads, GradientsParamsRecord):
+        return grads, str(grads.metadata.get("device", "cpu"))
+    if not isinstance(grads, GradientsParams):
+        raise TypeError(f"expected GradientsParams or a record; got {type(grads).__name__}")
+    return grads.try_to_record(), _device_of(grads)
+
+
+class SyncRecorder:
+    """Blocking twins of the Recorder's async methods, for plain training loops.
+
+    Calling one from inside a running event loop raises instead of deadlocking.
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    def _run(self, name: str, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            coro.close()
+            raise RecorderError(
+                f"recorder.sync.{name}() was called from inside a running event loop, where "
+                f"it would block the loop; use 'await recorder.{name}(...)' instead"
+            )
+        return asyncio.run(coro)
+
+    def snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str, step: int,
+                 tags: Mapping[str, str] | None = None) -> SnapshotInfo:
+        return self._recorder.start_snapshot(grads, run=run, step=step, tags=tags).result()
+
+    def start_snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str,
+                       step: int, tags: Mapping[str, str] | None = None) -> SnapshotHandle:
+        return self._recorder.start_snapshot(grads, run=run, step=step, tags=tags)
+
+    def restore(self, snapshot_id: str, device: backend.Device | str = "cpu", **kwargs: Any
+                ) -> GradientsParams:
+        return self._run("restore", self._recorder.restore(snapshot_id, device, **kwargs))
+
+    def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
+        return self._run("fetch", self._recorder.fetch(snapshot_id))
+
+    def list(self, run: str | None = None, step_min: int | None = None,
+             step_max: int | None = None) -> list[SnapshotInfo]:
+        return self._run("list", self._recorder.list(run, step_min, step_max))
+
+    def info(self, snapshot_id: str) -> dict[str, Any]:
+        return self._run("info", self._recorder.info(snapshot_id))
+
+    def delete(self, snapshot_id: str) -> None:
+        self._run("delete", self._recorder.delete(snapshot_id))
+
+    def gc(self, grace_seconds: float = 3600.0) -> list[str]:
+        return self._run("gc", self._recorder.gc(grace_seconds))
+
+    def apply_retention(self, keep_last: int | None = None, keep_every: int | None = None,
+                        run: str | None = None) -> list[str]:
+        return self._run("apply_retention",
+                         self._recorder.apply_retention(keep_last, keep_every, run))
+
+    def close(self) -> None:
+        self._recorder.close()

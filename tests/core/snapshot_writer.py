@@ -1,0 +1,44 @@
+"""A separate process that snapshots seeded gradients in a loop (for crash and concurrency tests).
+
+``python -m tests.core.snapshot_writer STORE_URL WRITER_NAME COUNT`` prints ``ready`` once
+imported, then one ``committed <id> <seed>`` line per committed snapshot; COUNT 0 means
+forever.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import gradvault.core as gv
+
+SHAPES = [(256, 1024), (1024,), (64, 64), (3,)]
+
+
+def seeded_grads(seed: int) -> gv.GradientsParams:
+    """The gradients a writer snapshots for ``seed``: ids and values both follow the seed."""
+    rng = np.random.default_rng(seed)
+    grads = gv.GradientsParams()
+    for index, shape in enumerate(SHAPES):
+        array = rng.standard_normal(shape).astype(np.float32)
+        pid = gv.ParamId(int(rng.integers(0, 2**63)))
+        grads.register(pid, gv.Tensor._make(array), name=f"layer{index}")
+    return grads
+
+
+def main() -> None:
+    url, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    print("ready", flush=True)
+    with gv.Recorder(url) as recorder:
+        step = 0
+        while count == 0 or step < count:
+            seed = hash((name, step)) % (2**31)
+            info = recorder.start_snapshot(seeded_grads(seed), run=name, step=step,
+                                           tags={"seed": str(seed)}).result()
+            print(f"committed {info.id} {seed}", flush=True)
+            step += 1
+
+
+if __name__ == "__main__":
+    main()
