@@ -1,7 +1,8 @@
 """SnapshotStore: write, read, list, delete and expire gradient snapshots in a Zarr v3 store.
 
-The store encodes chunks and writes the Zarr metadata itself (see ``_format``) and leaves
-the commit protocol to its backend (``_local``, ``_s3``). docs/FORMAT.md is the layout.
+The store encodes chunks and writes the Zarr metadata itself (``_format``), builds the
+manifest (``_manifest``) and leaves the commit protocol to its backend (``_local``,
+``_s3``). docs/FORMAT.md is the layout.
 """
 
 from __future__ import annotations
@@ -9,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import crc32c
@@ -36,7 +35,6 @@ from ._backend import (
     snapshot_key,
 )
 from ._format import (
-    PACK_ALIGNMENT,
     PACKED_ARRAY,
     STORE_FORMAT_VERSION,
     ChunkSpan,
@@ -51,39 +49,16 @@ from ._format import (
     format_checksum,
     gradient_stats,
     group_metadata,
-    packed_layout,
     packed_stats,
     parse_checksum,
     parse_compression,
 )
-from ._ids import iso_utc, new_snapshot_id, parse_snapshot_id, snapshot_id_time_ms
+from ._ids import new_snapshot_id, parse_snapshot_id
+from ._manifest import Manifest, PackedGradients, SnapshotInfo, build_manifest, pack
 
 #: Chunks at least this big are checked and decoded in a thread rather than on the loop.
 _THREAD_DECODE_BYTES = 256 * 1024
 _MANIFEST_CACHE_SIZE = 8
-
-
-@dataclass(frozen=True)
-class SnapshotInfo:
-    """A committed snapshot: id, run, step, creation time (ISO 8601 UTC), bytes, gradients."""
-
-    id: str
-    run: str
-    step: int
-    created_at: str
-    nbytes: int
-    num_params: int
-
-    @classmethod
-    def from_manifest(cls, manifest: dict[str, Any]) -> SnapshotInfo:
-        return cls(
-            id=manifest["id"],
-            run=manifest["run"],
-            step=manifest["step"],
-            created_at=manifest["created_at"],
-            nbytes=manifest["nbytes"],
-            num_params=manifest["num_params"],
-        )
 
 
 class _Abandoned(Exception):
@@ -125,68 +100,6 @@ class _GradientChunks:
         self.checksum = checksum
 
 
-@dataclass
-class _Packed:
-    buffer: memoryview
-    length: int
-    chunk_bytes: int
-    offsets: list[int]
-    checksums: list[int]
-    stats: list[dict]
-
-
-def _pack(entries: list[GradientRecordEntry], chunk_bytes: int) -> _Packed:
-    offsets, length, chunk = packed_layout([entry.nbytes for entry in entries], chunk_bytes)
-    buffer = memoryview(bytearray(-(-length // chunk) * chunk))
-    checksums = []
-    for entry, offset in zip(entries, offsets, strict=True):
-        size = entry.nbytes
-        if size:
-            buffer[offset : offset + size] = entry.data
-        checksums.append(crc32c.crc32c(buffer[offset : offset + size]))
-    return _Packed(buffer, length, chunk, offsets, checksums, packed_stats(entries))
-
-
-def _little_endian(dtype: str) -> np.dtype:
-    return np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else np.dtype(dtype)
-
-
-def _make_entry(gradient: dict[str, Any], data: memoryview) -> GradientRecordEntry:
-    shape = tuple(gradient["shape"])
-    dtype = _little_endian(gradient["dtype"])
-    count = math.prod(shape)
-    array = np.frombuffer(data, dtype=dtype, count=count) if count else np.empty(0, dtype)
-    array = array.reshape(shape)
-    array.flags.writeable = False
-    return GradientRecordEntry(
-        ParamId.parse(gradient["param_id"]), gradient["name"], gradient["dtype"], shape, array
-    )
-
-
-class _Manifest:
-    """A parsed manifest with its gradients indexed by ParamId text."""
-
-    def __init__(self, document: dict[str, Any]) -> None:
-        self.document = document
-        self.gradients: list[dict[str, Any]] = document["gradients"]
-        self.compression = parse_compression(document.get("compression"))
-        self.packed: dict[str, Any] | None = document.get("packed")
-        self._index: dict[str, dict[str, Any]] | None = None
-
-    def gradient(self, param_id: str) -> dict[str, Any] | None:
-        if self._index is None:
-            self._index = {gradient["param_id"]: gradient for gradient in self.gradients}
-        return self._index.get(param_id)
-
-    def packed_spans(self) -> list[ChunkSpan]:
-        assert self.packed is not None
-        return chunk_spans((self.packed["nbytes"],), (self.packed["chunk_bytes"],), 1)
-
-
-def _describe(gradient: dict[str, Any]) -> str:
-    return f"param {gradient['param_id']} ({gradient['name']!r})"
-
-
 class SnapshotStore:
     """Gradient snapshots in a Zarr v3 hierarchy; get one from :func:`open_store`.
 
@@ -209,7 +122,7 @@ class SnapshotStore:
         self.chunk_bytes = chunk_bytes
         self.max_concurrency = max_concurrency
         self._infos: dict[str, SnapshotInfo] = {}
-        self._manifests: OrderedDict[str, _Manifest] = OrderedDict()
+        self._manifests: OrderedDict[str, Manifest] = OrderedDict()
 
     @property
     def location(self) -> str:
@@ -257,19 +170,25 @@ class SnapshotStore:
         tags = dict(tags or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
             raise ValueError(f"tags must map str to str; got {tags!r}")
+        if not isinstance(device, str) or not device:
+            raise ValueError(f"device must be a non-empty string; got {device!r}")
         codec = parse_compression(compression)
-        metadata = dict(record.metadata)
-        dump_json(metadata)  # fail early (TypeError/ValueError) if it is not JSON
+        dump_json(record.metadata)  # fail early (TypeError/ValueError) if it is not JSON
 
         snapshot_id = new_snapshot_id()
         await self._backend.prepare()
         writer = await self._backend.begin(snapshot_id)
         state = _WriteState()
         slots = asyncio.Semaphore(self.max_concurrency)
-        small = [entry for entry in record if entry.nbytes < self.pack_threshold]
-        large = [entry for entry in record if entry.nbytes >= self.pack_threshold]
+        entries = record.entries
+        packed_positions = [
+            i for i, entry in enumerate(entries) if entry.array.nbytes < self.pack_threshold
+        ]
+        own_positions = [
+            i for i, entry in enumerate(entries) if entry.array.nbytes >= self.pack_threshold
+        ]
 
-        async def guarded(job: Callable[[], Any]) -> Any:
+        async def guarded(job: Callable[[], Awaitable[Any]]) -> Any:
             async with slots:
                 if state.failed:
                     raise _Abandoned
@@ -279,12 +198,11 @@ class SnapshotStore:
                     state.failed = True
                     raise
 
-        async def write_large(entry: GradientRecordEntry) -> dict[str, Any]:
+        async def write_own(entry: GradientRecordEntry) -> dict[str, Any]:
             itemsize = entry.array.dtype.itemsize
             chunk_shape = chunk_shape_for(entry.shape, itemsize, self.chunk_bytes)
-            chunks = _GradientChunks(
-                entry.data, chunk_spans(entry.shape, chunk_shape, itemsize), codec, state
-            )
+            spans = chunk_spans(entry.shape, chunk_shape, itemsize)
+            chunks = _GradientChunks(entry.data, spans, codec, state)
             attributes = {"gradvault": {"param_id": str(entry.param_id), "name": entry.name}}
             document = array_metadata(entry.shape, entry.dtype, chunk_shape, codec, attributes)
             _, stats = await asyncio.gather(
@@ -298,42 +216,58 @@ class SnapshotStore:
                 "stats": stats,
             }
 
-        async def write_packed() -> _Packed:
-            packed = await self._threads.run(_pack, small, self.chunk_bytes)
+        # Writes still in flight once their gradients' checksums and stats are known: the
+        # manifest is built and encoded while they finish.
+        in_flight: list[asyncio.Future[None]] = []
+
+        async def write_packed() -> PackedGradients:
+            small = [entries[i] for i in packed_positions]
+            packed = await self._threads.run(pack, small, self.chunk_bytes)
             spans = chunk_spans((packed.length,), (packed.chunk_bytes,), 1)
-            chunks = _GradientChunks(packed.buffer, spans, codec, state)
+            chunks = _GradientChunks(memoryview(packed.buffer), spans, codec, state)
             document = array_metadata((packed.length,), "uint8", (packed.chunk_bytes,), codec)
-            await writer.write_array(PACKED_ARRAY, dump_json(document), iter(chunks))
+            in_flight.append(
+                asyncio.ensure_future(
+                    writer.write_array(PACKED_ARRAY, dump_json(document), iter(chunks))
+                )
+            )
+            packed.stats = await self._threads.run(
+                packed_stats,
+                packed.buffer,
+                packed.offsets,
+                [entry.array.nbytes for entry in small],
+                [entry.dtype for entry in small],
+            )
             return packed
 
-        jobs = [guarded(lambda entry=entry: write_large(entry)) for entry in large]
-        if small:
+        jobs = [guarded(lambda entry=entries[i]: write_own(entry)) for i in own_positions]
+        if packed_positions:
             jobs.append(guarded(write_packed))
         try:
             results = await asyncio.gather(*jobs, return_exceptions=True)
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
                 raise next((f for f in failures if not isinstance(f, _Abandoned)), failures[0])
-            placed = dict(zip((e.param_id for e in large), results, strict=False))
-            packed: _Packed | None = results[-1] if small else None  # type: ignore[assignment]
-            manifest = self._manifest(
+            manifest = build_manifest(
                 record,
-                snapshot_id,
-                run,
-                step,
-                tags,
-                device,
-                compression,
-                codec,
-                metadata,
-                placed,
-                small,
-                packed,
+                snapshot_id=snapshot_id,
+                run=run,
+                step=step,
+                tags=tags,
+                device=device,
+                compression=codec,
+                packed_positions=packed_positions,
+                packed=results[-1] if packed_positions else None,
+                own_arrays=dict(zip(own_positions, results, strict=False)),
             )
-            group_document = dump_json(group_metadata({"gradvault": manifest}), compact=True)
+            group_document = await self._threads.run(
+                lambda: dump_json(group_metadata({"gradvault": manifest}), compact=True)
+            )
+            await asyncio.gather(*in_flight)
             await writer.commit(group_document)
         except BaseException as error:
             state.failed = True
+            await asyncio.gather(*in_flight, return_exceptions=True)
             await asyncio.shield(writer.abort())
             if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):
                 raise StoreUnavailableError(
@@ -344,68 +278,9 @@ class SnapshotStore:
         self._infos[snapshot_id] = info
         return info
 
-    def _manifest(
-        self,
-        record: GradientsParamsRecord,
-        snapshot_id: str,
-        run: str,
-        step: int,
-        tags: dict[str, str],
-        device: str,
-        compression: str | None,
-        codec: Compression | None,
-        metadata: dict[str, Any],
-        placed: dict[ParamId, dict[str, Any]],
-        small: list[GradientRecordEntry],
-        packed: _Packed | None,
-    ) -> dict[str, Any]:
-        packed_index = {entry.param_id: i for i, entry in enumerate(small)}
-        gradients = []
-        for entry in record:
-            gradient = {
-                "param_id": str(entry.param_id),
-                "name": entry.name,
-                "dtype": entry.dtype,
-                "shape": list(entry.shape),
-                "nbytes": entry.nbytes,
-            }
-            if entry.param_id in placed:
-                gradient.update(placed[entry.param_id])
-            else:
-                assert packed is not None
-                i = packed_index[entry.param_id]
-                gradient["array"] = PACKED_ARRAY
-                gradient["offset"] = packed.offsets[i]
-                gradient["checksum"] = format_checksum(packed.checksums[i])
-                gradient["stats"] = packed.stats[i]
-            gradients.append(gradient)
-        return {
-            "format_version": STORE_FORMAT_VERSION,
-            "id": snapshot_id,
-            "run": run,
-            "step": step,
-            "created_at": iso_utc(snapshot_id_time_ms(snapshot_id)),
-            "device": device,
-            "backend": "cupy" if device.startswith("cuda") else "numpy",
-            "tags": tags,
-            "metadata": metadata,
-            "compression": None if codec is None else f"zstd:{codec.level}",
-            "nbytes": record.nbytes,
-            "num_params": len(record),
-            "packed": None
-            if packed is None
-            else {
-                "array": PACKED_ARRAY,
-                "nbytes": packed.length,
-                "chunk_bytes": packed.chunk_bytes,
-                "alignment": PACK_ALIGNMENT,
-            },
-            "gradients": gradients,
-        }
-
     # --- reading ----------------------------------------------------------------------
 
-    async def _load_manifest(self, snapshot_id: str) -> _Manifest:
+    async def _load_manifest(self, snapshot_id: str) -> Manifest:
         cached = self._manifests.get(snapshot_id)
         if cached is not None:
             self._manifests.move_to_end(snapshot_id)
@@ -422,17 +297,17 @@ class SnapshotStore:
             else:
                 document = json.loads(bytes(raw))
             manifest = document["attributes"]["gradvault"]
-        except (ValueError, KeyError, TypeError) as error:
+            version = manifest.get("format_version")
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise FormatVersionError(
                 f"snapshot {snapshot_id}: its zarr.json has no gradvault manifest ({error!r})"
             ) from None
-        version = manifest.get("format_version")
         if version != STORE_FORMAT_VERSION:
             raise FormatVersionError(
                 f"snapshot {snapshot_id} has store format version {version!r}; this release "
                 f"reads version {STORE_FORMAT_VERSION}"
             )
-        parsed = _Manifest(manifest)
+        parsed = Manifest(manifest)
         self._manifests[snapshot_id] = parsed
         if len(self._manifests) > _MANIFEST_CACHE_SIZE:
             self._manifests.popitem(last=False)
@@ -478,9 +353,10 @@ class SnapshotStore:
                 f"check: {error}"
             ) from None
 
-    async def _read_large(
-        self, snapshot_id: str, manifest: _Manifest, gradient: dict[str, Any]
+    async def _read_own(
+        self, snapshot_id: str, manifest: Manifest, position: int
     ) -> GradientRecordEntry:
+        gradient = manifest.row(position)
         shape = tuple(gradient["shape"])
         itemsize = np.dtype(gradient["dtype"]).itemsize
         spans = chunk_spans(shape, tuple(gradient["chunk_shape"]), itemsize)
@@ -491,7 +367,7 @@ class SnapshotStore:
                     gradient["array"],
                     span,
                     manifest.compression,
-                    lambda: _describe(gradient),
+                    lambda: manifest.describe(position),
                 )
                 for span in spans
             )
@@ -501,8 +377,8 @@ class SnapshotStore:
             checksum = crc32c_combine(checksum, payload_crc, span.length)
         if checksum != parse_checksum(gradient["checksum"]):
             raise ChecksumMismatchError(
-                f"snapshot {snapshot_id}: {_describe(gradient)} has crc32c {checksum:08x}; "
-                f"the manifest says {gradient['checksum']}"
+                f"snapshot {snapshot_id}: {manifest.describe(position)} has crc32c "
+                f"{checksum:08x}; the manifest says {gradient['checksum']}"
             )
         if len(spans) == 1 and spans[0].length == spans[0].padded_length:
             data = decoded[0][0]
@@ -510,31 +386,28 @@ class SnapshotStore:
             data = memoryview(bytearray(gradient["nbytes"]))
             for span, (body, _) in zip(spans, decoded, strict=True):
                 data[span.start : span.start + span.length] = body[: span.length]
-        return _make_entry(gradient, data)
+        return manifest.entry(position, data)
 
     async def _read_packed(
-        self, snapshot_id: str, manifest: _Manifest, wanted: list[dict[str, Any]]
+        self, snapshot_id: str, manifest: Manifest, positions: list[int]
     ) -> list[GradientRecordEntry]:
-        """The packed gradients ``wanted``, reading only the chunks they lie in."""
-        if not wanted:
+        """The packed gradients at ``positions``, reading only the chunks they lie in."""
+        if not positions:
             return []
         spans = manifest.packed_spans()
         chunk = manifest.packed["chunk_bytes"]  # type: ignore[index]
+        offsets, sizes = manifest.columns["offset"], manifest.columns["nbytes"]
         needed: set[int] = set()
-        for gradient in wanted:
-            if gradient["nbytes"]:
-                first = gradient["offset"] // chunk
-                last = (gradient["offset"] + gradient["nbytes"] - 1) // chunk
-                needed.update(range(first, last + 1))
+        for i in positions:
+            if sizes[i]:
+                needed.update(range(offsets[i] // chunk, (offsets[i] + sizes[i] - 1) // chunk + 1))
 
         def who(span: ChunkSpan) -> Callable[[], str]:
             def names() -> str:
                 inside = [
-                    _describe(g)
-                    for g in manifest.gradients
-                    if g["array"] == PACKED_ARRAY
-                    and g["offset"] < span.start + span.length
-                    and g["offset"] + g["nbytes"] > span.start
+                    manifest.describe(i)
+                    for i in manifest.packed_positions()
+                    if offsets[i] < span.start + span.length and offsets[i] + sizes[i] > span.start
                 ]
                 shown = ", ".join(inside[:5])
                 return shown + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
@@ -550,20 +423,28 @@ class SnapshotStore:
                 for i in order
             )
         )
-        buffer = memoryview(bytearray(len(spans) * chunk))
-        for i, (body, _) in zip(order, decoded, strict=True):
-            buffer[spans[i].start : spans[i].start + spans[i].length] = body[: spans[i].length]
-        entries = []
-        for gradient in wanted:
-            data = buffer[gradient["offset"] : gradient["offset"] + gradient["nbytes"]]
-            checksum = crc32c.crc32c(data)
-            if checksum != parse_checksum(gradient["checksum"]):
-                raise ChecksumMismatchError(
-                    f"snapshot {snapshot_id}: {_describe(gradient)} has crc32c {checksum:08x}; "
-                    f"the manifest says {gradient['checksum']}"
-                )
-            entries.append(_make_entry(gradient, data))
-        return entries
+        if len(order) == 1 and order[0] == 0:
+            buffer = decoded[0][0]  # the usual single packed chunk: no copy
+        else:
+            buffer = memoryview(bytearray(len(spans) * chunk))
+            for i, (body, _) in zip(order, decoded, strict=True):
+                buffer[spans[i].start : spans[i].start + spans[i].length] = body[: spans[i].length]
+
+        def unpack() -> list[GradientRecordEntry]:
+            checksums = manifest.columns["checksum"]
+            entries = []
+            for i in positions:
+                data = buffer[offsets[i] : offsets[i] + sizes[i]]
+                checksum = crc32c.crc32c(data)
+                if checksum != parse_checksum(checksums[i]):
+                    raise ChecksumMismatchError(
+                        f"snapshot {snapshot_id}: {manifest.describe(i)} has crc32c "
+                        f"{checksum:08x}; the manifest says {checksums[i]}"
+                    )
+                entries.append(manifest.entry(i, data))
+            return entries
+
+        return await self._threads.run(unpack) if len(positions) > 64 else unpack()
 
     async def read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
         """The snapshot's gradients, every chunk's crc32c verified.
@@ -573,40 +454,43 @@ class SnapshotStore:
         """
         snapshot_id = parse_snapshot_id(snapshot_id)
         manifest = await self._load_manifest(snapshot_id)
-        packed_wanted = [g for g in manifest.gradients if g["array"] == PACKED_ARRAY]
-        large = [g for g in manifest.gradients if g["array"] != PACKED_ARRAY]
+        packed_positions = manifest.packed_positions()
+        packed_set = set(packed_positions)
+        own_positions = [i for i in range(manifest.count) if i not in packed_set]
         slots = asyncio.Semaphore(self.max_concurrency)
 
-        async def bounded(job: Any) -> Any:
+        async def bounded(position: int) -> GradientRecordEntry:
             async with slots:
-                return await job
+                return await self._read_own(snapshot_id, manifest, position)
 
-        jobs = [bounded(self._read_large(snapshot_id, manifest, g)) for g in large]
-        results = await asyncio.gather(
-            self._read_packed(snapshot_id, manifest, packed_wanted), *jobs
+        packed_entries, *own_entries = await asyncio.gather(
+            self._read_packed(snapshot_id, manifest, packed_positions),
+            *(bounded(i) for i in own_positions),
         )
-        by_id = {str(entry.param_id): entry for entry in results[0]}
-        by_id.update((str(entry.param_id), entry) for entry in results[1:])
+        ordered: list[GradientRecordEntry | None] = [None] * manifest.count
+        for position, entry in zip(packed_positions, packed_entries, strict=True):
+            ordered[position] = entry
+        for position, entry in zip(own_positions, own_entries, strict=True):
+            ordered[position] = entry
         document = manifest.document
         metadata = dict(document.get("metadata") or {})
         metadata["snapshot"] = {
             key: copy.deepcopy(document[key])
             for key in ("id", "run", "step", "created_at", "device", "tags")
         }
-        entries = [by_id[g["param_id"]] for g in manifest.gradients]
-        return GradientsParamsRecord(entries, metadata=metadata)
+        return GradientsParamsRecord(ordered, metadata=metadata)  # type: ignore[arg-type]
 
     async def read_gradient(self, snapshot_id: str, param_id: ParamId | str) -> GradientRecordEntry:
         """One gradient of a snapshot (only its chunks are read and verified)."""
         snapshot_id = parse_snapshot_id(snapshot_id)
         pid = str(as_param_id(param_id))
         manifest = await self._load_manifest(snapshot_id)
-        gradient = manifest.gradient(pid)
-        if gradient is None:
+        position = manifest.position(pid)
+        if position is None:
             raise MissingGradientError(f"snapshot {snapshot_id} has no gradient for param {pid}")
-        if gradient["array"] == PACKED_ARRAY:
-            return (await self._read_packed(snapshot_id, manifest, [gradient]))[0]
-        return await self._read_large(snapshot_id, manifest, gradient)
+        if manifest.columns["array"][position] == PACKED_ARRAY:
+            return (await self._read_packed(snapshot_id, manifest, [position]))[0]
+        return await self._read_own(snapshot_id, manifest, position)
 
     # --- listing and housekeeping -----------------------------------------------------
 
