@@ -6,9 +6,9 @@ import platform
 import sys
 from datetime import UTC, datetime
 
-from bench import mlp_step, record_stall
+from bench import mlp_step, record_stall, store_io
 
-MODULES = [mlp_step, record_stall]
+MODULES = [mlp_step, record_stall, store_io]
 
 
 def main() -> None:

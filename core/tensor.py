@@ -419,16 +419,17 @@ class Tensor:
         return self._inplace("clamp_", lambda s: s.clamp(min, max))
 
     def zero_(self) -> Tensor:
-        return self.fill_(0)
+        return self._fill("zero_", 0)
 
     def fill_(self, value: Any) -> Tensor:
-        if isinstance(value, Tensor):
-            return self._inplace("fill_", lambda s: s * 0 + value, (value,))
-        self._prepare_write("fill_")
-        if _state.grad_enabled and self.requires_grad:
-            return self._inplace("fill_", lambda s: s * 0 + value)
+        return self._fill("fill_", value)
+
+    def _fill(self, op: str, value: Any) -> Tensor:
+        if isinstance(value, Tensor) or (_state.grad_enabled and self.requires_grad):
+            return self._inplace(op, lambda s: s * 0 + value, (value,))
+        self._prepare_write(op)
         self._data[...] = value
-        self._bump("fill_")
+        self._bump(op)
         return self
 
     def copy_(self, src: Any) -> Tensor:

@@ -31,7 +31,7 @@ class Context:
 
     def save_for_backward(self, *tensors: Tensor) -> None:
         """Keep ``tensors`` for backward; changing one of them in place later is an error."""
-        self._saved = tuple((t, t._version_box[0]) for t in tensors)
+        self._saved = tuple((t, t._version_box[0] if t is not None else 0) for t in tensors)
 
     def save_output(self) -> None:
         """Keep the op's output too (it is appended to ``saved_tensors`` once known)."""
@@ -47,6 +47,8 @@ class Context:
                 "to the first backward if you need to backward twice."
             )
         for index, (tensor, version) in enumerate(self._saved):
+            if tensor is None:  # not needed by this backward (its partner needs no grad)
+                continue
             current = tensor._version_box[0]
             if current != version:
                 op = tensor._version_box[1] or "an in-place operation"

@@ -32,10 +32,16 @@ class Sub(Function):
         return g, -g
 
 
+def _needs(ctx: Context) -> tuple[bool, bool]:
+    return ctx.needs_input_grad if ctx.needs_input_grad else (False, False)
+
+
 class Mul(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
-        ctx.save_for_backward(a, b)
+        need_a, need_b = _needs(ctx)
+        # keep only what the backward reads, so changing the other operand is allowed
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
         return a._data * b._data
 
     @staticmethod
@@ -48,7 +54,8 @@ class Mul(Function):
 class Div(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
-        ctx.save_for_backward(a, b)
+        need_a, need_b = _needs(ctx)
+        ctx.save_for_backward(a if need_b else None, b)
         return a._data / b._data
 
     @staticmethod
