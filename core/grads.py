@@ -19,8 +19,8 @@ from . import backend
 from .autograd.gradients import Gradients
 from .errors import (
     BackendMismatchError,
+    DuplicateParamError,
     ParamIdMismatchError,
-    RecorderError,
     ShapeMismatchError,
 )
 from .param_id import ParamId, as_param_id
@@ -232,49 +232,76 @@ class GradientsParams:
 
     @classmethod
     def from_record(cls, record: GradientsParamsRecord, device: backend.Device | str = "cpu",
-                    *, module: Module | None = None, match: str = "id") -> GradientsParams:
+                    *, module: Module | None = None, match: str = "id",
+                    copy: bool = True) -> GradientsParams:
         """New gradients on ``device`` from ``record``; nothing else is summed into or cleared.
 
         Every entry's dtype, shape and byte count is validated. With ``module``, the record's
         ids must be the module's ids (load the model record first), or with ``match="name"``
-        entries are mapped to the module's params by module path.
+        entries are mapped to the module's params by module path. ``copy=False`` lets the
+        cpu tensors take over the record's buffers where they are writable (the record
+        must not be used afterwards); the recorder's restore does this.
         """
         if match not in ("id", "name"):
             raise ValueError(f"match must be 'id' or 'name'; got {match!r}")
         dev = backend.device(device)
-        targets: dict[ParamId, tuple[ParamId, str, tuple[int, ...]]] = {}
-        if module is not None:
-            params = list(module.named_parameters())
-            by_id = {p.id: (p.id, name, p.shape) for name, p in params}
-            by_name = {name: (p.id, name, p.shape) for name, p in params}
-            for entry in record:
-                target = by_id.get(entry.param_id) if match == "id" else by_name.get(entry.name)
-                if target is None:
-                    hint = ("load the model record first (module.load_record) so the ids "
-                            "match, or pass match='name'") if match == "id" else \
-                        "the module has no parameter of that name"
-                    raise ParamIdMismatchError(
-                        f"record's gradient for param {entry.param_id} ({entry.name!r}) matches "
-                        f"no parameter of the module by {match}; {hint}"
-                    )
-                if tuple(entry.shape) != tuple(target[2]):
-                    raise ShapeMismatchError(
-                        f"gradient for param {entry.param_id} ({entry.name!r}) has shape "
-                        f"{tuple(entry.shape)}; the module's parameter {target[1]!r} has "
-                        f"{tuple(target[2])}"
-                    )
-                targets[entry.param_id] = target
+        targets = _match_targets(record, module, match) if module is not None else {}
         out = cls()
+        grads, names = out._grads, out._names
         for entry in record:
             entry.validate()
-            array = np.array(entry.array, dtype=entry.array.dtype.newbyteorder("="), copy=True)
-            grad = Tensor._make(backend.to_device(array, dev))
-            pid, name = (targets[entry.param_id][:2] if entry.param_id in targets
-                         else (entry.param_id, entry.name))
-            if pid in out:
-                raise RecorderError(f"two record entries map to param {pid} ({name!r})")
-            out.register(pid, grad, name=name)
+            array = _host_buffer(entry.array, copy)
+            if dev.type != "cpu":
+                array = backend.to_device(array, dev)
+            pid, name = targets.get(entry.param_id, (entry.param_id, entry.name))
+            if pid in grads:
+                raise DuplicateParamError(f"two record entries map to param {pid} ({name!r})")
+            grads[pid] = Tensor._make(array)
+            names[pid] = name
         return out
+
+
+def _host_buffer(array: np.ndarray, copy: bool) -> np.ndarray:
+    """A writable, native-order array with ``array``'s values (its own buffer when copying)."""
+    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "<" and not _LITTLE):
+        return array.astype(array.dtype.newbyteorder("="))
+    if not copy:
+        try:
+            array.flags.writeable = True  # works when the base buffer is writable
+            return array
+        except ValueError:
+            pass
+    return array.copy()
+
+
+_LITTLE = np.little_endian
+
+
+def _match_targets(record: GradientsParamsRecord, module: Module, match: str
+                   ) -> dict[ParamId, tuple[ParamId, str]]:
+    """For each record entry, the module parameter (id, path) it restores onto."""
+    params = list(module.named_parameters())
+    by_id = {p.id: (p.id, name, p.shape) for name, p in params}
+    by_name = {name: (p.id, name, p.shape) for name, p in params}
+    targets: dict[ParamId, tuple[ParamId, str]] = {}
+    for entry in record:
+        target = by_id.get(entry.param_id) if match == "id" else by_name.get(entry.name)
+        if target is None:
+            hint = ("load the model record first (module.load_record) so the ids match, or "
+                    "pass match='name'") if match == "id" else \
+                "the module has no parameter of that name"
+            raise ParamIdMismatchError(
+                f"record's gradient for param {entry.param_id} ({entry.name!r}) matches no "
+                f"parameter of the module by {match}; {hint}"
+            )
+        if tuple(entry.shape) != tuple(target[2]):
+            raise ShapeMismatchError(
+                f"gradient for param {entry.param_id} ({entry.name!r}) has shape "
+                f"{tuple(entry.shape)}; the module's parameter {target[1]!r} has "
+                f"{tuple(target[2])}"
+            )
+        targets[entry.param_id] = target[:2]
+    return targets
 
 
 class GradientsAccumulator:

@@ -165,7 +165,9 @@ class Recorder:
                       module: Any = None, match: str = "id") -> GradientsParams:
         """The snapshot's gradients on ``device`` (checksums verified)."""
         record = await self.fetch(snapshot_id)
-        return GradientsParams.from_record(record, device, module=module, match=match)
+        # the record was read for this call alone: its buffers can become the tensors'
+        return GradientsParams.from_record(record, device, module=module, match=match,
+                                           copy=False)
 
     async def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
         """The snapshot as a record (checksums verified)."""

@@ -478,7 +478,12 @@ class SnapshotStore:
             key: copy.deepcopy(document[key])
             for key in ("id", "run", "step", "created_at", "device", "tags")
         }
-        return GradientsParamsRecord(ordered, metadata=metadata)  # type: ignore[arg-type]
+        # entries are built from the manifest's own dtype and shape: consistent by construction
+        return GradientsParamsRecord(
+            ordered,  # type: ignore[arg-type]
+            metadata=metadata,
+            _validated=True,
+        )
 
     async def read_gradient(self, snapshot_id: str, param_id: ParamId | str) -> GradientRecordEntry:
         """One gradient of a snapshot (only its chunks are read and verified)."""
