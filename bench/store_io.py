@@ -123,8 +123,14 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
     except ImportError:
         torch = None
 
-    ours = _best(ours_write, root, repeat)
-    rows = [Row(f"snapshot-to-commit, {label}", ours, peer, _best(make, root, repeat),
+    # interleaved, so that a slow spell of the shared disk hits every writer alike
+    writers = {"gradvault": ours_write, **peers}
+    best = {name: float("inf") for name in writers}
+    for _ in range(repeat):
+        for name, make in writers.items():
+            best[name] = min(best[name], _best(make, root, 1))
+    ours = best["gradvault"]
+    rows = [Row(f"snapshot-to-commit, {label}", ours, peer, best[peer],
                 ">= 0.9x raw speed (<= 1.11)" if peer.startswith("raw") else
                 "<= 1.0" if "1 KiB" not in label or peer.startswith("safetensors") else "")
             for peer, make in peers.items()]
@@ -155,20 +161,23 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
         restored = recorder.sync.restore(info.id, "cpu")
         assert len(restored) == count
 
-    def best_of(fn: Callable[[], object]) -> float:
-        fn()
+    def best_of(fn: Callable[[], object], runs: int) -> float:
         times = []
-        for _ in range(repeat):
+        for _ in range(runs):
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
         return min(times)
 
-    ours_restore = best_of(ours_read)
-    for peer, fn in readers.items():
+    read_best = {name: float("inf") for name in ["gradvault", *readers]}
+    for _ in range(repeat):
+        for name, fn in {"gradvault": ours_read, **readers}.items():
+            read_best[name] = min(read_best[name], best_of(fn, 1))
+    for peer in readers:
         target = ">= 0.9x raw speed (<= 1.11)" if peer == "raw read" else (
             "<= 1.0" if peer == "safetensors load" else "")
-        rows.append(Row(f"restore, {label}", ours_restore, peer, best_of(fn), target))
+        rows.append(Row(f"restore, {label}", read_best["gradvault"], peer, read_best[peer],
+                        target))
     recorder.close()
     shutil.rmtree(keep, ignore_errors=True)
     return rows

@@ -29,7 +29,7 @@ class Task:
     def make(cls, samples: int = 2048, in_features: int = 32, classes: int = 4,
              seed: int = 0) -> Task:
         rng = np.random.default_rng(seed)
-        centres = rng.standard_normal((classes, in_features)).astype(np.float32) * 0.35
+        centres = rng.standard_normal((classes, in_features)).astype(np.float32) * 0.6
         labels = rng.integers(0, classes, samples)
         features = centres[labels] + rng.standard_normal((samples, in_features)).astype(
             np.float32)

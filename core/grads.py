@@ -248,8 +248,7 @@ class GradientsParams:
         targets = _match_targets(record, module, match) if module is not None else {}
         out = cls()
         grads, names = out._grads, out._names
-        for entry in record:
-            entry.validate()
+        for entry in record:  # the record validated every entry when it was built
             array = _host_buffer(entry.array, copy)
             if dev.type != "cpu":
                 array = backend.to_device(array, dev)
