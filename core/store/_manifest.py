@@ -16,8 +16,9 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from ..errors import FormatVersionError
 from ..param_id import ParamId
-from ..record import GradientRecordEntry, GradientsParamsRecord
+from ..record import SUPPORTED_DTYPES, GradientRecordEntry, GradientsParamsRecord
 from ._format import (
     PACK_ALIGNMENT,
     PACKED_ARRAY,
@@ -181,6 +182,10 @@ def _little_endian(dtype: str) -> np.dtype:
     return native.newbyteorder("<") if native.itemsize > 1 else native
 
 
+#: stored layout of every dtype a snapshot may hold; anything else is refused
+_LAYOUTS = {name: _little_endian(name) for name in SUPPORTED_DTYPES}
+
+
 class Manifest:
     """A parsed manifest: gradient columns, lookups by ParamId text, packed layout."""
 
@@ -191,6 +196,16 @@ class Manifest:
         self.compression = parse_compression(document.get("compression"))
         self.packed: dict[str, Any] | None = document.get("packed")
         self._index: dict[str, int] | None = None
+        self._ids: list[ParamId] | None = None
+
+    def param_ids(self) -> list[ParamId]:
+        """Every gradient's ParamId, parsed once per manifest."""
+        if self._ids is None:
+            try:
+                self._ids = [ParamId.parse(text) for text in self.columns["param_id"]]
+            except ValueError as error:
+                raise FormatVersionError(f"the manifest is malformed: {error}") from None
+        return self._ids
 
     def position(self, param_id: str) -> int | None:
         """The position of gradient ``param_id`` in the table, or None."""
@@ -218,10 +233,15 @@ class Manifest:
         columns = self.columns
         shape = tuple(columns["shape"][position])
         dtype = columns["dtype"][position]
+        layout = _LAYOUTS.get(dtype)
+        if layout is None:
+            raise FormatVersionError(
+                f"{self.describe(position)} has dtype {dtype!r}, which this release cannot "
+                f"read; supported: {', '.join(SUPPORTED_DTYPES)}"
+            )
         count = math.prod(shape)
-        layout = _little_endian(dtype)
         array = np.frombuffer(data, dtype=layout, count=count) if count else np.empty(0, layout)
         array = array.reshape(shape)
         array.flags.writeable = False
-        pid = ParamId.parse(columns["param_id"][position])
+        pid = self.param_ids()[position]
         return GradientRecordEntry(pid, columns["name"][position], dtype, shape, array)
