@@ -221,31 +221,13 @@ class Tensor:
         The returned ``Gradients`` maps each leaf reached to the gradient of this pass alone
         (Burn's ``B::Gradients``); ``GradientsParams.from_grads`` consumes it.
         """
-        from .autograd.engine import run_backward  # noqa: PLC0415
-        from .autograd.gradients import Gradients  # noqa: PLC0415
+        from .autograd import backward  # noqa: PLC0415
 
-        if gradient is None:
-            if self.numel() != 1:
-                raise AutogradError(
-                    f"grad can be implicitly created only for scalar outputs; this tensor has "
-                    f"shape {self.shape}: pass gradient= of the same shape"
-                )
-            gradient = ones_like(self)
-        elif not isinstance(gradient, Tensor):
-            gradient = tensor(gradient, dtype=self.dtype, device=self.device)
-        if gradient.shape != self.shape:
+        if gradient is not None and isinstance(gradient, Tensor) and gradient.shape != self.shape:
             raise AutogradError(
                 f"gradient has shape {gradient.shape}; the output has shape {self.shape}"
             )
-        if retain_graph is None:
-            retain_graph = create_graph
-        if isinstance(inputs, Tensor):
-            inputs = [inputs]
-        _, delivered = run_backward(
-            [self], [gradient], retain_graph=retain_graph, create_graph=create_graph,
-            capture=list(inputs) if inputs is not None else None,
-        )
-        return Gradients(delivered.values())
+        return backward(self, gradient, retain_graph, create_graph, inputs)
 
     # ------------------------------------------------------------------ conversion
     def numpy(self) -> np.ndarray:

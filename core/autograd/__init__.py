@@ -91,6 +91,44 @@ def grad(
     return tuple(result)
 
 
+def backward(
+    tensors: Any,
+    grad_tensors: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    inputs: Any = None,
+) -> Gradients:
+    """Accumulate the gradients of ``tensors`` into the leaves' ``.grad`` (PyTorch's form).
+
+    Returns the gradients of this pass, as ``Tensor.backward`` does.
+    """
+    from ..tensor import Tensor, ones_like  # noqa: PLC0415
+
+    outputs = _as_tuple(tensors)
+    seeds = _as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(outputs)
+    if len(seeds) != len(outputs):
+        raise AutogradError(f"grad_tensors has {len(seeds)} entries; tensors has {len(outputs)}")
+    prepared = []
+    for out, seed in zip(outputs, seeds, strict=True):
+        if seed is None:
+            if out.numel() != 1:
+                raise AutogradError(
+                    f"grad can be implicitly created only for scalar outputs; an output has "
+                    f"shape {out.shape}: pass grad_tensors"
+                )
+            seed = ones_like(out)
+        elif not isinstance(seed, Tensor):
+            seed = Tensor(seed, dtype=out.dtype, device=out.device)
+        prepared.append(seed)
+    if retain_graph is None:
+        retain_graph = create_graph
+    _, delivered = run_backward(
+        list(outputs), prepared, retain_graph=retain_graph, create_graph=create_graph,
+        capture=list(_as_tuple(inputs)) if inputs is not None else None,
+    )
+    return Gradients(delivered.values())
+
+
 from . import functional  # noqa: E402
 from .gradcheck import gradcheck, gradgradcheck  # noqa: E402
 
@@ -98,6 +136,7 @@ __all__ = [
     "Context",
     "Function",
     "Gradients",
+    "backward",
     "enable_grad",
     "functional",
     "grad",

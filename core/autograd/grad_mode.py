@@ -59,7 +59,16 @@ class _Mode:
         return ()
 
 
-class no_grad(_Mode):  # noqa: N801 - PyTorch's name
+class _NoParamMode(_Mode):
+    """A mode that also decorates without parentheses (``@no_grad``), as in PyTorch 2."""
+
+    def __new__(cls, orig_func: Callable[..., Any] | None = None) -> Any:
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
+
+
+class no_grad(_NoParamMode):  # noqa: N801 - PyTorch's name
     """Operations inside record no graph; results do not require grad."""
 
     def _enter(self) -> tuple[bool, bool]:
@@ -67,7 +76,7 @@ class no_grad(_Mode):  # noqa: N801 - PyTorch's name
         return self._saved
 
 
-class enable_grad(_Mode):  # noqa: N801 - PyTorch's name
+class enable_grad(_NoParamMode):  # noqa: N801 - PyTorch's name
     """Turn graph recording back on inside a ``no_grad`` block."""
 
     def _enter(self) -> tuple[bool, bool]:
