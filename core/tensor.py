@@ -223,10 +223,6 @@ class Tensor:
         """
         from .autograd import backward  # noqa: PLC0415
 
-        if gradient is not None and isinstance(gradient, Tensor) and gradient.shape != self.shape:
-            raise AutogradError(
-                f"gradient has shape {gradient.shape}; the output has shape {self.shape}"
-            )
         return backward(self, gradient, retain_graph, create_graph, inputs)
 
     # ------------------------------------------------------------------ conversion

@@ -22,6 +22,32 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
     return tuple(x) if isinstance(x, tuple | list) else (x,)
 
 
+def _seeds(outputs: tuple[Any, ...], given: Any, name: str) -> list[Any]:
+    """The gradient to start from at each output: ``given``, or ones for scalar outputs."""
+    from ..tensor import Tensor, ones_like  # noqa: PLC0415
+
+    seeds = _as_tuple(given) if given is not None else (None,) * len(outputs)
+    if len(seeds) != len(outputs):
+        raise AutogradError(f"{name} has {len(seeds)} entries; there are {len(outputs)} outputs")
+    prepared = []
+    for out, seed in zip(outputs, seeds, strict=True):
+        if seed is None:
+            if out.numel() != 1:
+                raise AutogradError(
+                    f"grad can be implicitly created only for scalar outputs; an output has "
+                    f"shape {out.shape}: pass {name}"
+                )
+            seed = ones_like(out)
+        elif not isinstance(seed, Tensor):
+            seed = Tensor(seed, dtype=out.dtype, device=out.device)
+        elif seed.shape != out.shape:
+            raise AutogradError(
+                f"{name} entry has shape {seed.shape}; its output has shape {out.shape}"
+            )
+        prepared.append(seed)
+    return prepared
+
+
 def grad(
     outputs: Any,
     inputs: Any,
@@ -37,31 +63,13 @@ def grad(
     None with ``allow_unused=True`` (zeros with ``materialize_grads=True``) and raises
     otherwise.
     """
-    from ..tensor import Tensor, ones_like, zeros_like  # noqa: PLC0415
+    from ..tensor import zeros_like  # noqa: PLC0415
 
     outputs = _as_tuple(outputs)
     inputs = _as_tuple(inputs)
     if allow_unused is None:
         allow_unused = materialize_grads
-    if grad_outputs is None:
-        grad_outputs = (None,) * len(outputs)
-    grad_outputs = _as_tuple(grad_outputs)
-    if len(grad_outputs) != len(outputs):
-        raise AutogradError(
-            f"grad_outputs has {len(grad_outputs)} entries; outputs has {len(outputs)}"
-        )
-    seeds = []
-    for out, seed in zip(outputs, grad_outputs, strict=True):
-        if seed is None:
-            if out.numel() != 1:
-                raise AutogradError(
-                    f"grad can be implicitly created only for scalar outputs; an output has "
-                    f"shape {out.shape}: pass grad_outputs"
-                )
-            seed = ones_like(out)
-        elif not isinstance(seed, Tensor):
-            seed = Tensor(seed, dtype=out.dtype, device=out.device)
-        seeds.append(seed)
+    seeds = _seeds(outputs, grad_outputs, "grad_outputs")
     kept = [(o, s) for o, s in zip(outputs, seeds, strict=True) if o.requires_grad]
     if not kept:
         raise AutogradError(
@@ -102,24 +110,8 @@ def backward(
 
     Returns the gradients of this pass, as ``Tensor.backward`` does.
     """
-    from ..tensor import Tensor, ones_like  # noqa: PLC0415
-
     outputs = _as_tuple(tensors)
-    seeds = _as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(outputs)
-    if len(seeds) != len(outputs):
-        raise AutogradError(f"grad_tensors has {len(seeds)} entries; tensors has {len(outputs)}")
-    prepared = []
-    for out, seed in zip(outputs, seeds, strict=True):
-        if seed is None:
-            if out.numel() != 1:
-                raise AutogradError(
-                    f"grad can be implicitly created only for scalar outputs; an output has "
-                    f"shape {out.shape}: pass grad_tensors"
-                )
-            seed = ones_like(out)
-        elif not isinstance(seed, Tensor):
-            seed = Tensor(seed, dtype=out.dtype, device=out.device)
-        prepared.append(seed)
+    prepared = _seeds(outputs, grad_tensors, "grad_tensors")
     if retain_graph is None:
         retain_graph = create_graph
     _, delivered = run_backward(
