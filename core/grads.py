@@ -182,17 +182,28 @@ class GradientsParams:
                     f"{asked} backend"
                 )
 
-    def _capture(self) -> list[tuple[ParamId, str, Any]]:
-        """Freeze the current buffers (copy-on-write); O(number of gradients)."""
+    def _capture(self) -> tuple[list[tuple[ParamId, str, Any]], dict[str, Any]]:
+        """Freeze the current buffers (copy-on-write) in O(number of gradients).
+
+        Returns the captured (id, name, array) triples and the record's metadata.
+        """
         captured = []
+        names = self._names
+        on_host = True
         for pid, grad in self._grads.items():
             data = grad._data
             if grad._base is not None or grad._version_box[2]:
                 data = data.copy()  # views may write to this storage behind the flag
             else:
                 grad._cow = True
-            captured.append((pid, self._names.get(pid, ""), data))
-        return captured
+            on_host = on_host and type(data) is np.ndarray
+            captured.append((pid, names.get(pid, ""), data))
+        if on_host:
+            device = "cpu"
+        else:
+            devices = sorted({str(backend.device_of(data)) for _, _, data in captured})
+            device = ",".join(devices)
+        return captured, {"device": device}
 
     @staticmethod
     def _to_record(captured: list[tuple[ParamId, str, Any]], metadata: dict[str, Any]
@@ -205,10 +216,6 @@ class GradientsParams:
             _validated=True,
         )
 
-    def _metadata(self) -> dict[str, Any]:
-        devices = sorted({str(backend.device_of(g._data)) for g in self._grads.values()})
-        return {"device": devices[0] if len(devices) == 1 else ",".join(devices)}
-
     def try_to_record(self, backend: Any = None) -> GradientsParamsRecord:
         """A record of host copies of every gradient, leaving this container as it was.
 
@@ -216,7 +223,7 @@ class GradientsParams:
         must be the one the gradients live on, or BackendMismatchError is raised.
         """
         self._check_backend(backend)
-        return self._to_record(self._capture(), self._metadata())
+        return self._to_record(*self._capture())
 
     async def to_record_async(self, backend: Any = None) -> GradientsParamsRecord:
         """``try_to_record`` without blocking the event loop: device reads run in a thread.
@@ -224,9 +231,8 @@ class GradientsParams:
         The capture (the point in time) happens before the first await.
         """
         self._check_backend(backend)
-        captured = self._capture()
-        metadata = self._metadata()
-        if all(isinstance(data, np.ndarray) for _, _, data in captured):
+        captured, metadata = self._capture()
+        if metadata["device"] == "cpu":  # host arrays: nothing to read, nothing to wait for
             return self._to_record(captured, metadata)
         return await asyncio.to_thread(self._to_record, captured, metadata)
 

@@ -70,19 +70,22 @@ class GradientRecordEntry:
         cls, param_id: ParamId | str, name: str, array: np.ndarray
     ) -> GradientRecordEntry:
         """An entry holding ``array`` (copied only if it is not C-contiguous little-endian)."""
-        host = np.asarray(array)
-        dtype_name = _dtype_name(host.dtype)
+        # called once per gradient while the trainer waits: keep it lean
+        host = array if type(array) is np.ndarray else np.asarray(array)
+        dtype = host.dtype
+        dtype_name = _NAME_OF.get(dtype)
         if dtype_name is None:
             raise DtypeMismatchError(
-                f"gradient for param {param_id} ({name!r}) has dtype {host.dtype}; "
+                f"gradient for param {param_id} ({name!r}) has dtype {dtype}; "
                 f"supported: {', '.join(SUPPORTED_DTYPES)}"
             )
-        if not host.flags.c_contiguous or host.dtype.byteorder == ">":
-            host = np.require(host, dtype=_little_endian(host.dtype), requirements="C")
+        if not host.flags.c_contiguous or dtype.byteorder == ">":
+            host = np.require(host, dtype=_little_endian(dtype), requirements="C")
         # a read-only view: the caller's array stays writable, the record's does not
         host = host.view()
-        host.flags.writeable = False
-        return cls(as_param_id(param_id), name, dtype_name, host.shape, host)
+        host.setflags(write=False)
+        pid = param_id if type(param_id) is ParamId else as_param_id(param_id)
+        return cls(pid, name, dtype_name, host.shape, host)
 
     @classmethod
     def from_bytes(

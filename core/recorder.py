@@ -139,8 +139,8 @@ class Recorder:
         self._check(run, step)
         with self._lock:
             self._reserve(block=True)
-            record, device = _capture(grads)
-            return self._launch(record, run, step, tags, device)
+            record = _as_record(grads)
+            return self._launch(record, run, step, tags, str(record.metadata.get("device", "cpu")))
 
     async def snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str,
                        step: int, tags: Mapping[str, str] | None = None) -> SnapshotInfo:
@@ -152,10 +152,10 @@ class Recorder:
                 self._reserve(block=False)
             await asyncio.wrap_future(previous)
         if isinstance(grads, GradientsParams):
-            device = _device_of(grads)
             record = await grads.to_record_async()
         else:
-            record, device = grads, str(grads.metadata.get("device", "cpu"))
+            record = _as_record(grads)
+        device = str(record.metadata.get("device", "cpu"))
         with self._lock:
             handle = self._launch(record, run, step, tags, device)
         return await handle
@@ -232,17 +232,13 @@ class Recorder:
         self.close()
 
 
-def _device_of(grads: GradientsParams) -> str:
-    devices = sorted({str(grads.get(pid).device) for pid in grads})
-    return devices[0] if len(devices) == 1 else ",".join(devices) or "cpu"
-
-
-def _capture(grads: GradientsParams | GradientsParamsRecord) -> tuple[GradientsParamsRecord, str]:
+def _as_record(grads: GradientsParams | GradientsParamsRecord) -> GradientsParamsRecord:
+    """``grads`` captured as a record (a record is taken as it is)."""
     if isinstance(grads, GradientsParamsRecord):
-        return grads, str(grads.metadata.get("device", "cpu"))
+        return grads
     if not isinstance(grads, GradientsParams):
         raise TypeError(f"expected GradientsParams or a record; got {type(grads).__name__}")
-    return grads.try_to_record(), _device_of(grads)
+    return grads.try_to_record()
 
 
 class SyncRecorder:
