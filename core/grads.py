@@ -193,9 +193,9 @@ class GradientsParams:
         for pid, grad in self._grads.items():
             data = grad._data
             if grad._base is not None or grad._version_box[2]:
-                data = data.copy()  # views may write to this storage behind the flag
+                data = data.copy()  # views made earlier may write to this storage
             else:
-                grad._cow = True
+                grad._cow = True  # views and aliases made later copy first (Tensor._unshare)
             on_host = on_host and type(data) is np.ndarray
             captured.append((pid, names.get(pid, ""), data))
         if on_host:
@@ -323,9 +323,10 @@ class GradientsAccumulator:
                 continue
             current = self._sum.get(param.id)
             if current is None:
-                # share the buffer until the first addition moves the sum to its own
+                # share the buffer until the first write to either side moves that side off
                 alias = Tensor._make(grad._data)
                 alias._cow = True
+                grad._cow = True
                 self._sum.register(param.id, alias, name=name)
             else:
                 if current.shape != grad.shape:

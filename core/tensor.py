@@ -78,7 +78,8 @@ class Tensor:
         t._requires_grad = requires_grad
         t._grad = None
         t.grad_fn = grad_fn
-        t._version_box = [0, None, False]  # version, last in-place op, has views
+        # shared with views: version, last in-place op, has views, has views in a graph
+        t._version_box = [0, None, False, False]
         t._hooks = []
         t._inference = _state.inference
         t._base = None
@@ -174,6 +175,7 @@ class Tensor:
     # ------------------------------------------------------------------ graph helpers
     def detach(self) -> Tensor:
         """A tensor sharing the storage and version counter, outside the graph."""
+        self._unshare()
         out = Tensor._make(self._data)
         out._version_box = self._version_box
         out._base = self if self._base is None else self._base
@@ -232,6 +234,7 @@ class Tensor:
             raise AutogradError(
                 "can't call numpy() on a tensor that requires grad; use tensor.detach().numpy()"
             )
+        self._unshare()  # the caller may write through the array: never into a snapshot
         return backend.to_host(self._data)
 
     def item(self) -> Any:
@@ -322,15 +325,23 @@ class Tensor:
         return "tensor(" + ", ".join([body, *extra]) + ")"
 
     # ------------------------------------------------------------------ in-place machinery
+    def _unshare(self) -> None:
+        """Give this tensor its own buffer if a snapshot or another tensor still reads it.
+
+        Called before any write and before a view or alias of the buffer is handed out, so
+        that neither can reach the buffer a snapshot holds (copy-on-write).
+        """
+        if self._cow:
+            self._data = self._data.copy()
+            self._cow = False
+
     def _prepare_write(self, op: str) -> None:
         if self._inference and not _state.inference:
             raise AutogradError(
                 f"in-place update ({op}) of an inference tensor outside inference_mode is not "
                 "allowed"
             )
-        if self._cow:  # a snapshot (or another tensor) still reads this buffer: copy first
-            self._data = self._data.copy()
-            self._cow = False
+        self._unshare()
 
     def _bump(self, op: str) -> None:
         self._version_box[0] += 1
@@ -353,11 +364,20 @@ class Tensor:
                     f"in-place operation ({op}) on a view of a tensor that requires grad is "
                     "not supported; use the out-of-place op"
                 )
+            if self._version_box[3]:
+                raise AutogradError(
+                    f"in-place operation ({op}) on a tensor whose views are part of the "
+                    "autograd graph is not supported (their gradients would be wrong); use "
+                    "the out-of-place op"
+                )
             previous = Tensor._make(self._data.copy(), self.requires_grad, self.grad_fn)
             result = out_of_place(previous)
             self._prepare_write(op)
             self._data[...] = result._data
-            self.grad_fn = result.grad_fn
+            old_node, self.grad_fn = self.grad_fn, result.grad_fn
+            if old_node is not None and old_node.retained is not None \
+                    and old_node.retained() is self:
+                self.grad_fn.retained = old_node.retained  # retain_grad follows the tensor
             self._requires_grad = True
         else:
             with _no_grad_block():
@@ -368,9 +388,15 @@ class Tensor:
         return self
 
     def _accumulate_(self, array: Any) -> None:
-        """``self += array`` for gradient accumulation, honouring copy-on-write."""
+        """``self += array`` for gradient accumulation, honouring copy-on-write.
+
+        A shared buffer is not copied first: the sum goes straight into a new one (one pass
+        over the bytes, as an in-place add), keeping this tensor's dtype.
+        """
         if self._cow:
-            self._data = self._data + array
+            total = backend.xp_of(self._data).empty_like(self._data)
+            backend.xp_of(self._data).add(self._data, array, out=total)
+            self._data = total
             self._cow = False
         else:
             self._data += array

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import AutogradError
-from .engine import run_backward
+from .engine import _accumulate_into, run_backward
 from .function import Context, Function
 from .grad_mode import (
     enable_grad,
@@ -114,10 +114,14 @@ def backward(
     prepared = _seeds(outputs, grad_tensors, "grad_tensors")
     if retain_graph is None:
         retain_graph = create_graph
-    _, delivered = run_backward(
+    targets = list(_as_tuple(inputs)) if inputs is not None else None
+    captured, delivered = run_backward(
         list(outputs), prepared, retain_graph=retain_graph, create_graph=create_graph,
-        capture=list(_as_tuple(inputs)) if inputs is not None else None,
+        capture=targets,
     )
+    for t in targets or ():  # non-leaf inputs get their .grad too, as in PyTorch
+        if t.grad_fn is not None and t.grad_fn in captured:
+            _accumulate_into(t, captured[t.grad_fn], create_graph)
     return Gradients(delivered.values())
 
 

@@ -29,9 +29,6 @@ def is_inference_mode_enabled() -> bool:
     return _state.inference
 
 
-def set_grad_enabled(mode: bool) -> None:
-    """Turn graph recording on or off for this thread."""
-    _state.grad_enabled = bool(mode)
 
 
 class _Mode:
@@ -97,4 +94,25 @@ class inference_mode(_Mode):  # noqa: N801 - PyTorch's name
         if self.mode:
             _state.grad_enabled = False
             _state.inference = True
+        else:  # inference_mode(False) inside inference_mode turns it off, as in PyTorch
+            _state.inference = False
+            _state.grad_enabled = True
         return self._saved
+
+
+class set_grad_enabled(_Mode):  # noqa: N801 - PyTorch's name
+    """Turn graph recording on or off: at once when called, restored on leaving a ``with``."""
+
+    def __init__(self, mode: bool) -> None:
+        self.mode = bool(mode)
+        self._before = (_state.grad_enabled, _state.inference)
+        _state.grad_enabled = self.mode
+
+    def _args(self) -> tuple[Any, ...]:
+        return (self.mode,)
+
+    def __enter__(self) -> None:
+        self._saved = self._before
+
+    def __exit__(self, *exc: object) -> None:
+        _state.grad_enabled, _state.inference = self._saved

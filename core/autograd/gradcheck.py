@@ -20,12 +20,15 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
 
 
 def _prepare(inputs: Any) -> tuple[Any, ...]:
+    from .. import backend  # noqa: PLC0415
     from ..tensor import Tensor, float64  # noqa: PLC0415
 
     prepared = []
     for t in _as_tuple(inputs):
         if isinstance(t, Tensor) and t.dtype.kind == "f":
-            copy = Tensor._make(t._data.astype(float64))
+            # C-contiguous, so that perturbing the flat view perturbs the input itself
+            xp = backend.xp_of(t._data)
+            copy = Tensor._make(xp.array(t._data, dtype=float64, order="C", copy=True))
             copy.requires_grad_(t.requires_grad)
             prepared.append(copy)
         else:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd.function import Context, Function
-from ..tensor import Tensor
+from ..tensor import DEFAULT_FLOAT, Tensor
 from ._common import as_tensor_like, constant, xp
 
 
@@ -88,7 +88,9 @@ class Pow(Function):
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
         a, b, out = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad
-        grad_a = g * b * a ** (b - 1) if need_a else None
+        grad_a = None
+        if need_a:  # b * a**(b-1), taken as 0 where b == 0 (PyTorch's rule, also at a == 0)
+            grad_a = where(b == 0, as_tensor_like(0, g), g * b * a ** (b - 1))
         grad_b = None
         if need_b:  # d/db a**b = a**b log a; PyTorch takes 0 where a == 0 and b >= 0
             safe = where(a == 0, as_tensor_like(1, a), a)
@@ -272,11 +274,38 @@ class Where(Function):
 
 
 # ---------------------------------------------------------------------- functional API
-def _binary(fn: type[Function], a: Any, b: Any) -> Tensor:
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
+
+
+def _result_dtype(a: Tensor, b: Tensor) -> np.dtype:
+    """PyTorch's type promotion: a 0-d operand only decides when its category is higher.
+
+    ``float16 * tensor(2.0, dtype=float64)`` stays float16; ``int64 * 2.5`` is float32
+    (the Python number arrives as a 0-d float32); two operands of the same rank promote
+    as NumPy does.
+    """
+    if a.dtype == b.dtype:
+        return a.dtype
+    if (a.ndim == 0) != (b.ndim == 0):
+        sized, zero = (b, a) if a.ndim == 0 else (a, b)
+        if _CATEGORY[sized.dtype.kind] >= _CATEGORY[zero.dtype.kind]:
+            return sized.dtype
+        return zero.dtype
+    return np.result_type(a.dtype, b.dtype)
+
+
+def _binary(fn: type[Function], a: Any, b: Any, *, true_division: bool = False) -> Tensor:
     if not isinstance(a, Tensor):
         a = as_tensor_like(a, b)
     elif not isinstance(b, Tensor):
         b = as_tensor_like(b, a)
+    target = _result_dtype(a, b)
+    if true_division and target.kind != "f":
+        target = DEFAULT_FLOAT  # int / int is a float32 tensor, as in PyTorch
+    if a.dtype != target:
+        a = a.to(dtype=target)
+    if b.dtype != target:
+        b = b.to(dtype=target)
     return fn.apply(a, b)
 
 
@@ -293,7 +322,7 @@ def mul(a: Any, b: Any) -> Tensor:
 
 
 def div(a: Any, b: Any) -> Tensor:
-    return _binary(Div, a, b)
+    return _binary(Div, a, b, true_division=True)
 
 
 def neg(a: Tensor) -> Tensor:

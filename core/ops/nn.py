@@ -98,6 +98,8 @@ def _reduce(loss: Tensor, reduction: str, count: Any = None) -> Tensor:
     if reduction == "sum":
         return sum(loss)
     if reduction == "mean":
+        if count == 0:  # every target ignored: the loss is NaN, the gradient zero (PyTorch)
+            return sum(loss) * 0 + float("nan")
         return mean(loss) if count is None else sum(loss) / count
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none'; got {reduction!r}")
 

@@ -119,9 +119,10 @@ def var(a: Tensor, dim: Any = None, *, correction: int = 1, unbiased: bool | Non
     return sum(centered * centered, dims, keepdim) / (count - correction)
 
 
-def std(a: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False) -> Tensor:
+def std(a: Tensor, dim: Any = None, *, correction: int = 1, unbiased: bool | None = None,
+        keepdim: bool = False) -> Tensor:
     """Standard deviation: ``var(...).sqrt()``."""
-    return var(a, dim, correction=correction, keepdim=keepdim).sqrt()
+    return var(a, dim, correction=correction, unbiased=unbiased, keepdim=keepdim).sqrt()
 
 
 def argmax(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:

@@ -19,6 +19,8 @@ def _as_view(out: Tensor, base: Tensor) -> Tensor:
             else False:
         out._version_box = base._version_box
         base._version_box[2] = True
+        if out.requires_grad:
+            base._version_box[3] = True
         out._base = base if base._base is None else base._base
     return out
 
@@ -154,6 +156,7 @@ def reshape(a: Tensor, *shape: Any) -> Tensor:
     shape = tuple(int(n) for n in shape)
     if shape == a.shape:
         return a
+    a._unshare()
     return _as_view(Reshape.apply(a, shape), a)
 
 
@@ -167,6 +170,7 @@ def permute(a: Tensor, *dims: Any) -> Tensor:
     dims = tuple(int(d) % max(a.ndim, 1) for d in dims)
     if sorted(dims) != list(range(a.ndim)):
         raise ValueError(f"permute dims {dims} are not a permutation of {a.ndim} dims")
+    a._unshare()
     return _as_view(Permute.apply(a, dims), a)
 
 
@@ -217,8 +221,10 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 def getitem(a: Tensor, index: Any) -> Tensor:
     """``a[index]`` with NumPy/PyTorch indexing; differentiable (repeated indices sum)."""
     index = _index_arrays(index, xp(a))
-    out = Index.apply(a, index)
-    return _as_view(out, a) if _is_basic(index) else out
+    if _is_basic(index):
+        a._unshare()
+        return _as_view(Index.apply(a, index), a)
+    return Index.apply(a, index)
 
 
 def index_put(a: Tensor, index: Any, value: Any) -> Tensor:
