@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import threading
 from collections.abc import Coroutine, Generator, Mapping
 from typing import Any, Literal, TypeVar
 
 from . import backend
-from .errors import RecorderError, SnapshotBusyError
+from .errors import GradvaultError, RecorderError, SnapshotBusyError
 from .grads import GradientsParams
 from .record import GradientsParamsRecord
 from .store import SnapshotInfo, SnapshotStore, open_store
 
 T = TypeVar("T")
+_log = logging.getLogger("gradvault.recorder")
 BusyPolicy = Literal["wait", "reject"]
 
 
@@ -75,7 +77,7 @@ class Recorder:
         self._thread = threading.Thread(target=self._loop.run_forever, name="gradvault-recorder",
                                         daemon=True)
         self._thread.start()
-        self._inflight: concurrent.futures.Future[SnapshotInfo] | None = None
+        self._inflight: set[concurrent.futures.Future[SnapshotInfo]] = set()
         self._lock = threading.Lock()
         self._closed = False
         self.sync = SyncRecorder(self)
@@ -96,32 +98,6 @@ class Recorder:
         return await asyncio.wrap_future(self._submit(coro))
 
     # ------------------------------------------------------------------ snapshots
-    def _reserve(self, block: bool) -> None:
-        previous = self._inflight
-        if previous is None or previous.done():
-            return
-        if self.on_busy == "reject":
-            raise SnapshotBusyError(
-                "a snapshot is still committing and this recorder rejects new ones while busy "
-                "(on_busy='reject'); wait for its handle or use on_busy='wait'"
-            )
-        if block:
-            concurrent.futures.wait([previous])
-
-    def _launch(self, record: GradientsParamsRecord, run: str, step: int,
-                tags: Mapping[str, str] | None, device: str) -> SnapshotHandle:
-        async def commit() -> SnapshotInfo:
-            store = self._get_store()
-            info = await store.write_snapshot(record, run=run, step=step, tags=dict(tags or {}),
-                                              device=device, compression=self.compression)
-            if self.keep_last is not None or self.keep_every is not None:
-                await store.apply_retention(self.keep_last, self.keep_every, run=run)
-            return info
-
-        future = self._submit(commit())
-        self._inflight = future
-        return SnapshotHandle(future, record.nbytes, len(record))
-
     @staticmethod
     def _check(run: str, step: int) -> None:
         if not isinstance(run, str) or not run:
@@ -129,36 +105,74 @@ class Recorder:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int; got {step!r}")
 
+    def _try_launch(self, grads: GradientsParams | GradientsParamsRecord, run: str, step: int,
+                    tags: Mapping[str, str] | None
+                    ) -> SnapshotHandle | list[concurrent.futures.Future[SnapshotInfo]]:
+        """Capture and launch the commit, or return the snapshots still in flight.
+
+        One snapshot commits at a time: that bounds the memory a recorder holds and keeps
+        snapshots in the order they were taken.
+        """
+        with self._lock:
+            if self._closed:
+                raise RecorderError("the recorder is closed")
+            busy = [future for future in self._inflight if not future.done()]
+            if busy:
+                if self.on_busy == "reject":
+                    raise SnapshotBusyError(
+                        "a snapshot is still committing and this recorder rejects new ones "
+                        "while busy (on_busy='reject'); wait for its handle or use "
+                        "on_busy='wait'"
+                    )
+                return busy
+            captured, metadata = _capture(grads)
+            future = self._submit(self._commit(captured, metadata, run, step, dict(tags or {})))
+            self._inflight.add(future)
+            future.add_done_callback(self._inflight.discard)
+            nbytes = sum(int(data.nbytes) for _, _, data in captured)
+            return SnapshotHandle(future, nbytes, len(captured))
+
+    async def _commit(self, captured: list[tuple[Any, str, Any]], metadata: dict[str, Any],
+                      run: str, step: int, tags: dict[str, str]) -> SnapshotInfo:
+        if metadata.get("device") == "cpu":
+            record = GradientsParams._to_record(captured, metadata)
+        else:  # device-to-host copies, off the recorder's loop
+            record = await asyncio.to_thread(GradientsParams._to_record, captured, metadata)
+        store = self._get_store()
+        info = await store.write_snapshot(record, run=run, step=step, tags=tags,
+                                          device=str(metadata.get("device", "cpu")),
+                                          compression=self.compression)
+        if self.keep_last is not None or self.keep_every is not None:
+            try:
+                await store.apply_retention(self.keep_last, self.keep_every, run=run)
+            except (GradvaultError, OSError) as error:  # the snapshot itself is committed
+                _log.warning("snapshot %s committed; retention failed: %s", info.id, error)
+        return info
+
     def start_snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str,
                        step: int, tags: Mapping[str, str] | None = None) -> SnapshotHandle:
         """Capture ``grads`` now and commit them in the background; returns once capture is safe.
 
         Nothing training does after this returns changes what is written. With
-        ``on_busy="wait"`` this blocks while a previous snapshot is still committing.
+        ``on_busy="wait"`` this blocks while a previous snapshot is still committing (in
+        async code, ``await recorder.snapshot(...)`` waits without blocking the loop).
         """
         self._check(run, step)
-        with self._lock:
-            self._reserve(block=True)
-            record = _as_record(grads)
-            return self._launch(record, run, step, tags, str(record.metadata.get("device", "cpu")))
+        while True:
+            launched = self._try_launch(grads, run, step, tags)
+            if isinstance(launched, SnapshotHandle):
+                return launched
+            concurrent.futures.wait(launched)
 
     async def snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str,
                        step: int, tags: Mapping[str, str] | None = None) -> SnapshotInfo:
         """Capture and commit ``grads``; returns the committed snapshot's info."""
         self._check(run, step)
-        previous = self._inflight
-        if previous is not None and not previous.done():
-            if self.on_busy == "reject":
-                self._reserve(block=False)
-            await asyncio.wrap_future(previous)
-        if isinstance(grads, GradientsParams):
-            record = await grads.to_record_async()
-        else:
-            record = _as_record(grads)
-        device = str(record.metadata.get("device", "cpu"))
-        with self._lock:
-            handle = self._launch(record, run, step, tags, device)
-        return await handle
+        while True:
+            launched = self._try_launch(grads, run, step, tags)
+            if isinstance(launched, SnapshotHandle):
+                return await launched
+            await asyncio.wait([asyncio.wrap_future(future) for future in launched])
 
     # ------------------------------------------------------------------ reads
     async def restore(self, snapshot_id: str, device: backend.Device | str = "cpu", *,
@@ -206,15 +220,15 @@ class Recorder:
         await asyncio.to_thread(self.close)
 
     def close(self) -> None:
-        """Blocking form of ``aclose``."""
-        if self._closed:
-            return
-        inflight = self._inflight
-        if inflight is not None:
-            concurrent.futures.wait([inflight])
+        """Blocking form of ``aclose``: no new snapshot starts; those in flight commit."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._inflight)
+        concurrent.futures.wait(pending)
         if self._store is not None:
             asyncio.run_coroutine_threadsafe(self._store.close(), self._loop).result()
-        self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
@@ -232,13 +246,15 @@ class Recorder:
         self.close()
 
 
-def _as_record(grads: GradientsParams | GradientsParamsRecord) -> GradientsParamsRecord:
-    """``grads`` captured as a record (a record is taken as it is)."""
+def _capture(grads: GradientsParams | GradientsParamsRecord
+             ) -> tuple[list[tuple[Any, str, Any]], dict[str, Any]]:
+    """The point-in-time capture of ``grads`` (copy-on-write; a record is taken as it is)."""
     if isinstance(grads, GradientsParamsRecord):
-        return grads
+        captured = [(e.param_id, e.name, e.array) for e in grads]
+        return captured, {**grads.metadata, "device": str(grads.metadata.get("device", "cpu"))}
     if not isinstance(grads, GradientsParams):
         raise TypeError(f"expected GradientsParams or a record; got {type(grads).__name__}")
-    return grads.try_to_record()
+    return grads._capture()
 
 
 class SyncRecorder:

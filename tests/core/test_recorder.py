@@ -154,3 +154,49 @@ def test_snapshot_arguments_are_checked(recorder_factory) -> None:
         recorder.start_snapshot(_grads(0, [(1,)]), run="", step=0)
     with pytest.raises(ValueError, match="step"):
         recorder.start_snapshot(_grads(0, [(1,)]), run="x", step=-1)
+
+
+async def test_concurrent_async_snapshots_commit_one_at_a_time(recorder_factory) -> None:
+    recorder = recorder_factory(on_busy="wait")
+    sets = [_grads(10 + i, [(256, 512)] * 4) for i in range(3)]
+    infos = await asyncio.gather(*(recorder.snapshot(g, run="many", step=i)
+                                   for i, g in enumerate(sets)))
+    assert len({info.id for info in infos}) == 3
+    for info, grads in zip(infos, sets, strict=True):
+        assert _bytes(await recorder.restore(info.id)) == _bytes(grads)
+
+
+async def test_aclose_waits_for_every_snapshot_in_flight(recorder_factory) -> None:
+    recorder = recorder_factory(on_busy="wait")
+    tasks = [asyncio.ensure_future(recorder.snapshot(_grads(20 + i, [(512, 512)] * 4),
+                                                     run="close", step=i)) for i in range(3)]
+    await asyncio.sleep(0)
+    await recorder.aclose()
+    infos = await asyncio.gather(*tasks, return_exceptions=True)
+    committed = [i for i in infos if not isinstance(i, BaseException)]
+    refused = [i for i in infos if isinstance(i, BaseException)]
+    assert committed  # the first was in flight and committed
+    assert all(isinstance(error, RecorderError) and "closed" in str(error) for error in refused)
+
+
+def test_a_closed_recorder_refuses_new_work(recorder_factory) -> None:
+    recorder = recorder_factory()
+    recorder.close()
+    with pytest.raises(RecorderError, match="closed"):
+        recorder.start_snapshot(_grads(0, [(2,)]), run="x", step=0)
+    with pytest.raises(RecorderError, match="closed"):
+        recorder.sync.list()
+
+
+def test_a_failing_retention_does_not_hide_the_commit(recorder_factory, caplog) -> None:
+    recorder = recorder_factory(keep_last=1)
+    store = recorder._get_store()
+
+    async def broken(*args: object, **kwargs: object) -> list[str]:
+        raise gv.StoreUnavailableError("delete failed (injected)")
+
+    store.apply_retention = broken  # unit-level fault injection
+    with caplog.at_level("WARNING", logger="gradvault.recorder"):
+        info = recorder.sync.snapshot(_grads(1, [(3,)]), run="keep", step=0)
+    assert [s.id for s in recorder.sync.list()] == [info.id]
+    assert "retention failed" in caplog.text and "injected" in caplog.text
