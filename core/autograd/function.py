@@ -139,7 +139,10 @@ class Function:
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Tensor:
-        """Run forward; record a node when grad mode is on and an input requires grad."""
+        """Run forward; record a node when grad mode is on and an input requires grad.
+
+        Like PyTorch, ops produce inf and nan silently (NumPy's warnings are off inside).
+        """
         from ..tensor import Tensor, _leaf_node  # noqa: PLC0415 - circular at import time
 
         tensor_inputs = [a for a in args if isinstance(a, Tensor)]
@@ -159,7 +162,8 @@ class Function:
             node = Node(cls, cls.__name__ + "Backward")
             ctx = Context(node)
             ctx.needs_input_grad = tuple(t.requires_grad for t in tensor_inputs)
-            data = _as_array(cls.forward(ctx, *args, **kwargs))
+            with np.errstate(all="ignore"):
+                data = _as_array(cls.forward(ctx, *args, **kwargs))
             node.ctx = ctx
             node.next_nodes = tuple(
                 (t.grad_fn if t.grad_fn is not None else _leaf_node(t)) if t.requires_grad else None
@@ -170,7 +174,8 @@ class Function:
             if node.saves_output:
                 ctx._saved = ctx._saved + ((out, out._version_box[0]),)
             return out
-        data = _as_array(cls.forward(_FreeContext(), *args, **kwargs))
+        with np.errstate(all="ignore"):
+            data = _as_array(cls.forward(_FreeContext(), *args, **kwargs))
         return Tensor._make(data)
 
 

@@ -31,8 +31,7 @@ class Linear(Module):
         self.bias = _uniform((out_features,), bound, dtype, device) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        out = x @ self.weight.mT
-        return out + self.bias if self.bias is not None else out
+        return ops.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -29,7 +29,7 @@ from .elementwise import (
     tanh,
     where,
 )
-from .nn import cross_entropy, log_softmax, matmul, mse_loss, softmax
+from .nn import cross_entropy, linear, log_softmax, matmul, mse_loss, softmax
 from .reduction import ValuesIndices, argmax, max, mean, min, std, sum, var
 from .shape import (
     cat,
@@ -141,7 +141,8 @@ install_methods(Tensor)
 
 __all__ = [
     "ValuesIndices", "abs", "add", "argmax", "cat", "clamp", "clone", "cross_entropy", "div",
-    "erf", "exp", "expand", "flatten", "gelu", "getitem", "index_put", "log", "log_softmax",
+    "erf", "exp", "expand", "flatten", "gelu", "getitem", "index_put", "linear", "log",
+    "log_softmax",
     "logical_and", "logical_or", "matmul", "max", "mean", "min", "mse_loss", "mul", "neg",
     "permute", "pow", "relu", "reshape", "sigmoid", "softmax", "sqrt", "squeeze", "stack",
     "std", "sub", "sum", "tanh", "transpose", "unsqueeze", "var", "view", "where",

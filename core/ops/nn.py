@@ -44,6 +44,37 @@ class Matmul(Function):
         return grad_a, grad_b
 
 
+class Linear(Function):
+    """``x @ weight.T + bias`` in one op, with each gradient computed in its own layout.
+
+    ``grad_weight = g.T @ x`` comes out (out_features, in_features) and contiguous, as
+    PyTorch's addmm does, rather than as a transposed view that would need a copy.
+    """
+
+    @staticmethod
+    def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Any:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        out = xp(x).matmul(x._data, weight._data.T)
+        if bias is not None:
+            out += bias._data
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad_x = g @ weight if needs[0] else None
+        grad_weight = grad_bias = None
+        if needs[1]:
+            flat_g = reshape(g, (-1, g.shape[-1]))
+            flat_x = reshape(x, (-1, x.shape[-1]))
+            grad_weight = _swap(flat_g) @ flat_x
+        if ctx.has_bias and needs[2]:
+            grad_bias = sum(reshape(g, (-1, g.shape[-1])), 0)
+        return (grad_x, grad_weight, grad_bias) if ctx.has_bias else (grad_x, grad_weight)
+
+
 class Softmax(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, dim: int) -> Any:
@@ -80,6 +111,22 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul needs tensors of at least one dimension; use * for scalars")
     return Matmul.apply(a, b)
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
+    """``input @ weight.T + bias`` (PyTorch's ``F.linear``)."""
+    if input.ndim == 0 or weight.ndim != 2:
+        raise ValueError(
+            f"linear needs an input of at least 1 dim and a 2-d weight; got {input.shape} and "
+            f"{weight.shape}"
+        )
+    if input.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"linear: input has {input.shape[-1]} features; weight expects {weight.shape[1]}"
+        )
+    if bias is None:
+        return Linear.apply(input, weight)
+    return Linear.apply(input, weight, bias)
 
 
 def softmax(a: Tensor, dim: int) -> Tensor:
