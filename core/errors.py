@@ -7,6 +7,7 @@ what was found, naming the parameter::
     ├── AutogradError (RuntimeError)          misuse of the autodiff engine
     │   └── InplaceModificationError          a saved tensor was changed in place
     ├── DeviceError (ValueError)              unknown device, or a backend that is not installed
+    ├── InvalidParamIdError (ValueError)      text (or an int) that is not a ParamId
     └── RecorderError                         records, the store and the recorder
         ├── BackendMismatchError              record asked for on another backend
         ├── MissingGradientError (KeyError)   a gradient the caller needs is absent
@@ -43,6 +44,10 @@ class InplaceModificationError(AutogradError):
 
 class DeviceError(GradvaultError, ValueError):
     """An unknown device string, or a device whose backend is not installed."""
+
+
+class InvalidParamIdError(GradvaultError, ValueError):
+    """Text that is not a ParamId (16 lowercase hex digits), or an int outside [0, 2**64)."""
 
 
 class RecorderError(GradvaultError):
@@ -111,6 +116,7 @@ __all__ = [
     "FormatVersionError",
     "GradvaultError",
     "InplaceModificationError",
+    "InvalidParamIdError",
     "InvalidSnapshotIdError",
     "MissingGradientError",
     "ParamIdMismatchError",

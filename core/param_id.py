@@ -6,6 +6,8 @@ import re
 import secrets
 from functools import total_ordering
 
+from .errors import InvalidParamIdError
+
 _TEXT = re.compile(r"[0-9a-f]{16}")
 
 
@@ -22,14 +24,16 @@ class ParamId:
         if value is None:
             value = secrets.randbits(64)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
-            raise ValueError(f"ParamId value must be an int in [0, 2**64); got {value!r}")
+            raise InvalidParamIdError(f"a ParamId value is an int in [0, 2**64); got {value!r}")
         self._value = value
 
     @classmethod
     def parse(cls, text: str) -> ParamId:
-        """The ParamId whose text form is ``text``; ValueError names what is wrong."""
+        """The ParamId whose text form is ``text``; InvalidParamIdError (a ValueError) if none."""
         if not isinstance(text, str) or not _TEXT.fullmatch(text):
-            raise ValueError(f"a ParamId is 16 lowercase hex digits; got {text!r}")
+            raise InvalidParamIdError(
+                f"a ParamId is 16 lowercase hex digits (e.g. '9f3c0a1b2c3d4e5f'); got {text!r}"
+            )
         return cls(int(text, 16))
 
     @property

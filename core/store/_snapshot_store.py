@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -55,6 +56,8 @@ from ._format import (
 )
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, PackedGradients, SnapshotInfo, build_manifest, pack
+
+_log = logging.getLogger("gradvault.store")
 
 #: Chunks at least this big are checked and decoded in a thread rather than on the loop.
 _THREAD_DECODE_BYTES = 256 * 1024
@@ -291,27 +294,31 @@ class SnapshotStore:
             raise SnapshotNotFoundError(
                 f"no committed snapshot {snapshot_id} in store {self.location}"
             ) from None
-        try:
-            if len(raw) > _THREAD_DECODE_BYTES:
-                document = await self._threads.run(json.loads, bytes(raw))
-            else:
+
+        def parse() -> Manifest:
+            try:
                 document = json.loads(bytes(raw))
-            manifest = document["attributes"]["gradvault"]
-            version = manifest.get("format_version")
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise FormatVersionError(
-                f"snapshot {snapshot_id}: its zarr.json has no gradvault manifest ({error!r})"
-            ) from None
-        if version != STORE_FORMAT_VERSION:
-            raise FormatVersionError(
-                f"snapshot {snapshot_id} has store format version {version!r}; this release "
-                f"reads version {STORE_FORMAT_VERSION}"
-            )
-        parsed = Manifest(manifest)
+                manifest = document["attributes"]["gradvault"]
+                version = manifest.get("format_version")
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                raise FormatVersionError(
+                    f"snapshot {snapshot_id}: its zarr.json has no gradvault manifest ({error!r})"
+                ) from None
+            if type(version) is not int or version != STORE_FORMAT_VERSION:
+                raise FormatVersionError(
+                    f"snapshot {snapshot_id} has store format version {version!r}; this "
+                    f"release reads version {STORE_FORMAT_VERSION}"
+                )
+            return Manifest(manifest, snapshot_id)  # validated: FormatVersionError if malformed
+
+        if len(raw) > _THREAD_DECODE_BYTES:
+            parsed = await self._threads.run(parse)
+        else:
+            parsed = parse()
         self._manifests[snapshot_id] = parsed
         if len(self._manifests) > _MANIFEST_CACHE_SIZE:
             self._manifests.popitem(last=False)
-        self._infos[snapshot_id] = SnapshotInfo.from_manifest(manifest)
+        self._infos[snapshot_id] = SnapshotInfo.from_manifest(parsed.document)
         return parsed
 
     def _forget(self, snapshot_id: str) -> None:
@@ -505,7 +512,11 @@ class SnapshotStore:
         step_min: int | None = None,
         step_max: int | None = None,
     ) -> list[SnapshotInfo]:
-        """Committed snapshots, newest first, filtered by run and inclusive step range."""
+        """Committed snapshots, newest first, filtered by run and inclusive step range.
+
+        A snapshot whose manifest is malformed or of another format version is left out;
+        ``info`` and ``read_snapshot`` of it raise FormatVersionError saying what is wrong.
+        """
         ids = await self._backend.committed_ids()
         slots = asyncio.Semaphore(self.max_concurrency)
 
@@ -515,6 +526,10 @@ class SnapshotStore:
                     await self._load_manifest(snapshot_id)
                 except SnapshotNotFoundError:
                     pass  # deleted since the listing
+                except FormatVersionError as error:
+                    # unreadable: left out of listings, explained by info() and reads
+                    _log.warning("store %s: snapshot %s is not listed: %s",
+                                 self.location, snapshot_id, error)
 
         await asyncio.gather(*(load(i) for i in ids if i not in self._infos))
         found = [self._infos[i] for i in ids if i in self._infos]

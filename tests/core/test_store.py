@@ -20,6 +20,7 @@ from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 import gradvault.core.store as store_package
 from gradvault.core.errors import (
     ChecksumMismatchError,
+    InvalidParamIdError,
     InvalidSnapshotIdError,
     MissingGradientError,
     SnapshotNotFoundError,
@@ -136,8 +137,11 @@ async def test_bad_ids_are_rejected_before_any_io(tmp_path: Path) -> None:
     ):
         with pytest.raises(InvalidSnapshotIdError):
             await call
-    with pytest.raises(ValueError):
-        await store.read_gradient(new_snapshot_id(), "../../etc")
+    for bad_param in ("../../etc", "zz", "0123456789ABCDEF", None):
+        with pytest.raises(InvalidParamIdError) as caught:
+            await store.read_gradient(new_snapshot_id(), bad_param)  # type: ignore[arg-type]
+        assert isinstance(caught.value, ValueError)
+        assert repr(bad_param) in str(caught.value) and "16 lowercase hex" in str(caught.value)
     assert not root.exists()
     await store.close()
 
