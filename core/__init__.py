@@ -26,6 +26,21 @@ from .errors import (
     SnapshotNotFoundError,
     StoreUnavailableError,
 )
+from .factories import (
+    arange,
+    full,
+    full_like,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randn,
+    randn_like,
+    tensor,
+    zeros,
+    zeros_like,
+)
 from .grads import GradientsAccumulator, GradientsParams
 from .nn import (
     GELU,
@@ -77,28 +92,7 @@ from .param_id import ParamId
 from .record import GradientRecordEntry, GradientsParamsRecord
 from .recorder import Recorder, SnapshotHandle, SyncRecorder
 from .store import SnapshotInfo, SnapshotStore, open_store
-from .tensor import (
-    Tensor,
-    arange,
-    bool_,
-    float16,
-    float32,
-    float64,
-    full,
-    full_like,
-    int32,
-    int64,
-    manual_seed,
-    ones,
-    ones_like,
-    rand,
-    rand_like,
-    randn,
-    randn_like,
-    tensor,
-    zeros,
-    zeros_like,
-)
+from .tensor import Tensor, bool_, float16, float32, float64, int32, int64
 
 __all__ = [
     "GELU", "MLP", "SGD", "Adam", "AdamW", "Dropout", "Embedding", "GradientsAccumulator",

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .factories import manual_seed, tensor
 from .grads import GradientsAccumulator, GradientsParams
 from .nn import MLP
 from .ops import cross_entropy
 from .optim import SGD, Optimizer
-from .tensor import Tensor, manual_seed, tensor
+from .tensor import Tensor
 
 
 @dataclass(frozen=True)

@@ -129,12 +129,17 @@ class Recorder:
             future = self._submit(self._commit(captured, metadata, run, step, dict(tags or {})))
             self._inflight.add(future)
             future.add_done_callback(self._inflight.discard)
+            if isinstance(captured, GradientsParamsRecord):
+                return SnapshotHandle(future, captured.nbytes, len(captured))
             nbytes = sum(int(data.nbytes) for _, _, data in captured)
             return SnapshotHandle(future, nbytes, len(captured))
 
-    async def _commit(self, captured: list[tuple[Any, str, Any]], metadata: dict[str, Any],
-                      run: str, step: int, tags: dict[str, str]) -> SnapshotInfo:
-        if metadata.get("device") == "cpu":
+    async def _commit(self, captured: GradientsParamsRecord | list[tuple[Any, str, Any]],
+                      metadata: dict[str, Any], run: str, step: int, tags: dict[str, str]
+                      ) -> SnapshotInfo:
+        if isinstance(captured, GradientsParamsRecord):
+            record = captured
+        elif metadata.get("device") == "cpu":
             record = GradientsParams._to_record(captured, metadata)
         else:  # device-to-host copies, off the recorder's loop
             record = await asyncio.to_thread(GradientsParams._to_record, captured, metadata)
@@ -247,11 +252,10 @@ class Recorder:
 
 
 def _capture(grads: GradientsParams | GradientsParamsRecord
-             ) -> tuple[list[tuple[Any, str, Any]], dict[str, Any]]:
+             ) -> tuple[GradientsParamsRecord | list[tuple[Any, str, Any]], dict[str, Any]]:
     """The point-in-time capture of ``grads`` (copy-on-write; a record is taken as it is)."""
     if isinstance(grads, GradientsParamsRecord):
-        captured = [(e.param_id, e.name, e.array) for e in grads]
-        return captured, {**grads.metadata, "device": str(grads.metadata.get("device", "cpu"))}
+        return grads, {"device": str(grads.metadata.get("device", "cpu"))}
     if not isinstance(grads, GradientsParams):
         raise TypeError(f"expected GradientsParams or a record; got {type(grads).__name__}")
     return grads._capture()

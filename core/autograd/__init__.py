@@ -24,7 +24,8 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
 
 def _seeds(outputs: tuple[Any, ...], given: Any, name: str) -> list[Any]:
     """The gradient to start from at each output: ``given``, or ones for scalar outputs."""
-    from ..tensor import Tensor, ones_like  # noqa: PLC0415
+    from ..factories import ones_like  # noqa: PLC0415
+    from ..tensor import Tensor  # noqa: PLC0415
 
     seeds = _as_tuple(given) if given is not None else (None,) * len(outputs)
     if len(seeds) != len(outputs):
@@ -63,7 +64,7 @@ def grad(
     None with ``allow_unused=True`` (zeros with ``materialize_grads=True``) and raises
     otherwise.
     """
-    from ..tensor import zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like  # noqa: PLC0415
 
     outputs = _as_tuple(outputs)
     inputs = _as_tuple(inputs)

@@ -54,7 +54,7 @@ def _grad(outputs: tuple[Any, ...], inputs: tuple[Any, ...], grad_outputs: tuple
 
 def _fill_unused(grads: tuple[Any, ...], like: tuple[Any, ...], strict: bool, what: str
                  ) -> tuple[Any, ...]:
-    from ..tensor import zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like  # noqa: PLC0415
 
     out = []
     for i, (g, t) in enumerate(zip(grads, like, strict=True)):
@@ -70,7 +70,8 @@ def _fill_unused(grads: tuple[Any, ...], like: tuple[Any, ...], strict: bool, wh
 
 
 def _check_v(v: Any, like: tuple[Any, ...], name: str) -> tuple[Any, ...]:
-    from ..tensor import Tensor, ones_like  # noqa: PLC0415
+    from ..factories import ones_like  # noqa: PLC0415
+    from ..tensor import Tensor  # noqa: PLC0415
 
     if v is None:
         for t in like:
@@ -111,7 +112,7 @@ def vjp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool
 def jvp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool = False,
         strict: bool = False) -> tuple[Any, Any]:
     """``(func(inputs), J v)``, by the double-vjp trick."""
-    from ..tensor import zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like  # noqa: PLC0415
 
     with enable_grad():
         inp = _prepare_inputs(_as_tuple(inputs), create_graph)
@@ -143,8 +144,8 @@ def jacobian(func: Callable[..., Any], inputs: Any, create_graph: bool = False,
              strict: bool = False, vectorize: bool = False,
              strategy: str = "reverse-mode") -> Any:
     """The Jacobian: ``J[i][j]`` has shape ``outputs[i].shape + inputs[j].shape``."""
+    from ..factories import zeros  # noqa: PLC0415
     from ..ops import reshape, stack  # noqa: PLC0415
-    from ..tensor import zeros  # noqa: PLC0415
 
     if strategy not in ("reverse-mode", "forward-mode"):
         raise ValueError(f"strategy must be 'reverse-mode' or 'forward-mode'; got {strategy!r}")
@@ -184,7 +185,7 @@ def jacobian(func: Callable[..., Any], inputs: Any, create_graph: bool = False,
 
 
 def _one(t: Any) -> Any:
-    from ..tensor import ones_like  # noqa: PLC0415
+    from ..factories import ones_like  # noqa: PLC0415
 
     return ones_like(t)
 
@@ -231,7 +232,7 @@ def vhp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool
 def hvp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool = False,
         strict: bool = False) -> tuple[Any, Any]:
     """``(func(inputs), H v)`` for a scalar function, by the double-backward trick."""
-    from ..tensor import zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like  # noqa: PLC0415
 
     was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():

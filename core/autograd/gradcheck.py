@@ -66,7 +66,7 @@ def _numerical(fn: Callable[..., Any], inputs: tuple[Any, ...], index: int, eps:
 def _analytic(fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: list[int]
               ) -> tuple[list[np.ndarray], list[int]]:
     from .. import backend  # noqa: PLC0415
-    from ..tensor import zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like  # noqa: PLC0415
     from . import grad  # noqa: PLC0415
 
     with enable_grad():
@@ -125,7 +125,8 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
                   eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
                   raise_exception: bool = True, seed: int = 0) -> bool:
     """``gradcheck`` of the vector-Jacobian product of ``fn`` (second-order gradients)."""
-    from ..tensor import Tensor, zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like  # noqa: PLC0415
+    from ..tensor import Tensor  # noqa: PLC0415
     from . import grad  # noqa: PLC0415
 
     inputs = _prepare(inputs)

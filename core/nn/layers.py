@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..factories import generator, ones, zeros
 from ..ops._common import constant
-from ..tensor import DeviceLike, DTypeLike, Tensor, as_dtype, generator, ones, zeros
+from ..tensor import DeviceLike, DTypeLike, Tensor, as_dtype
 from .module import Module, Param
 
 

@@ -10,8 +10,9 @@ import numpy as np
 
 from .. import backend
 from ..errors import DtypeMismatchError, MissingGradientError, ShapeMismatchError
+from ..factories import tensor
 from ..param_id import ParamId
-from ..tensor import Tensor, tensor
+from ..tensor import Tensor
 
 
 class Param(Tensor):
