@@ -1,6 +1,8 @@
 """A real training job on the core: an MLP on a synthetic classification task.
 
-``python -m gradvault.core.demo`` trains it with SGD and prints the loss curve.
+``python -m gradvault.core.demo`` trains it with SGD and gradient accumulation, prints the
+loss curve, snapshots the accumulated gradients in the middle of some accumulation
+windows into a local store, and restores them to check they are bit-identical.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -16,6 +19,8 @@ from .grads import GradientsAccumulator, GradientsParams
 from .nn import MLP
 from .ops import cross_entropy
 from .optim import SGD, Optimizer
+from .record import GradientsParamsRecord
+from .recorder import Recorder, SnapshotHandle
 from .tensor import Tensor
 
 
@@ -80,12 +85,38 @@ def train(steps: int = 60, micro_batches: int = 4, batch_size: int = 64, lr: flo
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--store", default=".gradvault/demo-store",
+                        help="where mid-window snapshots go (a folder or s3://bucket/prefix)")
+    parser.add_argument("--every", type=int, default=10,
+                        help="snapshot the accumulated gradients every N optimizer steps")
     args = parser.parse_args(argv)
-    _, losses = train(steps=args.steps)
-    for step, loss in enumerate(losses):
-        if step % 5 == 0 or step == len(losses) - 1:
-            print(f"step {step:4d}  loss {loss:.4f}  " + "#" * int(loss * 20))
-    print(f"loss fell from {losses[0]:.4f} to {losses[-1]:.4f}")
+    with Recorder(args.store, keep_last=3) as recorder:
+        handles: list[tuple[int, SnapshotHandle, GradientsParamsRecord]] = []
+
+        def snapshot(step: int, micro: int, model: MLP, accumulator: GradientsAccumulator
+                     ) -> None:
+            if step % args.every == 0 and micro == 1:  # mid-window: two micro-batches summed
+                current = accumulator.current()
+                handles.append((step, recorder.start_snapshot(current, run="demo", step=step),
+                                current.try_to_record()))
+
+        _, losses = train(steps=args.steps, on_micro_batch=snapshot)
+        for step, loss in enumerate(losses):
+            if step % 5 == 0 or step == len(losses) - 1:
+                print(f"step {step:4d}  loss {loss:.4f}  " + "#" * int(loss * 20))
+        print(f"loss fell from {losses[0]:.4f} to {losses[-1]:.4f}")
+        captured: dict[str, GradientsParamsRecord] = {}
+        for step, handle, record in handles:
+            info = handle.result()
+            captured[info.id] = record
+            print(f"snapshot {info.id}: step {step}, {info.num_params} gradients, "
+                  f"{info.nbytes} bytes")
+        kept = recorder.sync.list(run="demo")
+        for info in kept:
+            same = recorder.sync.restore(info.id).try_to_record() == captured.get(info.id)
+            print(f"restored {info.id} (step {info.step}): bit-identical={same}")
+        print(f"store: {Path(args.store).resolve() if '://' not in args.store else args.store}"
+              f" ({len(kept)} snapshots kept)")
 
 
 if __name__ == "__main__":

@@ -31,3 +31,13 @@ def test_mlp_trains_with_hand_written_sgd() -> None:
 def test_demo_job_loss_falls() -> None:
     _, losses = train(steps=30)
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+
+
+def test_demo_main_snapshots_mid_window_and_restores_bit_identical(tmp_path, capsys) -> None:
+    from gradvault.core.demo import main
+
+    main(["--steps", "12", "--every", "5", "--store", str(tmp_path / "store")])
+    out = capsys.readouterr().out
+    restored = [line for line in out.splitlines() if line.startswith("restored ")]
+    assert len(restored) == 3  # steps 0, 5 and 10, all kept
+    assert all(line.endswith("bit-identical=True") for line in restored)
