@@ -24,7 +24,7 @@ from .errors import (
     ShapeMismatchError,
 )
 from .param_id import ParamId, as_param_id
-from .record import GradientRecordEntry, GradientsParamsRecord
+from .record import GradientRecordEntry, GradientsParamsRecord, paused_gc
 from .tensor import Tensor
 
 if TYPE_CHECKING:
@@ -253,7 +253,13 @@ class GradientsParams:
         dev = backend.device(device)
         targets = _match_targets(record, module, match) if module is not None else {}
         out = cls()
-        grads, names = out._grads, out._names
+        with paused_gc():
+            out._fill(record, dev, targets, copy)
+        return out
+
+    def _fill(self, record: GradientsParamsRecord, dev: backend.Device,
+              targets: dict[ParamId, tuple[ParamId, str]], copy: bool) -> None:
+        grads, names = self._grads, self._names
         for entry in record:  # the record validated every entry when it was built
             array = _host_buffer(entry.array, copy)
             if dev.type != "cpu":
@@ -263,7 +269,6 @@ class GradientsParams:
                 raise DuplicateParamError(f"two record entries map to param {pid} ({name!r})")
             grads[pid] = Tensor._make(array)
             names[pid] = name
-        return out
 
 
 def _host_buffer(array: np.ndarray, copy: bool) -> np.ndarray:

@@ -6,6 +6,8 @@ store, the service, the clients): plain little-endian bytes and metadata, never 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,23 @@ SUPPORTED_DTYPES = (
     "uint8",
     "bool",
 )
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while many small objects are built at once.
+
+    Building the entries and tensors of a 10,000-gradient snapshot allocates tens of
+    thousands of objects, none of them in cycles; the collections that this triggers over
+    everything else the process holds took half of a restore's time (measured).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # NumPy's ``dtype.name`` is computed in Python on every access; capture holds a hot loop

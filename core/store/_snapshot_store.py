@@ -26,7 +26,7 @@ from ..errors import (
     StoreUnavailableError,
 )
 from ..param_id import ParamId, as_param_id
-from ..record import GradientRecordEntry, GradientsParamsRecord
+from ..record import GradientRecordEntry, GradientsParamsRecord, paused_gc
 from ._backend import (
     MANIFEST_NAME,
     Backend,
@@ -437,19 +437,20 @@ class SnapshotStore:
             for i, (body, _) in zip(order, decoded, strict=True):
                 buffer[spans[i].start : spans[i].start + spans[i].length] = body[: spans[i].length]
 
+        checksums = manifest.columns["checksum"]
+
+        def entry(i: int) -> GradientRecordEntry:
+            data = buffer[offsets[i] : offsets[i] + sizes[i]]
+            checksum = crc32c.crc32c(data)
+            if checksum != parse_checksum(checksums[i]):
+                raise ChecksumMismatchError(
+                    f"snapshot {snapshot_id}: {manifest.describe(i)} has crc32c "
+                    f"{checksum:08x}; the manifest says {checksums[i]}"
+                )
+            return manifest.entry(i, data)
+
         def unpack() -> list[GradientRecordEntry]:
-            checksums = manifest.columns["checksum"]
-            entries = []
-            for i in positions:
-                data = buffer[offsets[i] : offsets[i] + sizes[i]]
-                checksum = crc32c.crc32c(data)
-                if checksum != parse_checksum(checksums[i]):
-                    raise ChecksumMismatchError(
-                        f"snapshot {snapshot_id}: {manifest.describe(i)} has crc32c "
-                        f"{checksum:08x}; the manifest says {checksums[i]}"
-                    )
-                entries.append(manifest.entry(i, data))
-            return entries
+            return [entry(i) for i in positions]
 
         return await self._threads.run(unpack) if len(positions) > 64 else unpack()
 
@@ -460,6 +461,10 @@ class SnapshotStore:
         created_at, device and tags. ChecksumMismatchError names the damaged parameter.
         """
         snapshot_id = parse_snapshot_id(snapshot_id)
+        with paused_gc():  # the manifest and the entries are many small acyclic objects
+            return await self._read_snapshot(snapshot_id)
+
+    async def _read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
         manifest = await self._load_manifest(snapshot_id)
         packed_positions = manifest.packed_positions()
         packed_set = set(packed_positions)
