@@ -437,22 +437,11 @@ class SnapshotStore:
             for i, (body, _) in zip(order, decoded, strict=True):
                 buffer[spans[i].start : spans[i].start + spans[i].length] = body[: spans[i].length]
 
-        checksums = manifest.columns["checksum"]
-
-        def entry(i: int) -> GradientRecordEntry:
-            data = buffer[offsets[i] : offsets[i] + sizes[i]]
-            checksum = crc32c.crc32c(data)
-            if checksum != parse_checksum(checksums[i]):
-                raise ChecksumMismatchError(
-                    f"snapshot {snapshot_id}: {manifest.describe(i)} has crc32c "
-                    f"{checksum:08x}; the manifest says {checksums[i]}"
-                )
-            return manifest.entry(i, data)
-
-        def unpack() -> list[GradientRecordEntry]:
-            return [entry(i) for i in positions]
-
-        return await self._threads.run(unpack) if len(positions) > 64 else unpack()
+        if len(positions) > 64:
+            return await self._threads.run(
+                manifest.packed_entries, snapshot_id, positions, buffer
+            )
+        return manifest.packed_entries(snapshot_id, positions, buffer)
 
     async def read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
         """The snapshot's gradients, every chunk's crc32c verified.
