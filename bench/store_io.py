@@ -195,7 +195,7 @@ def run() -> list[Row]:
     rows: list[Row] = []
     try:
         for label, (count, length) in CASES.items():
-            case_rows = run_case(label, count, length, root, repeat=3)
+            case_rows = run_case(label, count, length, root, repeat=5)
             print_rows(f"Store: {label}", case_rows)
             rows += case_rows
     finally:
