@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
@@ -17,6 +16,7 @@ from typing import Any
 
 import crc32c
 import numpy as np
+import orjson
 
 from ..errors import (
     ChecksumMismatchError,
@@ -177,6 +177,7 @@ class SnapshotStore:
             raise ValueError(f"device must be a non-empty string; got {device!r}")
         codec = parse_compression(compression)
         dump_json(record.metadata)  # fail early (TypeError/ValueError) if it is not JSON
+        orjson.dumps(record.metadata)  # ... or has integers the manifest encoder refuses
 
         snapshot_id = new_snapshot_id()
         await self._backend.prepare()
@@ -297,7 +298,7 @@ class SnapshotStore:
 
         def parse() -> Manifest:
             try:
-                document = json.loads(bytes(raw))
+                document = orjson.loads(raw)
                 manifest = document["attributes"]["gradvault"]
                 version = manifest.get("format_version")
             except (ValueError, KeyError, TypeError, AttributeError) as error:
