@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from . import backend
 from .autograd.function import AccumulateGrad, Node
-from .autograd.grad_mode import _state
+from .autograd.grad_mode import _state, no_grad
 from .backend import Device
 from .errors import AutogradError
 
@@ -196,7 +197,7 @@ class Tensor:
         if not self.requires_grad:
             raise AutogradError("can't retain_grad on a tensor that has requires_grad=False")
         if self.grad_fn is not None:
-            self.grad_fn.retained = _weakref(self)
+            self.grad_fn.retained = weakref.ref(self)
 
     @property
     def retains_grad(self) -> bool:
@@ -382,7 +383,7 @@ class Tensor:
                 self.grad_fn.retained = old_node.retained  # retain_grad follows the tensor
             self._requires_grad = True
         else:
-            with _no_grad_block():
+            with no_grad():
                 result = out_of_place(self)
             self._prepare_write(op)
             self._data[...] = result._data
@@ -462,21 +463,6 @@ class Tensor:
 
     def __itruediv__(self, other: Any) -> Tensor:
         return self.div_(other)
-
-
-def _weakref(t: Tensor) -> Any:
-    import weakref  # noqa: PLC0415
-
-    return weakref.ref(t)
-
-
-class _no_grad_block:  # noqa: N801
-    def __enter__(self) -> None:
-        self.saved = _state.grad_enabled
-        _state.grad_enabled = False
-
-    def __exit__(self, *exc: object) -> None:
-        _state.grad_enabled = self.saved
 
 
 def _leaf_node(t: Tensor) -> AccumulateGrad:
