@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import autograd
+from .accumulator import GradientsAccumulator
 from .autograd import Gradients, enable_grad, inference_mode, no_grad, set_grad_enabled
 from .backend import Device, cuda_available, device
 from .errors import (
@@ -41,7 +42,7 @@ from .factories import (
     zeros,
     zeros_like,
 )
-from .grads import GradientsAccumulator, GradientsParams
+from .grads import GradientsParams
 from .nn import (
     GELU,
     MLP,

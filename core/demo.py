@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .accumulator import GradientsAccumulator
 from .factories import manual_seed, tensor
-from .grads import GradientsAccumulator, GradientsParams
+from .grads import GradientsParams
 from .nn import MLP
 from .ops import cross_entropy
 from .optim import SGD, Optimizer

@@ -1,0 +1,55 @@
+"""GradientsAccumulator: sums GradientsParams over micro-batches (Burn's accumulator)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .errors import ShapeMismatchError
+from .grads import GradientsParams
+from .tensor import Tensor
+
+if TYPE_CHECKING:
+    from .nn.module import Module
+
+
+class GradientsAccumulator:
+    """Sums GradientsParams over micro-batches (Burn's ``GradientsAccumulator``)."""
+
+    def __init__(self) -> None:
+        self._sum = GradientsParams()
+
+    def accumulate(self, module: Module, grads: GradientsParams) -> None:
+        """Add ``module``'s gradients from ``grads`` into the running sum."""
+        for name, param in module.named_parameters():
+            grad = grads.get(param.id)
+            if grad is None:
+                continue
+            current = self._sum.get(param.id)
+            if current is None:
+                # share the buffer until the first write to either side moves that side off
+                alias = Tensor._make(grad._data)
+                alias._cow = True
+                grad._cow = True
+                self._sum.register(param.id, alias, name=name)
+            else:
+                if current.shape != grad.shape:
+                    raise ShapeMismatchError(
+                        f"gradient for param {param.id} ({name!r}) has shape {grad.shape}; "
+                        f"the running sum has {current.shape}"
+                    )
+                current._accumulate_(grad._data)
+
+    def current(self) -> GradientsParams:
+        """The running sum so far, without resetting it (what a mid-window snapshot takes)."""
+        view = GradientsParams()
+        for pid, grad in self._sum.items():
+            view.register(pid, grad, name=self._sum.name(pid))
+        return view
+
+    def grads(self) -> GradientsParams:
+        """The sum; the accumulator starts again from empty."""
+        out, self._sum = self._sum, GradientsParams()
+        return out
+
+    def __len__(self) -> int:
+        return len(self._sum)
