@@ -1,0 +1,66 @@
+"""Records, copy-on-write capture and the recorder with gradients on ``cuda:0``.
+
+Skipped cleanly when CuPy is not installed or sees no CUDA device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gradvault.core as gv
+from gradvault.core import GradientsParams
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+try:
+    _devices = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # noqa: BLE001 - a driver without a device raises instead of returning 0
+    _devices = 0
+if _devices == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+DEVICE = "cuda:0"
+
+
+def _model_with_grads() -> gv.MLP:
+    gv.manual_seed(0)
+    model = gv.MLP(16, [64, 64], 4).to(DEVICE)
+    x = gv.randn(8, 16, device=DEVICE)
+    y = gv.tensor(np.arange(8) % 4, device=DEVICE)
+    gv.cross_entropy(model(x), y).backward()
+    return model
+
+
+def _host_bytes(grads: GradientsParams) -> dict[gv.ParamId, bytes]:
+    return {pid: grads.get(pid).cpu().numpy().tobytes() for pid in grads}
+
+
+def test_record_round_trip_on_the_device_is_bit_identical() -> None:
+    model = _model_with_grads()
+    grads = GradientsParams.from_module_grad(model)
+    record = grads.try_to_record(backend="cupy")
+    assert record.metadata["device"] == DEVICE
+    restored = GradientsParams.from_record(record, DEVICE)
+    assert all(restored.get(pid).device == gv.device(DEVICE) for pid in restored)
+    assert _host_bytes(restored) == _host_bytes(grads)
+    with pytest.raises(gv.BackendMismatchError):
+        grads.try_to_record(backend="numpy")
+
+
+def test_device_capture_is_a_point_in_time(tmp_path: Path) -> None:
+    model = _model_with_grads()
+    grads = GradientsParams.from_module_grad(model)
+    expected = _host_bytes(grads)
+    with gv.Recorder(tmp_path) as recorder:
+        handle = recorder.start_snapshot(grads, run="gpu", step=0)
+        x = gv.randn(8, 16, device=DEVICE)
+        gv.cross_entropy(model(x), gv.tensor(np.arange(8) % 4, device=DEVICE)).backward()
+        gv.SGD(momentum=0.9).step(0.1, model, grads)
+        model.zero_grad(set_to_none=False)
+        info = handle.result()
+        restored = recorder.sync.restore(info.id, DEVICE)
+    assert _host_bytes(restored) == expected
