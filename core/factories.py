@@ -166,5 +166,3 @@ def rand_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
               requires_grad: bool = False) -> Tensor:
     return _like(rand, t, dtype, device, requires_grad, t.shape)
 
-
-from . import ops as _ops  # noqa: E402, F401  (installs Tensor's operator methods)

@@ -36,7 +36,8 @@ class Extreme(Function):
     """max/min over all elements (ties share the gradient) or along one dim (argmax wins)."""
 
     @staticmethod
-    def forward(ctx: Context, a: Tensor, dim: int | None, keepdim: bool, largest: bool) -> Any:
+    def forward(ctx: Context, a: Tensor, dim: int | None, keepdim: bool, largest: bool,
+                index: Any = None) -> Any:
         m = xp(a)
         x = a._data
         if x.size == 0:
@@ -47,11 +48,9 @@ class Extreme(Function):
             ctx.mask = x == out
             ctx.count = int(ctx.mask.sum())
             return m.asarray(out)
-        index = (m.argmax if largest else m.argmin)(x, axis=dim, keepdims=True)
         mask = m.zeros(x.shape, dtype=bool)
         m.put_along_axis(mask, index, True, axis=dim)
         ctx.mask, ctx.count = mask, 1
-        ctx.index = index
         out = m.take_along_axis(x, index, axis=dim)
         return out if keepdim else out.squeeze(axis=dim)
 
@@ -90,10 +89,13 @@ def _extreme(a: Tensor, dim: int | None, keepdim: bool, largest: bool) -> Any:
     if dim is None:
         return Extreme.apply(a, None, False, largest)
     (d,) = normalize_dims(dim, a.ndim) or (0,)
-    values = Extreme.apply(a, d, keepdim, largest)
-    index = xp(a).argmax(a._data, axis=d, keepdims=keepdim) if largest else xp(a).argmin(
-        a._data, axis=d, keepdims=keepdim)
-    return ValuesIndices(values, constant(index.astype("int64")))
+    if a.numel() == 0:
+        raise RuntimeError(f"max()/min() of an empty tensor of shape {a.shape}")
+    # one arg-reduction serves both the values (and their gradient) and the indices
+    index = (xp(a).argmax if largest else xp(a).argmin)(a._data, axis=d, keepdims=True)
+    values = Extreme.apply(a, d, keepdim, largest, index)
+    indices = index if keepdim else index.squeeze(axis=d)
+    return ValuesIndices(values, constant(indices.astype("int64")))
 
 
 def max(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:  # noqa: A001
