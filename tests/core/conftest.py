@@ -47,17 +47,23 @@ def store_url(store_kind: str, tmp_path, request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def connection_options(store_kind: str, request: pytest.FixtureRequest) -> dict[str, object]:
+    """What opening this test's store needs besides its URL: the S3 server's address."""
+    if store_kind != "s3":
+        return {}
+    endpoint = request.getfixturevalue("s3_endpoint")
+    return {"endpoint": endpoint, "allow_http": True, **S3_CREDENTIALS}
+
+
+@pytest.fixture
 async def make_store(
-    store_kind: str, store_url: str, request: pytest.FixtureRequest
+    store_url: str, connection_options: dict[str, object]
 ) -> AsyncIterator[Callable[..., SnapshotStore]]:
     """Opens stores at this test's location (each with its own options); closes them after."""
     opened: list[SnapshotStore] = []
-    endpoint = request.getfixturevalue("s3_endpoint") if store_kind == "s3" else None
 
     def factory(**options: object) -> SnapshotStore:
-        if endpoint is not None:
-            options = {"endpoint": endpoint, "allow_http": True, **S3_CREDENTIALS, **options}
-        store = open_store(store_url, **options)
+        store = open_store(store_url, **connection_options, **options)
         opened.append(store)
         return store
 

@@ -12,15 +12,11 @@ from hypothesis import strategies as st
 
 import gradvault.core as gv
 
+from .cuda import require_cuda
+
 pytestmark = pytest.mark.gpu
 
-cupy = pytest.importorskip("cupy")
-try:
-    _devices = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # noqa: BLE001 - a driver without a device raises instead of returning 0
-    _devices = 0
-if _devices == 0:
-    pytest.skip("no CUDA device", allow_module_level=True)
+require_cuda()
 
 from tests.core.test_autograd_ops import CASES, HYPOTHESIS, check_case  # noqa: E402
 

@@ -13,15 +13,11 @@ import pytest
 import gradvault.core as gv
 from gradvault.core import GradientsParams
 
+from .cuda import require_cuda
+
 pytestmark = pytest.mark.gpu
 
-cupy = pytest.importorskip("cupy")
-try:
-    _devices = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # noqa: BLE001 - a driver without a device raises instead of returning 0
-    _devices = 0
-if _devices == 0:
-    pytest.skip("no CUDA device", allow_module_level=True)
+require_cuda()
 
 DEVICE = "cuda:0"
 

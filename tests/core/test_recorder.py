@@ -11,19 +11,14 @@ import pytest
 import gradvault.core as gv
 from gradvault.core import GradientsParams, ParamId, Recorder, RecorderError, SnapshotBusyError
 
-from .conftest import S3_CREDENTIALS
-
 
 @pytest.fixture
-def recorder_factory(store_kind: str, store_url: str, request: pytest.FixtureRequest
+def recorder_factory(store_url: str, connection_options: dict[str, object]
                      ) -> Iterator[Callable[..., Recorder]]:
     made: list[Recorder] = []
-    endpoint = request.getfixturevalue("s3_endpoint") if store_kind == "s3" else None
 
     def factory(**options: object) -> Recorder:
-        if endpoint is not None:
-            options = {"endpoint": endpoint, "allow_http": True, **S3_CREDENTIALS, **options}
-        recorder = Recorder(store_url, **options)
+        recorder = Recorder(store_url, **connection_options, **options)
         made.append(recorder)
         return recorder
 
