@@ -21,7 +21,8 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 run: $(VENV)/.installed
 	$(PY) -m gradvault.core.demo
 
-test: $(VENV)/.installed-test
+# pytest exits 5 when it collected no tests; that is a failure here, not a pass.
+test: lint
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed-test
@@ -29,6 +30,7 @@ bench: $(VENV)/.installed-test
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 gpu-check: $(VENV)/.installed-test
 	bash scripts/gpu-check.sh

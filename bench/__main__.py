@@ -12,8 +12,10 @@ MODULES = [mlp_step, record_stall, store_io]
 
 
 def main() -> None:
-    print(f"# gradvault benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
-          f"{platform.machine()}, Python {sys.version.split()[0]}")
+    print(
+        f"# gradvault benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
+        f"{platform.machine()}, Python {sys.version.split()[0]}"
+    )
     for module in MODULES:
         module.run()
 

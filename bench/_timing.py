@@ -41,5 +41,7 @@ def print_rows(title: str, rows: list[Row]) -> None:
     print(f"\n## {title}")
     print(f"{'measurement':44s} {'gradvault':>11s} {'peer':>28s} {'ours/peer':>10s}  target")
     for r in rows:
-        print(f"{r.name:44s} {r.ours * 1e3:9.3f}ms {r.peer_name:>18s} {r.peer * 1e3:7.3f}ms "
-              f"{r.ratio:10.4f}  {r.target}")
+        print(
+            f"{r.name:44s} {r.ours * 1e3:9.3f}ms {r.peer_name:>18s} {r.peer * 1e3:7.3f}ms "
+            f"{r.ratio:10.4f}  {r.target}"
+        )

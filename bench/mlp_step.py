@@ -33,8 +33,11 @@ def _torch_step() -> object:
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH),
-        torch.nn.ReLU(), torch.nn.Linear(WIDTH, CLASSES),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, CLASSES),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     rng = np.random.default_rng(0)
@@ -58,8 +61,9 @@ def run() -> list[Row]:
         return []
     ours = best_time(_gradvault_step(), repeat=10, warmup=2)
     peer = best_time(_torch_step(), repeat=10, warmup=2)
-    rows = [Row(f"MLP step {WIDTH}-wide, batch {BATCH}, SGD", ours, "torch CPU step", peer,
-                "<= 2.0")]
+    rows = [
+        Row(f"MLP step {WIDTH}-wide, batch {BATCH}, SGD", ours, "torch CPU step", peer, "<= 2.0")
+    ]
     print_rows("Autodiff: one training step", rows)
     return rows
 

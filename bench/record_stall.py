@@ -70,12 +70,26 @@ def run() -> list[Row]:
     arrays = _arrays()
     ours = _gradvault_stall(arrays)
     copy = best_time(lambda: [a.copy() for a in arrays], repeat=3)
-    rows = [Row("to_record_async stall, 1 GiB / 256 params", ours, "memcpy of the bytes", copy,
-                "<= 0.01")]
+    rows = [
+        Row(
+            "to_record_async stall, 1 GiB / 256 params",
+            ours,
+            "memcpy of the bytes",
+            copy,
+            "<= 0.01",
+        )
+    ]
     dcp = _dcp_stall(arrays)
     if dcp is not None:
-        rows.append(Row("to_record_async stall, 1 GiB / 256 params", ours,
-                        "dcp.async_save block", dcp, "<= 0.01"))
+        rows.append(
+            Row(
+                "to_record_async stall, 1 GiB / 256 params",
+                ours,
+                "dcp.async_save block",
+                dcp,
+                "<= 0.01",
+            )
+        )
     print_rows("Capture: time the training loop is blocked", rows)
     return rows
 

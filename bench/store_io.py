@@ -55,11 +55,13 @@ def _raw_write(arrays: list[np.ndarray]) -> Callable[[Path], Callable[[], object
             fd = os.open(folder / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 for start in range(0, len(arrays), 64):
-                    os.writev(fd, [memoryview(a).cast("B") for a in arrays[start:start + 64]])
+                    os.writev(fd, [memoryview(a).cast("B") for a in arrays[start : start + 64]])
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
         return run
+
     return make
 
 
@@ -85,10 +87,12 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
 
         def run() -> None:
             recorder.start_snapshot(record, run="bench", step=1).result()
+
         return run
 
     peers: dict[str, Callable[[Path], Callable[[], object]]] = {
-        "raw write+fsync": _raw_write(arrays)}
+        "raw write+fsync": _raw_write(arrays)
+    }
     try:
         import safetensors.numpy
 
@@ -98,7 +102,9 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
             def run() -> None:
                 safetensors.numpy.save_file(tensors, folder / "g.safetensors")
                 _fsync_path(folder / "g.safetensors")
+
             return run
+
         peers["safetensors+fsync"] = safetensors_write
     except ImportError:
         safetensors = None
@@ -114,6 +120,7 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
                     torch.save(tensors, f)
                     f.flush()
                     os.fsync(f.fileno())
+
             return run
 
         def dcp_write(folder: Path) -> Callable[[], object]:
@@ -121,7 +128,9 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     dcp.save(tensors, checkpoint_id=folder / "dcp")
+
             return run
+
         peers["torch.save+fsync"] = torch_write
         peers["dcp.save"] = dcp_write
     except ImportError:
@@ -136,10 +145,20 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
     for recorder in recorders:
         recorder.close()
     ours = best["gradvault"]
-    rows = [Row(f"snapshot-to-commit, {label}", ours, peer, best[peer],
-                ">= 0.9x raw speed (<= 1.11)" if peer.startswith("raw") else
-                "<= 1.0" if "1 KiB" not in label or peer.startswith("safetensors") else "")
-            for peer, make in peers.items()]
+    rows = [
+        Row(
+            f"snapshot-to-commit, {label}",
+            ours,
+            peer,
+            best[peer],
+            ">= 0.9x raw speed (<= 1.11)"
+            if peer.startswith("raw")
+            else "<= 1.0"
+            if "1 KiB" not in label or peer.startswith("safetensors")
+            else "",
+        )
+        for peer, make in peers.items()
+    ]
 
     # restore: write each format once, then read it back (page cache warm for all)
     keep = root / f"restore-{time.monotonic_ns()}"
@@ -154,10 +173,10 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
         buffer = bytearray(size)
         with open(keep / "raw.bin", "rb", buffering=0) as f:
             f.readinto(buffer)
+
     readers["raw read"] = raw_read
     if safetensors is not None:
-        safetensors.numpy.save_file(dict(zip(names, arrays, strict=True)),
-                                    keep / "g.safetensors")
+        safetensors.numpy.save_file(dict(zip(names, arrays, strict=True)), keep / "g.safetensors")
         readers["safetensors load"] = lambda: safetensors.numpy.load_file(keep / "g.safetensors")
     if torch is not None:
         torch.save(tensors, keep / "g.pt")
@@ -180,10 +199,12 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
         for name, fn in {"gradvault": ours_read, **readers}.items():
             read_best[name] = min(read_best[name], best_of(fn, 1))
     for peer in readers:
-        target = ">= 0.9x raw speed (<= 1.11)" if peer == "raw read" else (
-            "<= 1.0" if peer == "safetensors load" else "")
-        rows.append(Row(f"restore, {label}", read_best["gradvault"], peer, read_best[peer],
-                        target))
+        target = (
+            ">= 0.9x raw speed (<= 1.11)"
+            if peer == "raw read"
+            else ("<= 1.0" if peer == "safetensors load" else "")
+        )
+        rows.append(Row(f"restore, {label}", read_best["gradvault"], peer, read_best[peer], target))
     recorder.close()
     shutil.rmtree(keep, ignore_errors=True)
     return rows

@@ -33,13 +33,13 @@ class Task:
     labels: np.ndarray
 
     @classmethod
-    def make(cls, samples: int = 2048, in_features: int = 32, classes: int = 4,
-             seed: int = 0) -> Task:
+    def make(
+        cls, samples: int = 2048, in_features: int = 32, classes: int = 4, seed: int = 0
+    ) -> Task:
         rng = np.random.default_rng(seed)
         centres = rng.standard_normal((classes, in_features)).astype(np.float32) * 0.6
         labels = rng.integers(0, classes, samples)
-        features = centres[labels] + rng.standard_normal((samples, in_features)).astype(
-            np.float32)
+        features = centres[labels] + rng.standard_normal((samples, in_features)).astype(np.float32)
         return cls(features.astype(np.float32), labels.astype(np.int64))
 
     def batches(self, batch_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
@@ -48,14 +48,20 @@ class Task:
         while True:
             order = rng.permutation(len(self.labels))
             for start in range(0, len(order) - batch_size + 1, batch_size):
-                index = order[start:start + batch_size]
+                index = order[start : start + batch_size]
                 yield tensor(self.features[index]), tensor(self.labels[index])
 
 
-def train(steps: int = 60, micro_batches: int = 4, batch_size: int = 64, lr: float = 0.05,
-          hidden: int = 64, seed: int = 0, optimizer: Optimizer | None = None,
-          on_micro_batch: Callable[[int, int, MLP, GradientsAccumulator], None] | None = None,
-          ) -> tuple[MLP, list[float]]:
+def train(
+    steps: int = 60,
+    micro_batches: int = 4,
+    batch_size: int = 64,
+    lr: float = 0.05,
+    hidden: int = 64,
+    seed: int = 0,
+    optimizer: Optimizer | None = None,
+    on_micro_batch: Callable[[int, int, MLP, GradientsAccumulator], None] | None = None,
+) -> tuple[MLP, list[float]]:
     """Train an MLP (two hidden ReLU layers, cross-entropy) with gradient accumulation.
 
     Returns the model and the mean loss of every optimizer step. ``on_micro_batch(step,
@@ -86,20 +92,31 @@ def train(steps: int = 60, micro_batches: int = 4, batch_size: int = 64, lr: flo
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--store", default=".gradvault/demo-store",
-                        help="where mid-window snapshots go (a folder or s3://bucket/prefix)")
-    parser.add_argument("--every", type=int, default=10,
-                        help="snapshot the accumulated gradients every N optimizer steps")
+    parser.add_argument(
+        "--store",
+        default=".gradvault/demo-store",
+        help="where mid-window snapshots go (a folder or s3://bucket/prefix)",
+    )
+    parser.add_argument(
+        "--every",
+        type=int,
+        default=10,
+        help="snapshot the accumulated gradients every N optimizer steps",
+    )
     args = parser.parse_args(argv)
     with Recorder(args.store, keep_last=3) as recorder:
         handles: list[tuple[int, SnapshotHandle, GradientsParamsRecord]] = []
 
-        def snapshot(step: int, micro: int, model: MLP, accumulator: GradientsAccumulator
-                     ) -> None:
+        def snapshot(step: int, micro: int, model: MLP, accumulator: GradientsAccumulator) -> None:
             if step % args.every == 0 and micro == 1:  # mid-window: two micro-batches summed
                 current = accumulator.current()
-                handles.append((step, recorder.start_snapshot(current, run="demo", step=step),
-                                current.try_to_record()))
+                handles.append(
+                    (
+                        step,
+                        recorder.start_snapshot(current, run="demo", step=step),
+                        current.try_to_record(),
+                    )
+                )
 
         _, losses = train(steps=args.steps, on_micro_batch=snapshot)
         for step, loss in enumerate(losses):
@@ -110,14 +127,17 @@ def main(argv: list[str] | None = None) -> None:
         for step, handle, record in handles:
             info = handle.result()
             captured[info.id] = record
-            print(f"snapshot {info.id}: step {step}, {info.num_params} gradients, "
-                  f"{info.nbytes} bytes")
+            print(
+                f"snapshot {info.id}: step {step}, {info.num_params} gradients, {info.nbytes} bytes"
+            )
         kept = recorder.sync.list(run="demo")
         for info in kept:
             same = recorder.sync.restore(info.id).try_to_record() == captured.get(info.id)
             print(f"restored {info.id} (step {info.step}): bit-identical={same}")
-        print(f"store: {Path(args.store).resolve() if '://' not in args.store else args.store}"
-              f" ({len(kept)} snapshots kept)")
+        print(
+            f"store: {Path(args.store).resolve() if '://' not in args.store else args.store}"
+            f" ({len(kept)} snapshots kept)"
+        )
 
 
 if __name__ == "__main__":

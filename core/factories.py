@@ -41,8 +41,9 @@ def _finish(data: Any, dtype: np.dtype | None, device: DeviceLike, requires_grad
     return t
 
 
-def tensor(data: Any, *, dtype: DTypeLike = None, device: DeviceLike = None,
-           requires_grad: bool = False) -> Tensor:
+def tensor(
+    data: Any, *, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+) -> Tensor:
     """A new leaf tensor holding a copy of ``data`` (lists of floats become float32)."""
     dtype = as_dtype(dtype)
     if isinstance(data, Tensor):
@@ -72,8 +73,13 @@ def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
     return tuple(int(n) for n in size)
 
 
-def _filled(fill: Callable[[Any, tuple[int, ...], np.dtype], Any], size: tuple[Any, ...],
-            dtype: DTypeLike, device: DeviceLike, requires_grad: bool) -> Tensor:
+def _filled(
+    fill: Callable[[Any, tuple[int, ...], np.dtype], Any],
+    size: tuple[Any, ...],
+    dtype: DTypeLike,
+    device: DeviceLike,
+    requires_grad: bool,
+) -> Tensor:
     dev = backend.device(device)
     xp = backend.array_module(dev)
     dt = as_dtype(dtype) or DEFAULT_FLOAT
@@ -82,50 +88,72 @@ def _filled(fill: Callable[[Any, tuple[int, ...], np.dtype], Any], size: tuple[A
     return _finish(data, dt, dev, requires_grad)
 
 
-def zeros(*size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
-          requires_grad: bool = False) -> Tensor:
+def zeros(
+    *size: Any, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+) -> Tensor:
     """A tensor of zeros."""
     return _filled(lambda xp, s, d: xp.zeros(s, d), size, dtype, device, requires_grad)
 
 
-def ones(*size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
-         requires_grad: bool = False) -> Tensor:
+def ones(
+    *size: Any, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+) -> Tensor:
     """A tensor of ones."""
     return _filled(lambda xp, s, d: xp.ones(s, d), size, dtype, device, requires_grad)
 
 
-def full(size: Sequence[int], fill_value: Any, *, dtype: DTypeLike = None,
-         device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+def full(
+    size: Sequence[int],
+    fill_value: Any,
+    *,
+    dtype: DTypeLike = None,
+    device: DeviceLike = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """A tensor filled with ``fill_value``."""
     if dtype is None:
-        dtype = bool_ if isinstance(fill_value, bool) else (
-            int64 if isinstance(fill_value, int) else DEFAULT_FLOAT)
-    return _filled(lambda xp, s, d: xp.full(s, fill_value, d), (tuple(size),), dtype, device,
-                   requires_grad)
+        dtype = (
+            bool_
+            if isinstance(fill_value, bool)
+            else (int64 if isinstance(fill_value, int) else DEFAULT_FLOAT)
+        )
+    return _filled(
+        lambda xp, s, d: xp.full(s, fill_value, d), (tuple(size),), dtype, device, requires_grad
+    )
 
 
-def _random(kind: str, size: tuple[Any, ...], dtype: DTypeLike, device: DeviceLike,
-            requires_grad: bool) -> Tensor:
+def _random(
+    kind: str, size: tuple[Any, ...], dtype: DTypeLike, device: DeviceLike, requires_grad: bool
+) -> Tensor:
     dt = as_dtype(dtype) or DEFAULT_FLOAT
     shape = _size(size)
-    data = (_generator.standard_normal(shape) if kind == "normal" else _generator.random(shape))
+    data = _generator.standard_normal(shape) if kind == "normal" else _generator.random(shape)
     return _finish(np.asarray(data, dtype=dt), dt, device, requires_grad)
 
 
-def randn(*size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
-          requires_grad: bool = False) -> Tensor:
+def randn(
+    *size: Any, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+) -> Tensor:
     """Samples of the standard normal distribution."""
     return _random("normal", size, dtype, device, requires_grad)
 
 
-def rand(*size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
-         requires_grad: bool = False) -> Tensor:
+def rand(
+    *size: Any, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+) -> Tensor:
     """Samples of the uniform distribution on [0, 1)."""
     return _random("uniform", size, dtype, device, requires_grad)
 
 
-def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: DTypeLike = None,
-           device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+def arange(
+    start: Any,
+    end: Any = None,
+    step: Any = 1,
+    *,
+    dtype: DTypeLike = None,
+    device: DeviceLike = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """Evenly spaced values in [start, end)."""
     if end is None:
         start, end = 0, start
@@ -136,33 +164,52 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: DTypeLike = Non
     return _finish(data, as_dtype(dtype), device, requires_grad)
 
 
-def _like(fn: Callable[..., Tensor], other: Tensor, dtype: DTypeLike, device: DeviceLike,
-          requires_grad: bool, *args: Any) -> Tensor:
-    return fn(*args, dtype=dtype or other.dtype, device=device or other.device,
-              requires_grad=requires_grad)
+def _like(
+    fn: Callable[..., Tensor],
+    other: Tensor,
+    dtype: DTypeLike,
+    device: DeviceLike,
+    requires_grad: bool,
+    *args: Any,
+) -> Tensor:
+    return fn(
+        *args,
+        dtype=dtype or other.dtype,
+        device=device or other.device,
+        requires_grad=requires_grad,
+    )
 
 
-def zeros_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
-               requires_grad: bool = False) -> Tensor:
+def zeros_like(
+    t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+) -> Tensor:
     return _like(zeros, t, dtype, device, requires_grad, t.shape)
 
 
-def ones_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
-              requires_grad: bool = False) -> Tensor:
+def ones_like(
+    t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+) -> Tensor:
     return _like(ones, t, dtype, device, requires_grad, t.shape)
 
 
-def full_like(t: Tensor, fill_value: Any, *, dtype: DTypeLike = None,
-              device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+def full_like(
+    t: Tensor,
+    fill_value: Any,
+    *,
+    dtype: DTypeLike = None,
+    device: DeviceLike = None,
+    requires_grad: bool = False,
+) -> Tensor:
     return _like(full, t, dtype, device, requires_grad, t.shape, fill_value)
 
 
-def randn_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
-               requires_grad: bool = False) -> Tensor:
+def randn_like(
+    t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+) -> Tensor:
     return _like(randn, t, dtype, device, requires_grad, t.shape)
 
 
-def rand_like(t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None,
-              requires_grad: bool = False) -> Tensor:
+def rand_like(
+    t: Tensor, *, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+) -> Tensor:
     return _like(rand, t, dtype, device, requires_grad, t.shape)
-

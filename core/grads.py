@@ -68,8 +68,9 @@ class GradientsParams:
         return cls.from_params(grads, module, None)
 
     @classmethod
-    def from_params(cls, grads: Gradients, module: Module,
-                    params: Iterable[ParamId | str] | None) -> GradientsParams:
+    def from_params(
+        cls, grads: Gradients, module: Module, params: Iterable[ParamId | str] | None
+    ) -> GradientsParams:
         """Take (remove) the gradients of the listed ParamIds of ``module`` out of ``grads``."""
         wanted = None if params is None else {as_param_id(p) for p in params}
         out = cls()
@@ -91,8 +92,9 @@ class GradientsParams:
         return out
 
     # ------------------------------------------------------------------ container
-    def _checked(self, param_id: ParamId | str, grad: Tensor | None, ndim: int | None
-                 ) -> Tensor | None:
+    def _checked(
+        self, param_id: ParamId | str, grad: Tensor | None, ndim: int | None
+    ) -> Tensor | None:
         if grad is not None and ndim is not None and grad.ndim != ndim:
             pid = as_param_id(param_id)
             name = self._names.get(pid, "?")
@@ -114,8 +116,7 @@ class GradientsParams:
         self._names.pop(pid, None)
         return self._grads.pop(pid, None)
 
-    def register(self, param_id: ParamId | str, tensor: Tensor, *, name: str | None = None
-                 ) -> None:
+    def register(self, param_id: ParamId | str, tensor: Tensor, *, name: str | None = None) -> None:
         """Store ``tensor`` as the gradient of ``param_id``, replacing what was there."""
         if not isinstance(tensor, Tensor):
             raise TypeError(f"a gradient must be a Tensor; got {type(tensor).__name__}")
@@ -163,8 +164,10 @@ class GradientsParams:
     def __repr__(self) -> str:
         lines = [f"GradientsParams({len(self)} gradients)"]
         for pid, grad in list(self._grads.items())[:20]:
-            lines.append(f"  {pid} {self._names.get(pid, '')!r} {grad.dtype}{list(grad.shape)} "
-                         f"on {grad.device}")
+            lines.append(
+                f"  {pid} {self._names.get(pid, '')!r} {grad.dtype}{list(grad.shape)} "
+                f"on {grad.device}"
+            )
         if len(self) > 20:
             lines.append(f"  ... {len(self) - 20} more")
         return "\n".join(lines)
@@ -206,12 +209,15 @@ class GradientsParams:
         return captured, {"device": device}
 
     @staticmethod
-    def _to_record(captured: list[tuple[ParamId, str, Any]], metadata: dict[str, Any]
-                   ) -> GradientsParamsRecord:
+    def _to_record(
+        captured: list[tuple[ParamId, str, Any]], metadata: dict[str, Any]
+    ) -> GradientsParamsRecord:
         # entries built by from_array are consistent by construction
         return GradientsParamsRecord(
-            [GradientRecordEntry.from_array(pid, name, backend.to_host(data))
-             for pid, name, data in captured],
+            [
+                GradientRecordEntry.from_array(pid, name, backend.to_host(data))
+                for pid, name, data in captured
+            ],
             metadata=metadata,
             _validated=True,
         )
@@ -237,9 +243,15 @@ class GradientsParams:
         return await asyncio.to_thread(self._to_record, captured, metadata)
 
     @classmethod
-    def from_record(cls, record: GradientsParamsRecord, device: backend.Device | str = "cpu",
-                    *, module: Module | None = None, match: str = "id",
-                    copy: bool = True) -> GradientsParams:
+    def from_record(
+        cls,
+        record: GradientsParamsRecord,
+        device: backend.Device | str = "cpu",
+        *,
+        module: Module | None = None,
+        match: str = "id",
+        copy: bool = True,
+    ) -> GradientsParams:
         """New gradients on ``device`` from ``record``; nothing else is summed into or cleared.
 
         Every entry's dtype, shape and byte count is validated. With ``module``, the record's
@@ -257,8 +269,13 @@ class GradientsParams:
             out._fill(record, dev, targets, copy)
         return out
 
-    def _fill(self, record: GradientsParamsRecord, dev: backend.Device,
-              targets: dict[ParamId, tuple[ParamId, str]], copy: bool) -> None:
+    def _fill(
+        self,
+        record: GradientsParamsRecord,
+        dev: backend.Device,
+        targets: dict[ParamId, tuple[ParamId, str]],
+        copy: bool,
+    ) -> None:
         grads, names = self._grads, self._names
         for entry in record:  # the record validated every entry when it was built
             array = _host_buffer(entry.array, copy)
@@ -287,8 +304,9 @@ def _host_buffer(array: np.ndarray, copy: bool) -> np.ndarray:
 _LITTLE = np.little_endian
 
 
-def _match_targets(record: GradientsParamsRecord, module: Module, match: str
-                   ) -> dict[ParamId, tuple[ParamId, str]]:
+def _match_targets(
+    record: GradientsParamsRecord, module: Module, match: str
+) -> dict[ParamId, tuple[ParamId, str]]:
     """For each record entry, the module parameter (id, path) it restores onto."""
     params = list(module.named_parameters())
     by_id = {p.id: (p.id, name, p.shape) for name, p in params}
@@ -297,9 +315,14 @@ def _match_targets(record: GradientsParamsRecord, module: Module, match: str
     for entry in record:
         target = by_id.get(entry.param_id) if match == "id" else by_name.get(entry.name)
         if target is None:
-            hint = ("load the model record first (module.load_record) so the ids match, or "
-                    "pass match='name'") if match == "id" else \
-                "the module has no parameter of that name"
+            hint = (
+                (
+                    "load the model record first (module.load_record) so the ids match, or "
+                    "pass match='name'"
+                )
+                if match == "id"
+                else "the module has no parameter of that name"
+            )
             raise ParamIdMismatchError(
                 f"record's gradient for param {entry.param_id} ({entry.name!r}) matches no "
                 f"parameter of the module by {match}; {hint}"

@@ -41,8 +41,7 @@ class Optimizer:
     def hyperparameters(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _update(self, lr: float, param: Param, grad: Any, state: dict[str, Any], step: int
-                ) -> None:
+    def _update(self, lr: float, param: Param, grad: Any, state: dict[str, Any], step: int) -> None:
         raise NotImplementedError
 
     def step(self, lr: float, module: Module, grads: GradientsParams) -> Module:
@@ -56,8 +55,11 @@ class Optimizer:
                     f"gradient for param {param.id} ({name!r}) has shape {grad.shape}; the "
                     f"parameter has {param.shape}"
                 )
-            g = grad._data if grad.device == param.device else backend.to_device(
-                grad._data, param.device)
+            g = (
+                grad._data
+                if grad.device == param.device
+                else backend.to_device(grad._data, param.device)
+            )
             if g.dtype != param.dtype:
                 g = g.astype(param.dtype)
             state = self._state.setdefault(param.id, {})
@@ -73,8 +75,10 @@ class Optimizer:
         return OptimizerRecord(
             self.kind,
             self.hyperparameters(),
-            {pid: {k: backend.to_host(v).copy() for k, v in s.items()}
-             for pid, s in self._state.items()},
+            {
+                pid: {k: backend.to_host(v).copy() for k, v in s.items()}
+                for pid, s in self._state.items()
+            },
             dict(self._steps),
         )
 
@@ -94,8 +98,9 @@ class Optimizer:
                     "module; load the model record first"
                 )
         self._state = {
-            pid: {k: backend.to_device(v.copy(), devices.get(pid, backend.CPU))
-                  for k, v in s.items()}
+            pid: {
+                k: backend.to_device(v.copy(), devices.get(pid, backend.CPU)) for k, v in s.items()
+            }
             for pid, s in record.state.items()
         }
         self._steps = dict(record.steps)
@@ -107,18 +112,26 @@ class SGD(Optimizer):
 
     kind = "sgd"
 
-    def __init__(self, momentum: float = 0.0, weight_decay: float = 0.0, dampening: float = 0.0,
-                 nesterov: bool = False) -> None:
+    def __init__(
+        self,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        dampening: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
         super().__init__()
         self.momentum, self.weight_decay = momentum, weight_decay
         self.dampening, self.nesterov = dampening, nesterov
 
     def hyperparameters(self) -> dict[str, Any]:
-        return {"momentum": self.momentum, "weight_decay": self.weight_decay,
-                "dampening": self.dampening, "nesterov": self.nesterov}
+        return {
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
+            "dampening": self.dampening,
+            "nesterov": self.nesterov,
+        }
 
-    def _update(self, lr: float, param: Param, grad: Any, state: dict[str, Any], step: int
-                ) -> None:
+    def _update(self, lr: float, param: Param, grad: Any, state: dict[str, Any], step: int) -> None:
         p = param._data
         if self.weight_decay:
             grad = grad + self.weight_decay * p
@@ -140,16 +153,19 @@ class Adam(Optimizer):
     kind = "adam"
     decoupled = False
 
-    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__()
         self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
 
     def hyperparameters(self) -> dict[str, Any]:
         return {"betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
 
-    def _update(self, lr: float, param: Param, grad: Any, state: dict[str, Any], step: int
-                ) -> None:
+    def _update(self, lr: float, param: Param, grad: Any, state: dict[str, Any], step: int) -> None:
         xp = backend.xp_of(param._data)
         p = param._data
         beta1, beta2 = self.betas
@@ -176,6 +192,10 @@ class AdamW(Adam):
     kind = "adamw"
     decoupled = True
 
-    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01) -> None:
+    def __init__(
+        self,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+    ) -> None:
         super().__init__(betas, eps, weight_decay)

@@ -36,8 +36,9 @@ class SnapshotHandle:
     same in async code; ``done()`` says whether the commit has finished.
     """
 
-    def __init__(self, future: concurrent.futures.Future[SnapshotInfo], nbytes: int,
-                 num_params: int) -> None:
+    def __init__(
+        self, future: concurrent.futures.Future[SnapshotInfo], nbytes: int, num_params: int
+    ) -> None:
         self._future = future
         self.nbytes = nbytes
         self.num_params = num_params
@@ -61,10 +62,16 @@ class Recorder:
     retention policy after each commit (the newest snapshot is never deleted).
     """
 
-    def __init__(self, store: SnapshotStore | str | os.PathLike[str], *,
-                 on_busy: BusyPolicy = "wait", keep_last: int | None = None,
-                 keep_every: int | None = None, compression: str | None = None,
-                 **store_options: Any) -> None:
+    def __init__(
+        self,
+        store: SnapshotStore | str | os.PathLike[str],
+        *,
+        on_busy: BusyPolicy = "wait",
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        compression: str | None = None,
+        **store_options: Any,
+    ) -> None:
         if on_busy not in ("wait", "reject"):
             raise ValueError(f"on_busy must be 'wait' or 'reject'; got {on_busy!r}")
         self._store_arg = store
@@ -74,8 +81,9 @@ class Recorder:
         self.keep_last, self.keep_every = keep_last, keep_every
         self.compression = compression
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="gradvault-recorder",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="gradvault-recorder", daemon=True
+        )
         self._thread.start()
         self._inflight: set[concurrent.futures.Future[SnapshotInfo]] = set()
         self._lock = threading.Lock()
@@ -105,9 +113,13 @@ class Recorder:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int; got {step!r}")
 
-    def _try_launch(self, grads: GradientsParams | GradientsParamsRecord, run: str, step: int,
-                    tags: Mapping[str, str] | None
-                    ) -> SnapshotHandle | list[concurrent.futures.Future[SnapshotInfo]]:
+    def _try_launch(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None,
+    ) -> SnapshotHandle | list[concurrent.futures.Future[SnapshotInfo]]:
         """Capture and launch the commit, or return the snapshots still in flight.
 
         One snapshot commits at a time: that bounds the memory a recorder holds and keeps
@@ -134,9 +146,14 @@ class Recorder:
             nbytes = sum(int(data.nbytes) for _, _, data in captured)
             return SnapshotHandle(future, nbytes, len(captured))
 
-    async def _commit(self, captured: GradientsParamsRecord | list[tuple[Any, str, Any]],
-                      metadata: dict[str, Any], run: str, step: int, tags: dict[str, str]
-                      ) -> SnapshotInfo:
+    async def _commit(
+        self,
+        captured: GradientsParamsRecord | list[tuple[Any, str, Any]],
+        metadata: dict[str, Any],
+        run: str,
+        step: int,
+        tags: dict[str, str],
+    ) -> SnapshotInfo:
         if isinstance(captured, GradientsParamsRecord):
             record = captured
         elif metadata.get("device") == "cpu":
@@ -144,9 +161,14 @@ class Recorder:
         else:  # device-to-host copies, off the recorder's loop
             record = await asyncio.to_thread(GradientsParams._to_record, captured, metadata)
         store = self._get_store()
-        info = await store.write_snapshot(record, run=run, step=step, tags=tags,
-                                          device=str(metadata.get("device", "cpu")),
-                                          compression=self.compression)
+        info = await store.write_snapshot(
+            record,
+            run=run,
+            step=step,
+            tags=tags,
+            device=str(metadata.get("device", "cpu")),
+            compression=self.compression,
+        )
         if self.keep_last is not None or self.keep_every is not None:
             try:
                 await store.apply_retention(self.keep_last, self.keep_every, run=run)
@@ -154,8 +176,14 @@ class Recorder:
                 _log.warning("snapshot %s committed; retention failed: %s", info.id, error)
         return info
 
-    def start_snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str,
-                       step: int, tags: Mapping[str, str] | None = None) -> SnapshotHandle:
+    def start_snapshot(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+    ) -> SnapshotHandle:
         """Capture ``grads`` now and commit them in the background; returns once capture is safe.
 
         Nothing training does after this returns changes what is written. With
@@ -169,8 +197,14 @@ class Recorder:
                 return launched
             concurrent.futures.wait(launched)
 
-    async def snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str,
-                       step: int, tags: Mapping[str, str] | None = None) -> SnapshotInfo:
+    async def snapshot(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+    ) -> SnapshotInfo:
         """Capture and commit ``grads``; returns the committed snapshot's info."""
         self._check(run, step)
         while True:
@@ -180,23 +214,30 @@ class Recorder:
             await asyncio.wait([asyncio.wrap_future(future) for future in launched])
 
     # ------------------------------------------------------------------ reads
-    async def restore(self, snapshot_id: str, device: backend.Device | str = "cpu", *,
-                      module: Any = None, match: str = "id") -> GradientsParams:
+    async def restore(
+        self,
+        snapshot_id: str,
+        device: backend.Device | str = "cpu",
+        *,
+        module: Any = None,
+        match: str = "id",
+    ) -> GradientsParams:
         """The snapshot's gradients on ``device`` (checksums verified)."""
         record = await self.fetch(snapshot_id)
         # the record was read for this call alone: its buffers can become the tensors'
-        return GradientsParams.from_record(record, device, module=module, match=match,
-                                           copy=False)
+        return GradientsParams.from_record(record, device, module=module, match=match, copy=False)
 
     async def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
         """The snapshot as a record (checksums verified)."""
         return await self._call(self._get_store_async("read_snapshot", snapshot_id))
 
-    async def list(self, run: str | None = None, step_min: int | None = None,
-                   step_max: int | None = None) -> list[SnapshotInfo]:
+    async def list(
+        self, run: str | None = None, step_min: int | None = None, step_max: int | None = None
+    ) -> list[SnapshotInfo]:
         """Committed snapshots, newest first."""
-        return await self._call(self._get_store_async("list", run=run, step_min=step_min,
-                                                      step_max=step_max))
+        return await self._call(
+            self._get_store_async("list", run=run, step_min=step_min, step_max=step_max)
+        )
 
     async def info(self, snapshot_id: str) -> dict[str, Any]:
         """The snapshot's manifest."""
@@ -210,11 +251,13 @@ class Recorder:
         """Remove leftovers of interrupted snapshots older than ``grace_seconds``."""
         return await self._call(self._get_store_async("gc", grace_seconds=grace_seconds))
 
-    async def apply_retention(self, keep_last: int | None = None, keep_every: int | None = None,
-                              run: str | None = None) -> list[str]:
+    async def apply_retention(
+        self, keep_last: int | None = None, keep_every: int | None = None, run: str | None = None
+    ) -> list[str]:
         """Delete what the retention policy does not keep; returns the deleted ids."""
-        return await self._call(self._get_store_async("apply_retention", keep_last, keep_every,
-                                                      run=run))
+        return await self._call(
+            self._get_store_async("apply_retention", keep_last, keep_every, run=run)
+        )
 
     async def _get_store_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await getattr(self._get_store(), method)(*args, **kwargs)
@@ -251,8 +294,9 @@ class Recorder:
         self.close()
 
 
-def _capture(grads: GradientsParams | GradientsParamsRecord
-             ) -> tuple[GradientsParamsRecord | list[tuple[Any, str, Any]], dict[str, Any]]:
+def _capture(
+    grads: GradientsParams | GradientsParamsRecord,
+) -> tuple[GradientsParamsRecord | list[tuple[Any, str, Any]], dict[str, Any]]:
     """The point-in-time capture of ``grads`` (copy-on-write; a record is taken as it is)."""
     if isinstance(grads, GradientsParamsRecord):
         return grads, {"device": str(grads.metadata.get("device", "cpu"))}
@@ -283,23 +327,37 @@ class SyncRecorder:
             )
         return asyncio.run(coro)
 
-    def snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str, step: int,
-                 tags: Mapping[str, str] | None = None) -> SnapshotInfo:
+    def snapshot(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+    ) -> SnapshotInfo:
         return self._recorder.start_snapshot(grads, run=run, step=step, tags=tags).result()
 
-    def start_snapshot(self, grads: GradientsParams | GradientsParamsRecord, *, run: str,
-                       step: int, tags: Mapping[str, str] | None = None) -> SnapshotHandle:
+    def start_snapshot(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+    ) -> SnapshotHandle:
         return self._recorder.start_snapshot(grads, run=run, step=step, tags=tags)
 
-    def restore(self, snapshot_id: str, device: backend.Device | str = "cpu", **kwargs: Any
-                ) -> GradientsParams:
+    def restore(
+        self, snapshot_id: str, device: backend.Device | str = "cpu", **kwargs: Any
+    ) -> GradientsParams:
         return self._run("restore", self._recorder.restore(snapshot_id, device, **kwargs))
 
     def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
         return self._run("fetch", self._recorder.fetch(snapshot_id))
 
-    def list(self, run: str | None = None, step_min: int | None = None,
-             step_max: int | None = None) -> list[SnapshotInfo]:
+    def list(
+        self, run: str | None = None, step_min: int | None = None, step_max: int | None = None
+    ) -> list[SnapshotInfo]:
         return self._run("list", self._recorder.list(run, step_min, step_max))
 
     def info(self, snapshot_id: str) -> dict[str, Any]:
@@ -311,10 +369,12 @@ class SyncRecorder:
     def gc(self, grace_seconds: float = 3600.0) -> list[str]:
         return self._run("gc", self._recorder.gc(grace_seconds))
 
-    def apply_retention(self, keep_last: int | None = None, keep_every: int | None = None,
-                        run: str | None = None) -> list[str]:
-        return self._run("apply_retention",
-                         self._recorder.apply_retention(keep_last, keep_every, run))
+    def apply_retention(
+        self, keep_last: int | None = None, keep_every: int | None = None, run: str | None = None
+    ) -> list[str]:
+        return self._run(
+            "apply_retention", self._recorder.apply_retention(keep_last, keep_every, run)
+        )
 
     def close(self) -> None:
         self._recorder.close()

@@ -65,8 +65,14 @@ class Tensor:
     )
     __array_priority__ = 1000  # NumPy defers ``array * tensor`` to Tensor.__rmul__
 
-    def __init__(self, data: Any, *, dtype: DTypeLike = None, device: DeviceLike = None,
-                 requires_grad: bool = False) -> None:
+    def __init__(
+        self,
+        data: Any,
+        *,
+        dtype: DTypeLike = None,
+        device: DeviceLike = None,
+        requires_grad: bool = False,
+    ) -> None:
         from .factories import tensor  # noqa: PLC0415
 
         made = tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
@@ -350,8 +356,9 @@ class Tensor:
         self._version_box[0] += 1
         self._version_box[1] = op
 
-    def _inplace(self, op: str, out_of_place: Callable[[Tensor], Tensor],
-                 others: Sequence[Any] = ()) -> Tensor:
+    def _inplace(
+        self, op: str, out_of_place: Callable[[Tensor], Tensor], others: Sequence[Any] = ()
+    ) -> Tensor:
         """Apply ``out_of_place`` and write its result into this tensor's storage."""
         recording = _state.grad_enabled and (
             self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in others)
@@ -378,8 +385,11 @@ class Tensor:
             self._prepare_write(op)
             self._data[...] = result._data
             old_node, self.grad_fn = self.grad_fn, result.grad_fn
-            if old_node is not None and old_node.retained is not None \
-                    and old_node.retained() is self:
+            if (
+                old_node is not None
+                and old_node.retained is not None
+                and old_node.retained() is self
+            ):
                 self.grad_fn.retained = old_node.retained  # retain_grad follows the tensor
             self._requires_grad = True
         else:
@@ -406,12 +416,14 @@ class Tensor:
         self._bump("accumulate_grad")
 
     def add_(self, other: Any, *, alpha: float = 1) -> Tensor:
-        return self._inplace("add_", lambda s: s + (other * alpha if alpha != 1 else other),
-                             (other,))
+        return self._inplace(
+            "add_", lambda s: s + (other * alpha if alpha != 1 else other), (other,)
+        )
 
     def sub_(self, other: Any, *, alpha: float = 1) -> Tensor:
-        return self._inplace("sub_", lambda s: s - (other * alpha if alpha != 1 else other),
-                             (other,))
+        return self._inplace(
+            "sub_", lambda s: s - (other * alpha if alpha != 1 else other), (other,)
+        )
 
     def mul_(self, other: Any) -> Tensor:
         return self._inplace("mul_", lambda s: s * other, (other,))

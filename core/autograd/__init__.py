@@ -79,8 +79,12 @@ def grad(
     if retain_graph is None:
         retain_graph = create_graph
     captured, _ = run_backward(
-        [o for o, _ in kept], [s for _, s in kept], retain_graph=retain_graph,
-        create_graph=create_graph, capture=list(inputs), accumulate=False,
+        [o for o, _ in kept],
+        [s for _, s in kept],
+        retain_graph=retain_graph,
+        create_graph=create_graph,
+        capture=list(inputs),
+        accumulate=False,
     )
     from ..tensor import _leaf_node  # noqa: PLC0415
 
@@ -117,7 +121,10 @@ def backward(
         retain_graph = create_graph
     targets = list(_as_tuple(inputs)) if inputs is not None else None
     captured, delivered = run_backward(
-        list(outputs), prepared, retain_graph=retain_graph, create_graph=create_graph,
+        list(outputs),
+        prepared,
+        retain_graph=retain_graph,
+        create_graph=create_graph,
         capture=targets,
     )
     for t in targets or ():  # non-leaf inputs get their .grad too, as in PyTorch

@@ -63,8 +63,10 @@ def _needed(roots: Sequence[Node], targets: set[Node] | None) -> dict[Node, int]
         stack.extend((child, False) for child in node.next_nodes if child is not None)
     useful: set[Node] = set()
     for node in order:  # children come before parents in post-order
-        if targets is None or node in targets or any(
-            child in useful for child in node.next_nodes if child is not None
+        if (
+            targets is None
+            or node in targets
+            or any(child in useful for child in node.next_nodes if child is not None)
         ):
             useful.add(node)
     counts: dict[Node, int] = {node: 0 for node in useful}

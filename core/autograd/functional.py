@@ -41,19 +41,30 @@ def _finish(values: tuple[Any, ...], create_graph: bool) -> tuple[Any, ...]:
     return tuple(v if v is None or create_graph else v.detach() for v in values)
 
 
-def _grad(outputs: tuple[Any, ...], inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...],
-          create_graph: bool) -> tuple[Any, ...]:
+def _grad(
+    outputs: tuple[Any, ...],
+    inputs: tuple[Any, ...],
+    grad_outputs: tuple[Any, ...],
+    create_graph: bool,
+) -> tuple[Any, ...]:
     from . import grad  # noqa: PLC0415
 
     kept = [(o, g) for o, g in zip(outputs, grad_outputs, strict=True) if o.requires_grad]
     if not kept:
         return (None,) * len(inputs)
-    return grad([o for o, _ in kept], list(inputs), [g for _, g in kept], retain_graph=True,
-                create_graph=create_graph, allow_unused=True)
+    return grad(
+        [o for o, _ in kept],
+        list(inputs),
+        [g for _, g in kept],
+        retain_graph=True,
+        create_graph=create_graph,
+        allow_unused=True,
+    )
 
 
-def _fill_unused(grads: tuple[Any, ...], like: tuple[Any, ...], strict: bool, what: str
-                 ) -> tuple[Any, ...]:
+def _fill_unused(
+    grads: tuple[Any, ...], like: tuple[Any, ...], strict: bool, what: str
+) -> tuple[Any, ...]:
     from ..factories import zeros_like  # noqa: PLC0415
 
     out = []
@@ -93,8 +104,13 @@ def _check_v(v: Any, like: tuple[Any, ...], name: str) -> tuple[Any, ...]:
     return values
 
 
-def vjp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool = False,
-        strict: bool = False) -> tuple[Any, Any]:
+def vjp(
+    func: Callable[..., Any],
+    inputs: Any,
+    v: Any = None,
+    create_graph: bool = False,
+    strict: bool = False,
+) -> tuple[Any, Any]:
     """``(func(inputs), v^T J)``."""
     was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
@@ -105,12 +121,19 @@ def vjp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool
         vs = _check_v(v, outs, "v")
         grads = _grad(outs, inp, vs, create_graph)
     grads = _fill_unused(grads, inp, strict, "vjp")
-    return (_shape_like(_finish(outs, create_graph), out_tuple),
-            _shape_like(_finish(grads, create_graph), was_tuple))
+    return (
+        _shape_like(_finish(outs, create_graph), out_tuple),
+        _shape_like(_finish(grads, create_graph), was_tuple),
+    )
 
 
-def jvp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool = False,
-        strict: bool = False) -> tuple[Any, Any]:
+def jvp(
+    func: Callable[..., Any],
+    inputs: Any,
+    v: Any = None,
+    create_graph: bool = False,
+    strict: bool = False,
+) -> tuple[Any, Any]:
     """``(func(inputs), J v)``, by the double-vjp trick."""
     from ..factories import zeros_like  # noqa: PLC0415
 
@@ -128,21 +151,30 @@ def jvp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool
                 f"the output of the function is independent of input {index} (jvp); this is "
                 "not allowed in strict mode"
             )
-        pairs = [(g, v_) for g, v_ in zip(grads, vs, strict=True) if g is not None
-                 and g.requires_grad]
+        pairs = [
+            (g, v_) for g, v_ in zip(grads, vs, strict=True) if g is not None and g.requires_grad
+        ]
         if pairs:
-            result = _grad(tuple(g for g, _ in pairs), dummies, tuple(v_ for _, v_ in pairs),
-                           create_graph)
+            result = _grad(
+                tuple(g for g, _ in pairs), dummies, tuple(v_ for _, v_ in pairs), create_graph
+            )
         else:
             result = (None,) * len(outs)
     result = _fill_unused(result, outs, False, "jvp")
-    return (_shape_like(_finish(outs, create_graph), out_tuple),
-            _shape_like(_finish(result, create_graph), out_tuple))
+    return (
+        _shape_like(_finish(outs, create_graph), out_tuple),
+        _shape_like(_finish(result, create_graph), out_tuple),
+    )
 
 
-def jacobian(func: Callable[..., Any], inputs: Any, create_graph: bool = False,
-             strict: bool = False, vectorize: bool = False,
-             strategy: str = "reverse-mode") -> Any:
+def jacobian(
+    func: Callable[..., Any],
+    inputs: Any,
+    create_graph: bool = False,
+    strict: bool = False,
+    vectorize: bool = False,
+    strategy: str = "reverse-mode",
+) -> Any:
     """The Jacobian: ``J[i][j]`` has shape ``outputs[i].shape + inputs[j].shape``."""
     from ..factories import zeros  # noqa: PLC0415
     from ..ops import reshape, stack  # noqa: PLC0415
@@ -160,8 +192,11 @@ def jacobian(func: Callable[..., Any], inputs: Any, create_graph: bool = False,
             flat = reshape(o, (-1,))
             rows: list[list[Any]] = [[] for _ in inp]
             for k in range(o.numel()):
-                grads = _grad((flat[k],), inp, (_one(flat[k]),),
-                              create_graph) if o.requires_grad else (None,) * len(inp)
+                grads = (
+                    _grad((flat[k],), inp, (_one(flat[k]),), create_graph)
+                    if o.requires_grad
+                    else (None,) * len(inp)
+                )
                 for j, (g, t) in enumerate(zip(grads, inp, strict=True)):
                     if g is None:
                         if strict:
@@ -190,9 +225,14 @@ def _one(t: Any) -> Any:
     return ones_like(t)
 
 
-def hessian(func: Callable[..., Any], inputs: Any, create_graph: bool = False,
-            strict: bool = False, vectorize: bool = False,
-            outer_jacobian_strategy: str = "reverse-mode") -> Any:
+def hessian(
+    func: Callable[..., Any],
+    inputs: Any,
+    create_graph: bool = False,
+    strict: bool = False,
+    vectorize: bool = False,
+    outer_jacobian_strategy: str = "reverse-mode",
+) -> Any:
     """The Hessian of a scalar function: the Jacobian of its gradient."""
     was_tuple = isinstance(inputs, tuple | list)
 
@@ -213,8 +253,13 @@ def _check_scalar(out: Any, name: str) -> None:
         )
 
 
-def vhp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool = False,
-        strict: bool = False) -> tuple[Any, Any]:
+def vhp(
+    func: Callable[..., Any],
+    inputs: Any,
+    v: Any = None,
+    create_graph: bool = False,
+    strict: bool = False,
+) -> tuple[Any, Any]:
     """``(func(inputs), v^T H)`` for a scalar function."""
     was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
@@ -222,15 +267,19 @@ def vhp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool
         vs = _check_v(v, inp, "v")
         out = func(*inp)
         _check_scalar(out, "vhp")
-        jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict,
-                           "vhp")
+        jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict, "vhp")
         result = _grad(tuple(jac), inp, vs, create_graph)
     result = _fill_unused(result, inp, strict, "vhp")
     return _finish((out,), create_graph)[0], _shape_like(_finish(result, create_graph), was_tuple)
 
 
-def hvp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool = False,
-        strict: bool = False) -> tuple[Any, Any]:
+def hvp(
+    func: Callable[..., Any],
+    inputs: Any,
+    v: Any = None,
+    create_graph: bool = False,
+    strict: bool = False,
+) -> tuple[Any, Any]:
     """``(func(inputs), H v)`` for a scalar function, by the double-backward trick."""
     from ..factories import zeros_like  # noqa: PLC0415
 
@@ -240,15 +289,18 @@ def hvp(func: Callable[..., Any], inputs: Any, v: Any = None, create_graph: bool
         vs = _check_v(v, inp, "v")
         out = func(*inp)
         _check_scalar(out, "hvp")
-        jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict,
-                           "hvp")
+        jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict, "hvp")
         dummies = tuple(zeros_like(t).requires_grad_(True) for t in inp)
         double_back = _grad(tuple(jac), inp, dummies, create_graph=True)
-        pairs = [(d, v_) for d, v_ in zip(double_back, vs, strict=True)
-                 if d is not None and d.requires_grad]
+        pairs = [
+            (d, v_)
+            for d, v_ in zip(double_back, vs, strict=True)
+            if d is not None and d.requires_grad
+        ]
         if pairs:
-            result = _grad(tuple(d for d, _ in pairs), dummies, tuple(v_ for _, v_ in pairs),
-                           create_graph)
+            result = _grad(
+                tuple(d for d, _ in pairs), dummies, tuple(v_ for _, v_ in pairs), create_graph
+            )
         else:
             result = (None,) * len(inp)
     result = _fill_unused(result, inp, strict, "hvp")

@@ -29,8 +29,6 @@ def is_inference_mode_enabled() -> bool:
     return _state.inference
 
 
-
-
 class _Mode:
     """Base of the grad-mode context managers; instances also decorate functions."""
 

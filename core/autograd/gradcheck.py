@@ -42,8 +42,9 @@ def _flat_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> list[Any]:
     return [o for o in _as_tuple(fn(*inputs)) if isinstance(o, Tensor) and o.dtype.kind == "f"]
 
 
-def _numerical(fn: Callable[..., Any], inputs: tuple[Any, ...], index: int, eps: float,
-               out_sizes: list[int]) -> np.ndarray:
+def _numerical(
+    fn: Callable[..., Any], inputs: tuple[Any, ...], index: int, eps: float, out_sizes: list[int]
+) -> np.ndarray:
     from .. import backend  # noqa: PLC0415
 
     t = inputs[index]
@@ -55,16 +56,21 @@ def _numerical(fn: Callable[..., Any], inputs: tuple[Any, ...], index: int, eps:
         for delta in (eps, -eps):
             flat[j] = original + delta
             outs = _flat_outputs(fn, inputs)
-            values.append(np.concatenate(
-                [backend.to_host(o._data).reshape(-1).astype(np.float64) for o in outs]
-            ) if outs else np.zeros(0))
+            values.append(
+                np.concatenate(
+                    [backend.to_host(o._data).reshape(-1).astype(np.float64) for o in outs]
+                )
+                if outs
+                else np.zeros(0)
+            )
         flat[j] = original
         jac[j] = (values[0] - values[1]) / (2 * eps)
     return jac
 
 
-def _analytic(fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: list[int]
-              ) -> tuple[list[np.ndarray], list[int]]:
+def _analytic(
+    fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: list[int]
+) -> tuple[list[np.ndarray], list[int]]:
     from .. import backend  # noqa: PLC0415
     from ..factories import zeros_like  # noqa: PLC0415
     from . import grad  # noqa: PLC0415
@@ -79,8 +85,9 @@ def _analytic(fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: lis
             if o.requires_grad:
                 seed = zeros_like(o)
                 seed._data.reshape(-1)[k] = 1
-                grads = grad(o, [inputs[i] for i in diff_indices], seed, retain_graph=True,
-                             allow_unused=True)
+                grads = grad(
+                    o, [inputs[i] for i in diff_indices], seed, retain_graph=True, allow_unused=True
+                )
                 for jac, g in zip(jacs, grads, strict=True):
                     if g is not None:
                         jac[:, column] = backend.to_host(g._data).reshape(-1)
@@ -88,9 +95,16 @@ def _analytic(fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: lis
     return jacs, sizes
 
 
-def gradcheck(fn: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol: float = 1e-5,
-              rtol: float = 1e-3, raise_exception: bool = True,
-              check_second_order: bool = False) -> bool:
+def gradcheck(
+    fn: Callable[..., Any],
+    inputs: Any,
+    *,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    raise_exception: bool = True,
+    check_second_order: bool = False,
+) -> bool:
     """True when ``fn``'s analytic gradients match central finite differences in float64.
 
     Floating inputs are copied to float64 first; only inputs with ``requires_grad`` are
@@ -116,14 +130,23 @@ def gradcheck(fn: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol: f
                 raise GradcheckError(message)
             return False
     if check_second_order:
-        return gradgradcheck(fn, inputs, eps=eps, atol=atol, rtol=rtol,
-                             raise_exception=raise_exception)
+        return gradgradcheck(
+            fn, inputs, eps=eps, atol=atol, rtol=rtol, raise_exception=raise_exception
+        )
     return True
 
 
-def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None, *,
-                  eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
-                  raise_exception: bool = True, seed: int = 0) -> bool:
+def gradgradcheck(
+    fn: Callable[..., Any],
+    inputs: Any,
+    grad_outputs: Any = None,
+    *,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    raise_exception: bool = True,
+    seed: int = 0,
+) -> bool:
     """``gradcheck`` of the vector-Jacobian product of ``fn`` (second-order gradients)."""
     from ..factories import zeros_like  # noqa: PLC0415
     from ..tensor import Tensor  # noqa: PLC0415
@@ -148,11 +171,23 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
             targets = [t for t in args[:count] if getattr(t, "requires_grad", False)]
             if not kept:
                 return tuple(zeros_like(t) for t in targets)
-            grads = grad([o for o, _ in kept], targets, [v for _, v in kept],
-                         create_graph=True, allow_unused=True)
-        return tuple(g if g is not None else zeros_like(t) for g, t in zip(grads, targets,
-                                                                           strict=True))
+            grads = grad(
+                [o for o, _ in kept],
+                targets,
+                [v for _, v in kept],
+                create_graph=True,
+                allow_unused=True,
+            )
+        return tuple(
+            g if g is not None else zeros_like(t) for g, t in zip(grads, targets, strict=True)
+        )
 
     del diff
-    return gradcheck(first_derivative, inputs + tuple(grad_outputs), eps=eps, atol=atol,
-                     rtol=rtol, raise_exception=raise_exception)
+    return gradcheck(
+        first_derivative,
+        inputs + tuple(grad_outputs),
+        eps=eps,
+        atol=atol,
+        rtol=rtol,
+        raise_exception=raise_exception,
+    )

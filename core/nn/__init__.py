@@ -4,6 +4,17 @@ from .layers import GELU, MLP, Dropout, Embedding, LayerNorm, Linear, ReLU, Sequ
 from .module import Module, ModuleRecord, Param, ParamState
 
 __all__ = [
-    "GELU", "MLP", "Dropout", "Embedding", "LayerNorm", "Linear", "Module", "ModuleRecord",
-    "Param", "ParamState", "ReLU", "Sequential", "Tanh",
+    "GELU",
+    "MLP",
+    "Dropout",
+    "Embedding",
+    "LayerNorm",
+    "Linear",
+    "Module",
+    "ModuleRecord",
+    "Param",
+    "ParamState",
+    "ReLU",
+    "Sequential",
+    "Tanh",
 ]

@@ -23,8 +23,15 @@ def _uniform(shape: tuple[int, ...], bound: float, dtype: DTypeLike, device: Dev
 class Linear(Module):
     """``y = x @ weight.T + bias``; weight (out_features, in_features), PyTorch's init."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 dtype: DTypeLike = None, device: DeviceLike = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        dtype: DTypeLike = None,
+        device: DeviceLike = None,
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         bound = 1 / math.sqrt(in_features) if in_features else 0.0
@@ -35,20 +42,29 @@ class Linear(Module):
         return ops.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )
 
 
 class Embedding(Module):
     """A lookup table of ``num_embeddings`` vectors of size ``embedding_dim`` (N(0, 1) init)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, dtype: DTypeLike = None,
-                 device: DeviceLike = None) -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        dtype: DTypeLike = None,
+        device: DeviceLike = None,
+    ) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         data = generator().standard_normal((num_embeddings, embedding_dim))
-        self.weight = Param(Tensor._make(data.astype(as_dtype(dtype) or np.float32)).to(
-            device or "cpu"))
+        self.weight = Param(
+            Tensor._make(data.astype(as_dtype(dtype) or np.float32)).to(device or "cpu")
+        )
 
     def forward(self, indices: Tensor) -> Tensor:
         if indices.dtype.kind not in "iu":
@@ -62,17 +78,25 @@ class Embedding(Module):
 class LayerNorm(Module):
     """Normalise over the last dims, then scale and shift (PyTorch's LayerNorm)."""
 
-    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5,
-                 elementwise_affine: bool = True, bias: bool = True, *,
-                 dtype: DTypeLike = None, device: DeviceLike = None) -> None:
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        *,
+        dtype: DTypeLike = None,
+        device: DeviceLike = None,
+    ) -> None:
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(
-            normalized_shape)
+        shape = (
+            (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        )
         self.normalized_shape, self.eps = shape, eps
-        self.weight = Param(ones(shape, dtype=dtype, device=device)) if elementwise_affine \
-            else None
-        self.bias = Param(zeros(shape, dtype=dtype, device=device)) if elementwise_affine \
-            and bias else None
+        self.weight = Param(ones(shape, dtype=dtype, device=device)) if elementwise_affine else None
+        self.bias = (
+            Param(zeros(shape, dtype=dtype, device=device)) if elementwise_affine and bias else None
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         dims = tuple(range(x.ndim - len(self.normalized_shape), x.ndim))
@@ -152,9 +176,17 @@ def Tanh() -> Module:  # noqa: N802
 class MLP(Module):
     """Linear layers with an activation between them: in -> hidden... -> out."""
 
-    def __init__(self, in_features: int, hidden_features: Sequence[int], out_features: int,
-                 activation: str = "relu", dropout: float = 0.0, *,
-                 dtype: DTypeLike = None, device: DeviceLike = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: Sequence[int],
+        out_features: int,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        *,
+        dtype: DTypeLike = None,
+        device: DeviceLike = None,
+    ) -> None:
         super().__init__()
         sizes = [in_features, *hidden_features, out_features]
         layers: list[Module] = []

@@ -23,8 +23,13 @@ class Param(Tensor):
 
     __slots__ = ("id",)
 
-    def __init__(self, data: Any, *, id: ParamId | None = None,  # noqa: A002
-                 requires_grad: bool = True) -> None:
+    def __init__(
+        self,
+        data: Any,
+        *,
+        id: ParamId | None = None,  # noqa: A002
+        requires_grad: bool = True,
+    ) -> None:
         source = data if isinstance(data, Tensor) else tensor(data)
         for name in Tensor.__slots__[:-1]:
             setattr(self, name, getattr(source, name))
@@ -103,8 +108,9 @@ class Module:
     def modules(self) -> Iterator[Module]:
         return (m for _, m in self.named_modules())
 
-    def named_parameters(self, prefix: str = "", recurse: bool = True
-                         ) -> Iterator[tuple[str, Param]]:
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True
+    ) -> Iterator[tuple[str, Param]]:
         """Every Param with its module path; a Param shared by two modules appears once."""
         seen: set[int] = set()
         modules = self.named_modules(prefix) if recurse else iter([(prefix, self)])
@@ -154,10 +160,12 @@ class Module:
 
     def state_record(self) -> ModuleRecord:
         """Host copies of every parameter's value with its ParamId."""
-        return ModuleRecord({
-            name: ParamState(p.id, backend.to_host(p._data).copy())
-            for name, p in self.named_parameters()
-        })
+        return ModuleRecord(
+            {
+                name: ParamState(p.id, backend.to_host(p._data).copy())
+                for name, p in self.named_parameters()
+            }
+        )
 
     def load_record(self, record: ModuleRecord, *, strict: bool = True) -> Module:
         """Load values AND ParamIds from ``record``; returns self.

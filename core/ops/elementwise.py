@@ -82,7 +82,7 @@ class Pow(Function):
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
         ctx.save_for_backward(a, b)
         ctx.save_output()
-        return a._data ** b._data
+        return a._data**b._data
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -105,7 +105,7 @@ class PowScalar(Function):
     def forward(ctx: Context, a: Tensor, exponent: float) -> Any:
         ctx.save_for_backward(a)
         ctx.exponent = exponent
-        return a._data ** exponent
+        return a._data**exponent
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -331,8 +331,10 @@ def neg(a: Tensor) -> Tensor:
 
 def pow(a: Any, exponent: Any) -> Tensor:  # noqa: A001 - PyTorch's name
     """``a ** exponent``; a Python-number exponent keeps the graph small."""
-    if isinstance(a, Tensor) and isinstance(exponent, int | float) and not isinstance(
-        exponent, bool
+    if (
+        isinstance(a, Tensor)
+        and isinstance(exponent, int | float)
+        and not isinstance(exponent, bool)
     ):
         return PowScalar.apply(a, exponent)
     return _binary(Pow, a, exponent)

@@ -32,8 +32,11 @@ class Matmul(Function):
         b2 = reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
         g2 = g
         if a.ndim == 1:
-            g2 = reshape(g2, g2.shape[:-1] + (1,) + g2.shape[-1:]) if b.ndim > 1 else reshape(
-                g2, (1,) + g2.shape)
+            g2 = (
+                reshape(g2, g2.shape[:-1] + (1,) + g2.shape[-1:])
+                if b.ndim > 1
+                else reshape(g2, (1,) + g2.shape)
+            )
         if b.ndim == 1:
             g2 = reshape(g2, g2.shape + (1,))
         grad_a = grad_b = None
@@ -151,8 +154,14 @@ def _reduce(loss: Tensor, reduction: str, count: Any = None) -> Tensor:
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none'; got {reduction!r}")
 
 
-def cross_entropy(input: Tensor, target: Tensor, *, reduction: str = "mean",  # noqa: A002
-                  ignore_index: int = -100, label_smoothing: float = 0.0) -> Tensor:
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    *,
+    reduction: str = "mean",  # noqa: A002
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+) -> Tensor:
     """Cross-entropy of logits ``input`` (N, C) or (C,) against class indices or probabilities.
 
     As in PyTorch: class-index targets skip ``ignore_index`` and the mean divides by the
@@ -162,8 +171,7 @@ def cross_entropy(input: Tensor, target: Tensor, *, reduction: str = "mean",  # 
     if target.dtype.kind == "f":
         if target.shape != input.shape:
             raise ValueError(
-                f"probability targets must have the input's shape {input.shape}; got "
-                f"{target.shape}"
+                f"probability targets must have the input's shape {input.shape}; got {target.shape}"
             )
         class_dim = 1 if input.ndim > 1 else 0
         classes = input.shape[class_dim]

@@ -10,8 +10,9 @@ from ._common import constant, normalize_dims, xp
 from .shape import expand, reshape
 
 
-def _restore_dims(g: Tensor, shape: tuple[int, ...], dims: tuple[int, ...] | None,
-                  keepdim: bool) -> Tensor:
+def _restore_dims(
+    g: Tensor, shape: tuple[int, ...], dims: tuple[int, ...] | None, keepdim: bool
+) -> Tensor:
     """``g`` with the reduced dims put back as size 1 (so that it broadcasts over ``shape``)."""
     if keepdim or not shape:
         return g
@@ -36,8 +37,9 @@ class Extreme(Function):
     """max/min over all elements (ties share the gradient) or along one dim (argmax wins)."""
 
     @staticmethod
-    def forward(ctx: Context, a: Tensor, dim: int | None, keepdim: bool, largest: bool,
-                index: Any = None) -> Any:
+    def forward(
+        ctx: Context, a: Tensor, dim: int | None, keepdim: bool, largest: bool, index: Any = None
+    ) -> Any:
         m = xp(a)
         x = a._data
         if x.size == 0:
@@ -108,8 +110,14 @@ def min(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:  # noq
     return _extreme(a, dim, keepdim, False)
 
 
-def var(a: Tensor, dim: Any = None, *, correction: int = 1, unbiased: bool | None = None,
-        keepdim: bool = False) -> Tensor:
+def var(
+    a: Tensor,
+    dim: Any = None,
+    *,
+    correction: int = 1,
+    unbiased: bool | None = None,
+    keepdim: bool = False,
+) -> Tensor:
     """Variance over ``dim`` with Bessel's ``correction`` (1 by default, as in PyTorch)."""
     if unbiased is not None:
         correction = 1 if unbiased else 0
@@ -121,8 +129,14 @@ def var(a: Tensor, dim: Any = None, *, correction: int = 1, unbiased: bool | Non
     return sum(centered * centered, dims, keepdim) / (count - correction)
 
 
-def std(a: Tensor, dim: Any = None, *, correction: int = 1, unbiased: bool | None = None,
-        keepdim: bool = False) -> Tensor:
+def std(
+    a: Tensor,
+    dim: Any = None,
+    *,
+    correction: int = 1,
+    unbiased: bool | None = None,
+    keepdim: bool = False,
+) -> Tensor:
     """Standard deviation: ``var(...).sqrt()``."""
     return var(a, dim, correction=correction, unbiased=unbiased, keepdim=keepdim).sqrt()
 

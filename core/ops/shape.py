@@ -15,8 +15,11 @@ from ._common import as_tensor_like, xp
 
 def _as_view(out: Tensor, base: Tensor) -> Tensor:
     """Mark ``out`` as a view of ``base``: they share storage and the version counter."""
-    if xp(base).shares_memory(out._data, base._data) if out._data.size and base._data.size \
-            else False:
+    if (
+        xp(base).shares_memory(out._data, base._data)
+        if out._data.size and base._data.size
+        else False
+    ):
         out._version_box = base._version_box
         base._version_box[2] = True
         if out.requires_grad:
@@ -60,6 +63,7 @@ class Expand(Function):
 
 def _index_arrays(index: Any, m: Any) -> Any:
     """``index`` with tensors replaced by arrays (kept a tuple when it was one)."""
+
     def one(i: Any) -> Any:
         if isinstance(i, Tensor):
             return i._data
@@ -186,9 +190,7 @@ def expand(a: Tensor, *shape: Any) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
         shape = tuple(shape[0])
     lead = len(shape) - a.ndim
-    shape = tuple(
-        a.shape[i - lead] if n == -1 else int(n) for i, n in enumerate(shape)
-    )
+    shape = tuple(a.shape[i - lead] if n == -1 else int(n) for i, n in enumerate(shape))
     if shape == a.shape:
         return a
     return Expand.apply(a, shape)
@@ -205,7 +207,7 @@ def squeeze(a: Tensor, dim: int | None = None) -> Tensor:
     dim = dim % max(a.ndim, 1)
     if a.ndim == 0 or a.shape[dim] != 1:
         return a
-    return reshape(a, a.shape[:dim] + a.shape[dim + 1:])
+    return reshape(a, a.shape[:dim] + a.shape[dim + 1 :])
 
 
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
@@ -213,9 +215,9 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         return reshape(a, (1,))
     start, end = start_dim % a.ndim, end_dim % a.ndim
     size = 1
-    for n in a.shape[start:end + 1]:
+    for n in a.shape[start : end + 1]:
         size *= n
-    return reshape(a, a.shape[:start] + (size,) + a.shape[end + 1:])
+    return reshape(a, a.shape[:start] + (size,) + a.shape[end + 1 :])
 
 
 def getitem(a: Tensor, index: Any) -> Tensor:

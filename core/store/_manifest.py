@@ -229,8 +229,9 @@ class Manifest:
             self._checksums = [parse_checksum(text) for text in self.columns["checksum"]]
         return self._checksums
 
-    def packed_entries(self, snapshot_id: str, positions: list[int], buffer: memoryview
-                       ) -> list[GradientRecordEntry]:
+    def packed_entries(
+        self, snapshot_id: str, positions: list[int], buffer: memoryview
+    ) -> list[GradientRecordEntry]:
         """The packed gradients at ``positions`` over ``buffer`` (the packed array's bytes).
 
         Each gradient's crc32c is checked against the manifest. Gradients are slices of

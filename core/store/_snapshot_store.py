@@ -439,9 +439,7 @@ class SnapshotStore:
                 buffer[spans[i].start : spans[i].start + spans[i].length] = body[: spans[i].length]
 
         if len(positions) > 64:
-            return await self._threads.run(
-                manifest.packed_entries, snapshot_id, positions, buffer
-            )
+            return await self._threads.run(manifest.packed_entries, snapshot_id, positions, buffer)
         return manifest.packed_entries(snapshot_id, positions, buffer)
 
     async def read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
@@ -523,8 +521,9 @@ class SnapshotStore:
                     pass  # deleted since the listing
                 except FormatVersionError as error:
                     # unreadable: left out of listings, explained by info() and reads
-                    _log.warning("store %s: snapshot %s is not listed: %s",
-                                 self.location, snapshot_id, error)
+                    _log.warning(
+                        "store %s: snapshot %s is not listed: %s", self.location, snapshot_id, error
+                    )
 
         await asyncio.gather(*(load(i) for i in ids if i not in self._infos))
         found = [self._infos[i] for i in ids if i in self._infos]

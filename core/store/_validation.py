@@ -40,7 +40,6 @@ GRADIENT_COLUMNS = (
 STATS_COLUMNS = ("l2_norm", "max_abs", "nan_count", "inf_count")
 
 
-
 _ITEMSIZE = {name: np.dtype(name).itemsize for name in SUPPORTED_DTYPES}
 # Whole columns are checked at once: joined into one string (a TypeError if any entry is
 # not a string), checked by one regex or one bytes.translate, entry lengths by one set.

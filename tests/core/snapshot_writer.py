@@ -34,8 +34,9 @@ def main() -> None:
         step = 0
         while count == 0 or step < count:
             seed = hash((name, step)) % (2**31)
-            info = recorder.start_snapshot(seeded_grads(seed), run=name, step=step,
-                                           tags={"seed": str(seed)}).result()
+            info = recorder.start_snapshot(
+                seeded_grads(seed), run=name, step=step, tags={"seed": str(seed)}
+            ).result()
             print(f"committed {info.id} {seed}", flush=True)
             step += 1
 

@@ -47,15 +47,18 @@ def test_backward_inputs_fills_a_non_leaf_grad() -> None:
     assert x.grad is None
 
 
-@pytest.mark.parametrize(("make", "expected"), [
-    (lambda: gv.ones(2, dtype=gv.float16) * gv.tensor(2.0, dtype=gv.float64), "float16"),
-    (lambda: gv.ones(2) * np.array(2.0), "float32"),
-    (lambda: gv.tensor([1, 2]) / 2, "float32"),
-    (lambda: gv.tensor([1, 2]) * 2.5, "float32"),
-    (lambda: gv.tensor([1, 2]) * 2, "int64"),
-    (lambda: gv.ones(2, dtype=gv.float64) * gv.ones(2), "float64"),
-    (lambda: gv.tensor([1, 2]) * gv.tensor(2.0, dtype=gv.float64), "float64"),
-])
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: gv.ones(2, dtype=gv.float16) * gv.tensor(2.0, dtype=gv.float64), "float16"),
+        (lambda: gv.ones(2) * np.array(2.0), "float32"),
+        (lambda: gv.tensor([1, 2]) / 2, "float32"),
+        (lambda: gv.tensor([1, 2]) * 2.5, "float32"),
+        (lambda: gv.tensor([1, 2]) * 2, "int64"),
+        (lambda: gv.ones(2, dtype=gv.float64) * gv.ones(2), "float64"),
+        (lambda: gv.tensor([1, 2]) * gv.tensor(2.0, dtype=gv.float64), "float64"),
+    ],
+)
 def test_type_promotion_follows_pytorch(make, expected: str) -> None:
     assert str(make().dtype) == expected
 

@@ -56,19 +56,32 @@ def shapes(min_dims: int = 0, max_dims: int = MAX_DIMS) -> st.SearchStrategy[tup
 
 def broadcast_shapes(draw: Draw, count: int, min_dims: int = 0) -> tuple[tuple[int, ...], ...]:
     """``count`` shapes that broadcast together (size-1 and missing leading dims included)."""
-    drawn = draw(hnp.mutually_broadcastable_shapes(
-        num_shapes=count, min_dims=min_dims, max_dims=MAX_DIMS, min_side=1, max_side=MAX_SIDE,
-    ))
+    drawn = draw(
+        hnp.mutually_broadcastable_shapes(
+            num_shapes=count,
+            min_dims=min_dims,
+            max_dims=MAX_DIMS,
+            min_side=1,
+            max_side=MAX_SIDE,
+        )
+    )
     return tuple(drawn.input_shapes)
 
 
-def uniform(rng: np.random.Generator, shape: tuple[int, ...], low: float = -2.0,
-            high: float = 2.0) -> np.ndarray:
+def uniform(
+    rng: np.random.Generator, shape: tuple[int, ...], low: float = -2.0, high: float = 2.0
+) -> np.ndarray:
     return rng.uniform(low, high, shape)
 
 
-def away_from(rng: np.random.Generator, shape: tuple[int, ...], points: tuple[float, ...],
-              margin: float = 0.15, low: float = -2.0, high: float = 2.0) -> np.ndarray:
+def away_from(
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    points: tuple[float, ...],
+    margin: float = 0.15,
+    low: float = -2.0,
+    high: float = 2.0,
+) -> np.ndarray:
     """Uniform values at least ``margin`` from every point in ``points``."""
     values = rng.uniform(low, high, shape)
     for _ in range(1000):
@@ -108,8 +121,11 @@ BINARY: dict[str, tuple[Callable[..., Any], Any, Any]] = {
     "div": (lambda a, b: a / b, uniform, nonzero),
     "pow": (lambda a, b: a**b, positive, uniform),
     "gv.pow": (lambda a, b: gv.pow(a, b), positive, uniform),
-    "method add/sub/mul/div": (lambda a, b: a.add(b).mul(b).sub(a).div(b * b + 1), uniform,
-                               uniform),
+    "method add/sub/mul/div": (
+        lambda a, b: a.add(b).mul(b).sub(a).div(b * b + 1),
+        uniform,
+        uniform,
+    ),
 }
 
 
@@ -154,13 +170,16 @@ UNARY: dict[str, tuple[Callable[..., Any], Any]] = {
     "relu": (lambda a: a.relu(), nonzero),
     "gv.relu": (lambda a: gv.relu(a), nonzero),
     "gelu": (lambda a: gv.gelu(a), lambda rng, s: uniform(rng, s, -3.0, 3.0)),
-    "gelu tanh": (lambda a: gv.gelu(a, approximate="tanh"), lambda rng, s: uniform(rng, s, -3.0,
-                                                                                   3.0)),
+    "gelu tanh": (
+        lambda a: gv.gelu(a, approximate="tanh"),
+        lambda rng, s: uniform(rng, s, -3.0, 3.0),
+    ),
     "erf": (lambda a: a.erf(), uniform),
-    "clamp": (lambda a: a.clamp(-0.5, 0.75),
-              lambda rng, s: away_from(rng, s, (-0.5, 0.75))),
-    "gv.clamp min only": (lambda a: gv.clamp(a, min=-0.5), lambda rng, s: away_from(rng, s,
-                                                                                  (-0.5,))),
+    "clamp": (lambda a: a.clamp(-0.5, 0.75), lambda rng, s: away_from(rng, s, (-0.5, 0.75))),
+    "gv.clamp min only": (
+        lambda a: gv.clamp(a, min=-0.5),
+        lambda rng, s: away_from(rng, s, (-0.5,)),
+    ),
     "clamp max only": (lambda a: a.clamp(max=0.25), lambda rng, s: away_from(rng, s, (0.25,))),
     "clone": (lambda a: a.clone() * a, uniform),
 }
@@ -202,7 +221,7 @@ def _where_comparison(draw: Draw, rng: np.random.Generator, device: str) -> Any:
     # one pool of well-separated values: a > b is never a near-tie
     pool = distinct(rng, (int(np.prod(shape_a)) + int(np.prod(shape_b)),)) / 4
     a = pool[: int(np.prod(shape_a))].reshape(shape_a)
-    b = pool[int(np.prod(shape_a)):].reshape(shape_b)
+    b = pool[int(np.prod(shape_a)) :].reshape(shape_b)
     return (lambda x, y: gv.where(x > y, x * y, y.exp())), [a, b]
 
 
@@ -221,8 +240,7 @@ def _dims(draw: Draw, ndim: int) -> Any:
         return None
     if kind == "int":
         return draw(st.integers(-ndim, ndim - 1))
-    return tuple(draw(st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim,
-                               unique=True)))
+    return tuple(draw(st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim, unique=True)))
 
 
 def _count(shape: tuple[int, ...], dims: Any) -> int:
@@ -365,10 +383,12 @@ def _expand(draw: Draw, rng: np.random.Generator, device: str) -> Any:
     target = draw(shapes(min_dims=1))
     drop = draw(st.integers(0, len(target)))
     shape = tuple(1 if draw(st.booleans()) else n for n in target[drop:])
-    return (lambda a: a.expand(*target) * gv.arange(int(np.prod(target)), dtype=gv.float64,
-                                                    device=device).reshape(target)), [
-        uniform(rng, shape)
-    ]
+    return (
+        lambda a: (
+            a.expand(*target)
+            * gv.arange(int(np.prod(target)), dtype=gv.float64, device=device).reshape(target)
+        )
+    ), [uniform(rng, shape)]
 
 
 @case("expand_as with -1")
@@ -492,11 +512,22 @@ def _inplace(draw: Draw, rng: np.random.Generator, device: str) -> Any:
 @case("matmul")
 def _matmul(draw: Draw, rng: np.random.Generator, device: str) -> Any:
     n, k, m, b = (draw(st.integers(1, MAX_SIDE)) for _ in range(4))
-    layout = draw(st.sampled_from([
-        ((k,), (k,)), ((k,), (k, m)), ((n, k), (k,)), ((n, k), (k, m)), ((b, n, k), (k, m)),
-        ((b, n, k), (b, k, m)), ((1, n, k), (b, k, m)), ((n, k), (b, k, m)),
-        ((b, n, k), (k,)), ((k,), (b, k, m)),
-    ]))
+    layout = draw(
+        st.sampled_from(
+            [
+                ((k,), (k,)),
+                ((k,), (k, m)),
+                ((n, k), (k,)),
+                ((n, k), (k, m)),
+                ((b, n, k), (k, m)),
+                ((b, n, k), (b, k, m)),
+                ((1, n, k), (b, k, m)),
+                ((n, k), (b, k, m)),
+                ((b, n, k), (k,)),
+                ((k,), (b, k, m)),
+            ]
+        )
+    )
     return (lambda x, y: x @ y), [uniform(rng, layout[0]), uniform(rng, layout[1])]
 
 
@@ -537,8 +568,11 @@ def _cross_entropy(draw: Draw, rng: np.random.Generator, device: str) -> Any:
         if (labels != ignore).sum() == 0:
             ignore = -100
     target = const(labels.astype(np.int64), device)
-    return (lambda x: gv.cross_entropy(x, target, reduction=reduction, ignore_index=ignore,
-                                       label_smoothing=smoothing)), [uniform(rng, shape)]
+    return (
+        lambda x: gv.cross_entropy(
+            x, target, reduction=reduction, ignore_index=ignore, label_smoothing=smoothing
+        )
+    ), [uniform(rng, shape)]
 
 
 @case("cross_entropy with probabilities")
@@ -549,16 +583,20 @@ def _cross_entropy_probabilities(draw: Draw, rng: np.random.Generator, device: s
     probs = rng.random(shape) + 0.1
     probs = probs / probs.sum(axis=1 if len(shape) > 1 else 0, keepdims=True)
     # the target requires grad too: soft cross-entropy is differentiable in both arguments
-    return (lambda x, p: gv.cross_entropy(x, p, reduction=reduction, label_smoothing=smoothing)
-            ), [uniform(rng, shape), probs]
+    return (lambda x, p: gv.cross_entropy(x, p, reduction=reduction, label_smoothing=smoothing)), [
+        uniform(rng, shape),
+        probs,
+    ]
 
 
 @case("mse_loss")
 def _mse(draw: Draw, rng: np.random.Generator, device: str) -> Any:
     shape = draw(shapes())
     reduction = draw(st.sampled_from(["mean", "sum", "none"]))
-    return (lambda x, y: gv.mse_loss(x, y, reduction=reduction)), [uniform(rng, shape),
-                                                                    uniform(rng, shape)]
+    return (lambda x, y: gv.mse_loss(x, y, reduction=reduction)), [
+        uniform(rng, shape),
+        uniform(rng, shape),
+    ]
 
 
 @case("composite network")
@@ -570,8 +608,12 @@ def _network(draw: Draw, rng: np.random.Generator, device: str) -> Any:
         h = gv.gelu(x @ w1 + b1)
         return gv.cross_entropy(h @ w2, labels) + (w1 * w1).mean() * 0.1
 
-    return fn, [uniform(rng, (batch, features)), uniform(rng, (features, hidden)),
-                uniform(rng, (hidden,)), uniform(rng, (hidden, 2))]
+    return fn, [
+        uniform(rng, (batch, features)),
+        uniform(rng, (features, hidden)),
+        uniform(rng, (hidden,)),
+        uniform(rng, (hidden, 2)),
+    ]
 
 
 # ---------------------------------------------------------------------- the checks
@@ -586,8 +628,11 @@ def check_case(op: OpCase, data: st.DataObject, device: str, second_order: bool)
     assert autograd.gradcheck(fn, inputs, check_second_order=second_order)
 
 
-HYPOTHESIS = settings(max_examples=15, deadline=None,
-                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+HYPOTHESIS = settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -600,8 +645,7 @@ def test_first_order_gradient_matches_finite_differences(name: str, data: st.Dat
 @pytest.mark.parametrize("name", sorted(CASES))
 @settings(HYPOTHESIS, max_examples=10)
 @given(data=st.data())
-def test_second_order_gradient_matches_finite_differences(name: str, data: st.DataObject
-                                                          ) -> None:
+def test_second_order_gradient_matches_finite_differences(name: str, data: st.DataObject) -> None:
     check_case(CASES[name], data, "cpu", second_order=True)
 
 
@@ -644,10 +688,10 @@ def test_gradcheck_rejects_a_wrong_first_derivative() -> None:
 def test_gradcheck_rejects_a_wrong_second_derivative() -> None:
     x = gv.tensor([0.5, -1.0, 2.0], dtype=gv.float64, requires_grad=True)
     assert autograd.gradcheck(_CubeWithFrozenBackward.apply, (x,))
-    assert not autograd.gradcheck(_CubeWithFrozenBackward.apply, (x,), raise_exception=False,
-                                  check_second_order=True)
-    assert not autograd.gradgradcheck(_CubeWithFrozenBackward.apply, (x,),
-                                      raise_exception=False)
+    assert not autograd.gradcheck(
+        _CubeWithFrozenBackward.apply, (x,), raise_exception=False, check_second_order=True
+    )
+    assert not autograd.gradgradcheck(_CubeWithFrozenBackward.apply, (x,), raise_exception=False)
 
 
 def test_gradcheck_accepts_float32_inputs_by_checking_in_float64() -> None:

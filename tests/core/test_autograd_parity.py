@@ -47,25 +47,51 @@ def libraries(device: str) -> tuple[SimpleNamespace, SimpleNamespace]:
     gv_lib = SimpleNamespace(
         name="gradvault",
         const=lambda a: gv.tensor(np.asarray(a), device=device),
-        leaf=lambda a: gv.tensor(np.asarray(a, dtype=np.float64), dtype=gv.float64,
-                                 device=device, requires_grad=True),
-        gelu=gv.gelu, cross_entropy=gv.cross_entropy, mse_loss=gv.mse_loss,
+        leaf=lambda a: gv.tensor(
+            np.asarray(a, dtype=np.float64), dtype=gv.float64, device=device, requires_grad=True
+        ),
+        gelu=gv.gelu,
+        cross_entropy=gv.cross_entropy,
+        mse_loss=gv.mse_loss,
         **{n: getattr(gv, n) for n in _SHARED},
     )
     torch_lib = SimpleNamespace(
         name="torch",
         const=lambda a: torch.tensor(np.asarray(a)),
         leaf=lambda a: torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=True),
-        gelu=functional.gelu, cross_entropy=functional.cross_entropy,
+        gelu=functional.gelu,
+        cross_entropy=functional.cross_entropy,
         mse_loss=functional.mse_loss,
         **{n: getattr(torch, n) for n in _SHARED},
     )
     return gv_lib, torch_lib
 
 
-_SHARED = ("exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "softmax", "log_softmax",
-           "cat", "stack", "where", "clamp", "matmul", "pow", "sum", "mean", "max", "min", "var",
-           "reshape", "transpose", "permute")
+_SHARED = (
+    "exp",
+    "log",
+    "sqrt",
+    "abs",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "softmax",
+    "log_softmax",
+    "cat",
+    "stack",
+    "where",
+    "clamp",
+    "matmul",
+    "pow",
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "var",
+    "reshape",
+    "transpose",
+    "permute",
+)
 
 
 @dataclass(eq=False)
@@ -120,9 +146,7 @@ class Expression:
         self.log.append(f"{name}{[a.shape for a in args]}")
         node = Node(fn(self.gv_lib, *(a.g for a in args)), fn(self.torch_lib, *(a.t for a in args)))
         if node.values.size and np.abs(node.values).max() > 30:
-            node = Node(
-                (node.g / 30).tanh() * 30, (node.t / 30).tanh() * 30
-            )
+            node = Node((node.g / 30).tanh() * 30, (node.t / 30).tanh() * 30)
             self.log.append("squash")
         return node
 
@@ -179,15 +203,18 @@ class Expression:
             "sigmoid": lambda: self.apply("sigmoid", lambda L, a: L.sigmoid(a), x),
             "relu": lambda: self.apply("relu", lambda L, a: L.relu(a), x),
             "gelu": lambda: self.apply("gelu", lambda L, a: L.gelu(a), x),
-            "gelu tanh": lambda: self.apply("gelu tanh",
-                                            lambda L, a: L.gelu(a, approximate="tanh"), x),
-            "clamp": lambda: self.apply("clamp", lambda L, a: L.clamp(a, min=-0.7, max=c * 0.5
-                                                                      + 1.5), x),
+            "gelu tanh": lambda: self.apply(
+                "gelu tanh", lambda L, a: L.gelu(a, approximate="tanh"), x
+            ),
+            "clamp": lambda: self.apply(
+                "clamp", lambda L, a: L.clamp(a, min=-0.7, max=c * 0.5 + 1.5), x
+            ),
             "clamp_min": lambda: self.apply("clamp min", lambda L, a: a.clamp(min=c * 0.5), x),
             "pow int": lambda: self.apply("pow 3", lambda L, a: a**3, x),
             "pow float": lambda: self.apply("pow 1.5", lambda L, a: a**1.5, self.positive(x)),
-            "pow negative": lambda: self.apply("pow -1", lambda L, a: L.pow(a, -1.0),
-                                               self.nonzero(x)),
+            "pow negative": lambda: self.apply(
+                "pow -1", lambda L, a: L.pow(a, -1.0), self.nonzero(x)
+            ),
             "rpow": lambda: self.apply("rpow", lambda L, a: 1.5 ** a.tanh(), x),
             "scalar": lambda: self.apply("scalar", lambda L, a: (a * c + c) - c / 2, x),
             "rdiv": lambda: self.apply("rdiv", lambda L, a: c / a, self.nonzero(x)),
@@ -203,8 +230,22 @@ class Expression:
         except ValueError:
             y = self.apply("mean", lambda L, a: a.mean(), y)
         rng = self.rng
-        name = str(rng.choice(["add", "sub", "mul", "div", "pow", "where", "where mask",
-                               "matmul", "setitem", "mse"]))
+        name = str(
+            rng.choice(
+                [
+                    "add",
+                    "sub",
+                    "mul",
+                    "div",
+                    "pow",
+                    "where",
+                    "where mask",
+                    "matmul",
+                    "setitem",
+                    "mse",
+                ]
+            )
+        )
         if name == "add":
             return self.apply("add", lambda L, a, b: a + b, x, y)
         if name == "sub":
@@ -257,8 +298,22 @@ class Expression:
             return self.apply("mul self", lambda L, a: a * a, x)
         dim = int(rng.integers(-x.ndim, x.ndim))
         keepdim = bool(rng.random() < 0.5)
-        name = str(rng.choice(["sum", "mean", "sum tuple", "var", "std", "max", "min",
-                               "max all", "softmax", "log_softmax"]))
+        name = str(
+            rng.choice(
+                [
+                    "sum",
+                    "mean",
+                    "sum tuple",
+                    "var",
+                    "std",
+                    "max",
+                    "min",
+                    "max all",
+                    "softmax",
+                    "log_softmax",
+                ]
+            )
+        )
         if name == "sum":
             return self.apply("sum", lambda L, a: L.sum(a, dim, keepdim=keepdim), x)
         if name == "mean":
@@ -270,8 +325,9 @@ class Expression:
             if x.shape[dim] < 2 or np.ptp(x.values, axis=dim).min() < 1e-3:
                 return self.apply("mean", lambda L, a: a.mean(dim), x)
             correction = int(rng.integers(0, 2))
-            return self.apply(name, lambda L, a: getattr(a, name)(dim, correction=correction,
-                                                                 keepdim=keepdim), x)
+            return self.apply(
+                name, lambda L, a: getattr(a, name)(dim, correction=correction, keepdim=keepdim), x
+            )
         if name in ("max", "min"):
             ordered = np.sort(x.values, axis=dim)
             if x.shape[dim] > 1 and np.diff(ordered, axis=dim).min() < 1e-6:
@@ -288,8 +344,25 @@ class Expression:
         rng = self.rng
         if x.ndim == 0:
             return self.apply("reshape", lambda L, a: a.reshape(1, 1) * 2, x)
-        name = str(rng.choice(["reshape", "transpose", "permute", "mT", "unsqueeze", "squeeze",
-                               "expand", "flatten", "slice", "index", "mask", "cat", "stack"]))
+        name = str(
+            rng.choice(
+                [
+                    "reshape",
+                    "transpose",
+                    "permute",
+                    "mT",
+                    "unsqueeze",
+                    "squeeze",
+                    "expand",
+                    "flatten",
+                    "slice",
+                    "index",
+                    "mask",
+                    "cat",
+                    "stack",
+                ]
+            )
+        )
         if name == "reshape":
             shape = tuple(reversed(x.shape)) if rng.random() < 0.5 else (-1,)
             return self.apply("reshape", lambda L, a: L.reshape(a, shape), x)
@@ -341,8 +414,13 @@ class Expression:
                     ignore = -100
             return self.apply(
                 "cross_entropy",
-                lambda L, a: L.cross_entropy(a, L.const(labels), reduction=reduction,
-                                             ignore_index=ignore, label_smoothing=smoothing),
+                lambda L, a: L.cross_entropy(
+                    a,
+                    L.const(labels),
+                    reduction=reduction,
+                    ignore_index=ignore,
+                    label_smoothing=smoothing,
+                ),
                 x,
             )
         if x.ndim >= 1 and x.shape[-1] >= 2:
@@ -350,7 +428,8 @@ class Expression:
             probs /= probs.sum(axis=1 if x.ndim > 1 else 0, keepdims=True)
             return self.apply(
                 "soft cross_entropy",
-                lambda L, a: L.cross_entropy(a, L.const(probs), reduction="sum"), x,
+                lambda L, a: L.cross_entropy(a, L.const(probs), reduction="sum"),
+                x,
             )
         return self.apply("softmax", lambda L, a: L.softmax(a.reshape(-1), 0), x)
 
@@ -396,10 +475,12 @@ def check_grad_second_order(seed: int, device: str = "cpu") -> None:
     out = expr.output
     total_g = out.g.sum()
     total_t = out.t.sum()
-    first_g = autograd.grad(total_g, [n.g for n in expr.inputs], create_graph=True,
-                            allow_unused=True)
-    first_t = torch.autograd.grad(total_t, [n.t for n in expr.inputs], create_graph=True,
-                                  allow_unused=True)
+    first_g = autograd.grad(
+        total_g, [n.g for n in expr.inputs], create_graph=True, allow_unused=True
+    )
+    first_t = torch.autograd.grad(
+        total_t, [n.t for n in expr.inputs], create_graph=True, allow_unused=True
+    )
     pairs = []
     for index, (g, t) in enumerate(zip(first_g, first_t, strict=True)):
         assert (g is None) == (t is None), f"input {index} used differently, {where}"
@@ -410,12 +491,14 @@ def check_grad_second_order(seed: int, device: str = "cpu") -> None:
     # still requires grad is an implementation choice (torch itself differs between abs and
     # clamp); its derivative must then be zero in whichever library kept it differentiable.
     for lib_index, grad_fn in ((0, autograd.grad), (1, torch.autograd.grad)):
-        lone = [p[lib_index] for p in pairs
-                if p[lib_index].requires_grad and not p[1 - lib_index].requires_grad]
+        lone = [
+            p[lib_index]
+            for p in pairs
+            if p[lib_index].requires_grad and not p[1 - lib_index].requires_grad
+        ]
         lib_inputs = [(n.g, n.t)[lib_index] for n in expr.inputs]
         for first in lone:
-            for value in grad_fn(first.sum(), lib_inputs, allow_unused=True,
-                                 retain_graph=True):
+            for value in grad_fn(first.sum(), lib_inputs, allow_unused=True, retain_graph=True):
                 if value is not None:
                     assert_close(to_numpy(value), 0.0, f"zero second derivative, {where}")
     differentiable = [(g, t) for g, t in pairs if t.requires_grad and g.requires_grad]
@@ -423,8 +506,10 @@ def check_grad_second_order(seed: int, device: str = "cpu") -> None:
         return
     rng = np.random.default_rng(seed + 1)
     vs = [rng.standard_normal(t.shape) for _, t in differentiable]
-    dot_g = sum((g * gv.tensor(v, dtype=gv.float64, device=device)).sum()
-                for (g, _), v in zip(differentiable, vs, strict=True))
+    dot_g = sum(
+        (g * gv.tensor(v, dtype=gv.float64, device=device)).sum()
+        for (g, _), v in zip(differentiable, vs, strict=True)
+    )
     dot_t = sum((t * torch.tensor(v)).sum() for (_, t), v in zip(differentiable, vs, strict=True))
     second_g = autograd.grad(dot_g, [n.g for n in expr.inputs], allow_unused=True)
     second_t = torch.autograd.grad(dot_t, [n.t for n in expr.inputs], allow_unused=True)
@@ -451,8 +536,10 @@ def test_random_expression_second_order_matches_torch(seed: int) -> None:
 # ---------------------------------------------------------------------- autograd.grad
 def _pair(values: Any) -> tuple[gv.Tensor, Any]:
     array = np.asarray(values, dtype=np.float64)
-    return (gv.tensor(array, dtype=gv.float64, requires_grad=True),
-            torch.tensor(array, requires_grad=True))
+    return (
+        gv.tensor(array, dtype=gv.float64, requires_grad=True),
+        torch.tensor(array, requires_grad=True),
+    )
 
 
 def test_grad_with_grad_outputs_matches_torch() -> None:

@@ -79,8 +79,16 @@ def test_tensors_that_do_not_require_grad_are_leaves() -> None:
 def test_ops_on_tensors_that_require_grad_give_non_leaves_with_grad_fn() -> None:
     x = leaf([1.0, 2.0])
     constant = gv.tensor([3.0, 4.0], dtype=gv.float64)
-    for result in (x + constant, constant * x, x.exp(), x.sum(), x[0], x.reshape(2, 1),
-                   gv.cat([constant, x]), gv.where(constant > 3.5, x, constant)):
+    for result in (
+        x + constant,
+        constant * x,
+        x.exp(),
+        x.sum(),
+        x[0],
+        x.reshape(2, 1),
+        gv.cat([constant, x]),
+        gv.where(constant > 3.5, x, constant),
+    ):
         assert result.requires_grad
         assert not result.is_leaf
         assert result.grad_fn is not None
@@ -184,12 +192,22 @@ def _setitem(t: gv.Tensor) -> None:
 
 @pytest.mark.parametrize(
     ("modify", "op_name"),
-    [(_mul_, "mul_"), (_add_, "add_"), (_sub_, "sub_"), (_div_, "div_"), (_iadd, "add_"),
-     (_zero_, "zero_"), (_fill_, "fill_"), (_copy_, "copy_"), (_clamp_, "clamp_"),
-     (_setitem, "setitem")],
+    [
+        (_mul_, "mul_"),
+        (_add_, "add_"),
+        (_sub_, "sub_"),
+        (_div_, "div_"),
+        (_iadd, "add_"),
+        (_zero_, "zero_"),
+        (_fill_, "fill_"),
+        (_copy_, "copy_"),
+        (_clamp_, "clamp_"),
+        (_setitem, "setitem"),
+    ],
 )
-def test_changing_a_saved_tensor_in_place_raises_naming_the_op(modify: object,
-                                                                op_name: str) -> None:
+def test_changing_a_saved_tensor_in_place_raises_naming_the_op(
+    modify: object, op_name: str
+) -> None:
     x = leaf([1.0, 2.0, 3.0])
     saved = x * 1  # a non-leaf: in-place ops on it are allowed
     loss = (saved * saved).sum()  # Mul saves both operands
@@ -231,8 +249,9 @@ def test_changing_a_tensor_that_backward_does_not_need_is_allowed() -> None:
     [(lambda s, c: s * c, 2.0), (lambda s, c: s / c, 0.5), (lambda s, c: s * 3, 3.0)],
     ids=["mul tensor", "div tensor", "mul scalar"],
 )
-def test_changing_an_operand_whose_partner_needs_no_grad_is_allowed(combine: object,
-                                                                    expected: float) -> None:
+def test_changing_an_operand_whose_partner_needs_no_grad_is_allowed(
+    combine: object, expected: float
+) -> None:
     # As in PyTorch: d(s * c)/ds needs only c, so s is not needed for backward when c
     # does not require grad, and changing s in place afterwards must not make backward fail.
     x = leaf([1.0, 2.0])
@@ -437,12 +456,38 @@ def test_dtype_is_preserved_through_ops_and_grads(dtype: np.dtype) -> None:
     w = gv.tensor([[1.0], [-0.5], [0.25]], dtype=dtype, requires_grad=True)
     labels = gv.tensor([0, 2])
     steps = [
-        x * 2.0, 1.0 - x, x / 3, x**2, 2.0**x, x.exp(), x.abs().log(), x.abs().sqrt(), x.tanh(),
-        x.sigmoid(), x.relu(), gv.gelu(x), gv.gelu(x, approximate="tanh"), x.clamp(-1, 1),
-        x @ w, x.sum(1), x.mean(0, keepdim=True), x.var(1), x.std(), x.max(1)[0], x.min(),
-        x.softmax(1), x.log_softmax(-1), x.T, x.reshape(-1), x[0, 1:], x[[1, 0]],
-        gv.cat([x, x], 0), gv.stack([x, x]), gv.where(x > 0, x, 0.5),
-        gv.cross_entropy(x, labels), gv.mse_loss(x, x * 0.5),
+        x * 2.0,
+        1.0 - x,
+        x / 3,
+        x**2,
+        2.0**x,
+        x.exp(),
+        x.abs().log(),
+        x.abs().sqrt(),
+        x.tanh(),
+        x.sigmoid(),
+        x.relu(),
+        gv.gelu(x),
+        gv.gelu(x, approximate="tanh"),
+        x.clamp(-1, 1),
+        x @ w,
+        x.sum(1),
+        x.mean(0, keepdim=True),
+        x.var(1),
+        x.std(),
+        x.max(1)[0],
+        x.min(),
+        x.softmax(1),
+        x.log_softmax(-1),
+        x.T,
+        x.reshape(-1),
+        x[0, 1:],
+        x[[1, 0]],
+        gv.cat([x, x], 0),
+        gv.stack([x, x]),
+        gv.where(x > 0, x, 0.5),
+        gv.cross_entropy(x, labels),
+        gv.mse_loss(x, x * 0.5),
     ]
     total = None
     for index, step in enumerate(steps):

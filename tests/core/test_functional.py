@@ -17,8 +17,9 @@ ATOL = 1e-9
 
 
 def leaf(values: Any, requires_grad: bool = True) -> gv.Tensor:
-    return gv.tensor(np.asarray(values, dtype=np.float64), dtype=gv.float64,
-                     requires_grad=requires_grad)
+    return gv.tensor(
+        np.asarray(values, dtype=np.float64), dtype=gv.float64, requires_grad=requires_grad
+    )
 
 
 def arr(t: gv.Tensor) -> np.ndarray:
@@ -63,32 +64,35 @@ def test_single_tensor_in_gives_single_tensor_out() -> None:
 
 def test_tuple_in_gives_tuple_out() -> None:
     x, y = leaf(X), leaf(Y)
-    out, grads = F.vjp(pair_fn, (x, y), (gv.ones(2, dtype=gv.float64),
-                                         gv.ones(3, dtype=gv.float64)))
+    out, grads = F.vjp(
+        pair_fn, (x, y), (gv.ones(2, dtype=gv.float64), gv.ones(3, dtype=gv.float64))
+    )
     assert isinstance(out, tuple) and len(out) == 2
     assert isinstance(grads, tuple) and [g.shape for g in grads] == [(3,), (2, 3)]
-    out, tangents = F.jvp(pair_fn, (x, y), (gv.ones(3, dtype=gv.float64),
-                                            gv.ones((2, 3), dtype=gv.float64)))
+    out, tangents = F.jvp(
+        pair_fn, (x, y), (gv.ones(3, dtype=gv.float64), gv.ones((2, 3), dtype=gv.float64))
+    )
     assert isinstance(tangents, tuple) and [t.shape for t in tangents] == [(2,), (3,)]
     # a one-element tuple stays a tuple
     _, grads = F.vjp(lambda a: a.sum(), (x,))
     assert isinstance(grads, tuple) and len(grads) == 1
     jac = F.jacobian(pair_fn, (x, y))
     assert [[block.shape for block in row] for row in jac] == [
-        [(2, 3), (2, 2, 3)], [(3, 3), (3, 2, 3)]
+        [(2, 3), (2, 2, 3)],
+        [(3, 3), (3, 2, 3)],
     ]
     jac_single_out = F.jacobian(lambda a, b: (b @ a).sum(), (x, y))
-    assert isinstance(jac_single_out, tuple) and [j.shape for j in jac_single_out] == [(3,),
-                                                                                      (2, 3)]
+    assert isinstance(jac_single_out, tuple) and [j.shape for j in jac_single_out] == [(3,), (2, 3)]
     jac_single_in = F.jacobian(lambda a: (a, a * 2), x)
-    assert isinstance(jac_single_in, tuple) and [j.shape for j in jac_single_in] == [(3, 3),
-                                                                                    (3, 3)]
+    assert isinstance(jac_single_in, tuple) and [j.shape for j in jac_single_in] == [(3, 3), (3, 3)]
     hess = F.hessian(scalar_pair_fn, (x, y))
     assert [[block.shape for block in row] for row in hess] == [
-        [(3, 3), (3, 2, 3)], [(2, 3, 3), (2, 3, 2, 3)]
+        [(3, 3), (3, 2, 3)],
+        [(2, 3, 3), (2, 3, 2, 3)],
     ]
-    _, hv = F.hvp(scalar_pair_fn, (x, y), (gv.ones(3, dtype=gv.float64),
-                                           gv.ones((2, 3), dtype=gv.float64)))
+    _, hv = F.hvp(
+        scalar_pair_fn, (x, y), (gv.ones(3, dtype=gv.float64), gv.ones((2, 3), dtype=gv.float64))
+    )
     assert isinstance(hv, tuple) and [h.shape for h in hv] == [(3,), (2, 3)]
 
 
@@ -188,10 +192,8 @@ def test_values_match_closed_forms() -> None:
     np.testing.assert_allclose(arr(grad), 3 * X**2 * [1.0, 2.0, -1.0], rtol=RTOL)
     _, tangent = F.jvp(lambda a: a.exp().sum(), x, v)
     np.testing.assert_allclose(arr(tangent), np.exp(X) @ [1.0, 2.0, -1.0], rtol=RTOL)
-    np.testing.assert_allclose(arr(F.jacobian(lambda a: a.exp(), x)), np.diag(np.exp(X)),
-                               rtol=RTOL)
-    np.testing.assert_allclose(arr(F.hessian(lambda a: (a**3).sum(), x)), np.diag(6 * X),
-                               rtol=RTOL)
+    np.testing.assert_allclose(arr(F.jacobian(lambda a: a.exp(), x)), np.diag(np.exp(X)), rtol=RTOL)
+    np.testing.assert_allclose(arr(F.hessian(lambda a: (a**3).sum(), x)), np.diag(6 * X), rtol=RTOL)
     _, hv = F.hvp(lambda a: (a**3).sum(), x, v)
     np.testing.assert_allclose(arr(hv), 6 * X * [1.0, 2.0, -1.0], rtol=RTOL)
 
@@ -216,8 +218,7 @@ def _compare(got: Any, want: Any, where: str) -> None:
         return
     assert isinstance(got, gv.Tensor), where
     assert got.shape == tuple(want.shape), where
-    np.testing.assert_allclose(arr(got), want.detach().numpy(), rtol=RTOL, atol=ATOL,
-                               err_msg=where)
+    np.testing.assert_allclose(arr(got), want.detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=where)
 
 
 def _torch_inputs(torch: Any, arrays: list[np.ndarray], was_tuple: bool) -> Any:
@@ -247,8 +248,9 @@ def test_functional_matches_torch(name: str, create_graph: bool) -> None:
     rng = np.random.default_rng(11)
     gi, ti = _gv_inputs(arrays, was_tuple), _torch_inputs(torch, arrays, was_tuple)
     outs = vector(*(gi if was_tuple else (gi,)))
-    out_arrays = [rng.standard_normal(o.shape) for o in (outs if isinstance(outs, tuple)
-                                                        else (outs,))]
+    out_arrays = [
+        rng.standard_normal(o.shape) for o in (outs if isinstance(outs, tuple) else (outs,))
+    ]
     v_out_g = _gv_inputs(out_arrays, isinstance(outs, tuple))
     v_out_t = _torch_inputs(torch, out_arrays, isinstance(outs, tuple))
     in_arrays = [rng.standard_normal(a.shape) for a in arrays]

@@ -26,16 +26,18 @@ DEVICE = "cuda:0"
 @pytest.mark.parametrize("name", sorted(CASES))
 @HYPOTHESIS
 @given(data=st.data())
-def test_first_order_gradient_matches_finite_differences_on_gpu(name: str,
-                                                                data: st.DataObject) -> None:
+def test_first_order_gradient_matches_finite_differences_on_gpu(
+    name: str, data: st.DataObject
+) -> None:
     check_case(CASES[name], data, DEVICE, second_order=False)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 @settings(HYPOTHESIS, max_examples=5)
 @given(data=st.data())
-def test_second_order_gradient_matches_finite_differences_on_gpu(name: str,
-                                                                 data: st.DataObject) -> None:
+def test_second_order_gradient_matches_finite_differences_on_gpu(
+    name: str, data: st.DataObject
+) -> None:
     check_case(CASES[name], data, DEVICE, second_order=True)
 
 

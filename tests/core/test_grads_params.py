@@ -30,8 +30,9 @@ def test_backward_returns_the_pass_gradients_and_accumulates_grad() -> None:
     weight = model.body.weight
     np.testing.assert_array_equal(first.get(weight).numpy(), weight.grad.numpy())
     second = _backward(model)
-    np.testing.assert_allclose(weight.grad.numpy(),
-                               first.get(weight).numpy() + second.get(weight).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(
+        weight.grad.numpy(), first.get(weight).numpy() + second.get(weight).numpy(), rtol=1e-6
+    )
 
 
 def test_from_grads_consumes_the_gradients() -> None:

@@ -17,14 +17,17 @@ def _open(path: Path):  # noqa: ANN202
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
-def test_tensorstore_reads_own_and_packed_gradients(tmp_path: Path,
-                                                    compression: str | None) -> None:
+def test_tensorstore_reads_own_and_packed_gradients(
+    tmp_path: Path, compression: str | None
+) -> None:
     rng = np.random.default_rng(1)
     grads = gv.GradientsParams()
-    arrays = [rng.standard_normal((300, 200)).astype(np.float32),  # several chunks
-              rng.standard_normal(100_000).astype(np.float16),
-              rng.standard_normal((7, 3)).astype(np.float64),  # packed
-              np.asarray(2.5, dtype=np.float32)]  # 0-d, packed
+    arrays = [
+        rng.standard_normal((300, 200)).astype(np.float32),  # several chunks
+        rng.standard_normal(100_000).astype(np.float16),
+        rng.standard_normal((7, 3)).astype(np.float64),  # packed
+        np.asarray(2.5, dtype=np.float32),
+    ]  # 0-d, packed
     for index, array in enumerate(arrays):
         grads.register(gv.ParamId(), gv.Tensor._make(array), name=f"p{index}")
     with gv.Recorder(tmp_path, compression=compression, chunk_bytes=1 << 16) as recorder:
@@ -39,7 +42,7 @@ def test_tensorstore_reads_own_and_packed_gradients(tmp_path: Path,
             if packed is None:
                 packed = _open(group / "packed").read().result()
             offset, nbytes = table["offset"][i], table["nbytes"][i]
-            found = packed[offset:offset + nbytes].view(table["dtype"][i])
+            found = packed[offset : offset + nbytes].view(table["dtype"][i])
             found = found.reshape(tuple(table["shape"][i]))
         else:
             found = _open(group / table["array"][i]).read().result()

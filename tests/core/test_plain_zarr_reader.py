@@ -19,7 +19,7 @@ import pytest
 
 import gradvault.core as gv
 
-READER = r'''
+READER = r"""
 import hashlib, json, sys
 try:
     import gradvault  # noqa: F401
@@ -43,19 +43,21 @@ for i, param_id in enumerate(table["param_id"]):
     out[param_id] = [str(array.dtype), list(array.shape),
                      hashlib.sha256(array.tobytes()).hexdigest()]
 print(json.dumps(out))
-'''
+"""
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_zarr_python_alone_reads_a_snapshot(tmp_path: Path, compression: str | None) -> None:
     rng = np.random.default_rng(0)
     grads = gv.GradientsParams()
-    arrays = [rng.standard_normal((300, 200)).astype(np.float32),  # its own array
-              rng.standard_normal((7, 3)).astype(np.float64),  # packed
-              np.asarray(1.5, dtype=np.float16),  # 0-d, packed
-              np.zeros((0, 5), dtype=np.float32),  # empty
-              rng.integers(-5, 5, (4, 4)).astype(np.int64),
-              rng.standard_normal(100_000).astype(np.float16)]  # float16, own array
+    arrays = [
+        rng.standard_normal((300, 200)).astype(np.float32),  # its own array
+        rng.standard_normal((7, 3)).astype(np.float64),  # packed
+        np.asarray(1.5, dtype=np.float16),  # 0-d, packed
+        np.zeros((0, 5), dtype=np.float32),  # empty
+        rng.integers(-5, 5, (4, 4)).astype(np.int64),
+        rng.standard_normal(100_000).astype(np.float16),
+    ]  # float16, own array
     for index, array in enumerate(arrays):
         grads.register(gv.ParamId(), gv.Tensor._make(array), name=f"p{index}")
     with gv.Recorder(tmp_path, compression=compression) as recorder:
@@ -63,13 +65,19 @@ def test_zarr_python_alone_reads_a_snapshot(tmp_path: Path, compression: str | N
     site_packages = sysconfig.get_paths()["purelib"]
     result = subprocess.run(
         [sys.executable, "-S", "-c", READER, str(tmp_path), info.id],
-        capture_output=True, text=True, env={"PYTHONPATH": site_packages}, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": site_packages},
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     read = json.loads(result.stdout)
     expected = {
-        str(pid): [str(grads.get(pid).dtype), list(grads.get(pid).shape),
-                   hashlib.sha256(grads.get(pid).numpy().tobytes()).hexdigest()]
+        str(pid): [
+            str(grads.get(pid).dtype),
+            list(grads.get(pid).shape),
+            hashlib.sha256(grads.get(pid).numpy().tobytes()).hexdigest(),
+        ]
         for pid in grads
     }
     assert read == expected

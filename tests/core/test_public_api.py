@@ -9,8 +9,18 @@ from pathlib import Path
 import gradvault.core as gv
 
 DESIGN_NAMES = {
-    "Tensor", "tensor", "no_grad", "Module", "Linear", "ParamId", "SGD", "Adam",
-    "GradientsParams", "GradientsAccumulator", "GradientsParamsRecord", "RecorderError",
+    "Tensor",
+    "tensor",
+    "no_grad",
+    "Module",
+    "Linear",
+    "ParamId",
+    "SGD",
+    "Adam",
+    "GradientsParams",
+    "GradientsAccumulator",
+    "GradientsParamsRecord",
+    "RecorderError",
     "Recorder",
 }
 
@@ -42,8 +52,9 @@ def test_core_imports_from_any_folder_without_http_libraries(tmp_path: Path) -> 
         "assert not bad, bad\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 

@@ -13,8 +13,9 @@ from gradvault.core import GradientsParams, ParamId, Recorder, RecorderError, Sn
 
 
 @pytest.fixture
-def recorder_factory(store_url: str, connection_options: dict[str, object]
-                     ) -> Iterator[Callable[..., Recorder]]:
+def recorder_factory(
+    store_url: str, connection_options: dict[str, object]
+) -> Iterator[Callable[..., Recorder]]:
     made: list[Recorder] = []
 
     def factory(**options: object) -> Recorder:
@@ -60,8 +61,10 @@ def test_sync_snapshot_and_restore_are_bit_identical(recorder_factory, dtype: st
 
 async def test_async_snapshot_list_info_delete(recorder_factory) -> None:
     recorder = recorder_factory()
-    infos = [await recorder.snapshot(_grads(s, [(4, 4)]), run="a" if s % 2 else "b", step=s)
-             for s in range(4)]
+    infos = [
+        await recorder.snapshot(_grads(s, [(4, 4)]), run="a" if s % 2 else "b", step=s)
+        for s in range(4)
+    ]
     listed = await recorder.list()
     assert [s.id for s in listed] == [i.id for i in reversed(infos)]
     assert [s.step for s in await recorder.list(run="a")] == [3, 1]
@@ -154,8 +157,9 @@ def test_snapshot_arguments_are_checked(recorder_factory) -> None:
 async def test_concurrent_async_snapshots_commit_one_at_a_time(recorder_factory) -> None:
     recorder = recorder_factory(on_busy="wait")
     sets = [_grads(10 + i, [(256, 512)] * 4) for i in range(3)]
-    infos = await asyncio.gather(*(recorder.snapshot(g, run="many", step=i)
-                                   for i, g in enumerate(sets)))
+    infos = await asyncio.gather(
+        *(recorder.snapshot(g, run="many", step=i) for i, g in enumerate(sets))
+    )
     assert len({info.id for info in infos}) == 3
     for info, grads in zip(infos, sets, strict=True):
         assert _bytes(await recorder.restore(info.id)) == _bytes(grads)
@@ -163,8 +167,12 @@ async def test_concurrent_async_snapshots_commit_one_at_a_time(recorder_factory)
 
 async def test_aclose_waits_for_every_snapshot_in_flight(recorder_factory) -> None:
     recorder = recorder_factory(on_busy="wait")
-    tasks = [asyncio.ensure_future(recorder.snapshot(_grads(20 + i, [(512, 512)] * 4),
-                                                     run="close", step=i)) for i in range(3)]
+    tasks = [
+        asyncio.ensure_future(
+            recorder.snapshot(_grads(20 + i, [(512, 512)] * 4), run="close", step=i)
+        )
+        for i in range(3)
+    ]
     await asyncio.sleep(0)
     await recorder.aclose()
     infos = await asyncio.gather(*tasks, return_exceptions=True)

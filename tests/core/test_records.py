@@ -122,8 +122,14 @@ def test_duplicate_id_raises() -> None:
 
 
 def test_errors_share_the_recorder_root() -> None:
-    for error in (DtypeMismatchError, ShapeMismatchError, SizeMismatchError, DuplicateParamError,
-                  BackendMismatchError, ParamIdMismatchError):
+    for error in (
+        DtypeMismatchError,
+        ShapeMismatchError,
+        SizeMismatchError,
+        DuplicateParamError,
+        BackendMismatchError,
+        ParamIdMismatchError,
+    ):
         assert issubclass(error, RecorderError)
         assert issubclass(error, gv.GradvaultError)
 

@@ -36,11 +36,14 @@ def _optimizer(kind: str) -> gv.Optimizer:
 
 def _through_bytes(record: gv.GradientsParamsRecord) -> gv.GradientsParamsRecord:
     """What crossing a process boundary leaves of a record: bytes and metadata."""
-    return gv.GradientsParamsRecord([
-        GradientRecordEntry.from_bytes(str(e.param_id), e.name, e.dtype, list(e.shape),
-                                       bytes(e.data))
-        for e in record
-    ])
+    return gv.GradientsParamsRecord(
+        [
+            GradientRecordEntry.from_bytes(
+                str(e.param_id), e.name, e.dtype, list(e.shape), bytes(e.data)
+            )
+            for e in record
+        ]
+    )
 
 
 def _train(kind: str, interrupt: bool) -> list[bytes]:
@@ -65,8 +68,9 @@ def _train(kind: str, interrupt: bool) -> list[bytes]:
         model.load_record(model_record)
         optimizer = _optimizer(kind).load_record(optimizer_record, model)
         accumulator = GradientsAccumulator()
-        accumulator.accumulate(model, GradientsParams.from_record(grads_record, "cpu",
-                                                                  module=model))
+        accumulator.accumulate(
+            model, GradientsParams.from_record(grads_record, "cpu", module=model)
+        )
         start_step, start_micro = STOP_STEP, STOP_MICRO + 1
     for step in range(start_step, STEPS):
         if step != start_step or not interrupt:

@@ -22,11 +22,15 @@ from .snapshot_writer import seeded_grads
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _writer(url: str, name: str, count: int, env: dict[str, str] | None = None
-            ) -> subprocess.Popen[str]:
+def _writer(
+    url: str, name: str, count: int, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.core.snapshot_writer", url, name, str(count)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONHASHSEED": "0", **(env or {})},
     )
     assert process.stdout is not None
@@ -76,8 +80,11 @@ def small_disk(tmp_path: Path):
     """A 3 MiB tmpfs mounted for this test; skipped where mounting is not allowed."""
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {result.stderr.strip()}")
     try:
@@ -107,18 +114,22 @@ def test_full_disk_raises_commits_nothing_and_keeps_earlier_snapshots(small_disk
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
-def test_two_processes_snapshot_into_one_store(kind: str, tmp_path: Path,
-                                               request: pytest.FixtureRequest) -> None:
+def test_two_processes_snapshot_into_one_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     env: dict[str, str] = {}
     if kind == "local":
         url = str(tmp_path / "store")
     else:
         endpoint = request.getfixturevalue("s3_endpoint")
         url = f"s3://{S3_BUCKET}/{tmp_path.name}/two-writers"
-        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true",
-               "AWS_ACCESS_KEY_ID": S3_CREDENTIALS["access_key_id"],
-               "AWS_SECRET_ACCESS_KEY": S3_CREDENTIALS["secret_access_key"],
-               "AWS_REGION": S3_CREDENTIALS["region"]}
+        env = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": S3_CREDENTIALS["access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": S3_CREDENTIALS["secret_access_key"],
+            "AWS_REGION": S3_CREDENTIALS["region"],
+        }
     writers = [_writer(url, f"writer{i}", 6, env) for i in range(2)]
     ids: list[str] = []
     for process in writers:

@@ -16,33 +16,46 @@ from .conftest import S3_BUCKET, S3_CREDENTIALS
 
 
 def _record() -> GradientsParamsRecord:
-    arrays = {"big.weight": np.arange(2000, dtype=np.float32).reshape(40, 50),
-              "tiny.bias": np.arange(5, dtype=np.float64)}
+    arrays = {
+        "big.weight": np.arange(2000, dtype=np.float32).reshape(40, 50),
+        "tiny.bias": np.arange(5, dtype=np.float64),
+    }
     return GradientsParamsRecord(
         [GradientRecordEntry.from_array(ParamId(), name, a) for name, a in arrays.items()]
     )
 
 
 def _same(found: GradientsParamsRecord, expected: GradientsParamsRecord) -> bool:
-    return [(e.param_id, e.array.tobytes()) for e in found] == \
-        [(e.param_id, e.array.tobytes()) for e in expected]
+    return [(e.param_id, e.array.tobytes()) for e in found] == [
+        (e.param_id, e.array.tobytes()) for e in expected
+    ]
 
 
-async def test_a_flipped_byte_in_any_s3_chunk_names_the_parameter(s3_endpoint: str,
-                                                                   boto3_s3) -> None:
+async def test_a_flipped_byte_in_any_s3_chunk_names_the_parameter(
+    s3_endpoint: str, boto3_s3
+) -> None:
     prefix = f"{uuid.uuid4().hex}/store"
-    store = open_store(f"s3://{S3_BUCKET}/{prefix}", endpoint=s3_endpoint, allow_http=True,
-                       chunk_bytes=2048, pack_threshold=256, **S3_CREDENTIALS)
+    store = open_store(
+        f"s3://{S3_BUCKET}/{prefix}",
+        endpoint=s3_endpoint,
+        allow_http=True,
+        chunk_bytes=2048,
+        pack_threshold=256,
+        **S3_CREDENTIALS,
+    )
     record = _record()
     damaged = await store.write_snapshot(record, run="r", step=1)
     intact = await store.write_snapshot(record, run="r", step=2)
     manifest = await store.info(damaged.id)
     table = manifest["gradients"]
-    owners = {table["array"][i]: (table["param_id"][i], table["name"][i])
-              for i in range(len(table["param_id"]))}
+    owners = {
+        table["array"][i]: (table["param_id"][i], table["name"][i])
+        for i in range(len(table["param_id"]))
+    }
     listing = boto3_s3.list_objects_v2(Bucket=S3_BUCKET, Prefix=f"{prefix}/snapshots/{damaged.id}/")
-    chunk_keys = [o["Key"] for o in listing["Contents"]
-                  if "/c/" in o["Key"] or o["Key"].endswith("/c")]
+    chunk_keys = [
+        o["Key"] for o in listing["Contents"] if "/c/" in o["Key"] or o["Key"].endswith("/c")
+    ]
     assert len(chunk_keys) > 3
     for key in chunk_keys:
         original = boto3_s3.get_object(Bucket=S3_BUCKET, Key=key)["Body"].read()
