@@ -21,6 +21,7 @@ what was found, naming the parameter::
         ├── SnapshotNotFoundError (KeyError)
         ├── SnapshotBusyError                 a snapshot is in flight and the policy rejects
         ├── InvalidSnapshotIdError (ValueError)
+        ├── InvalidFieldError (ValueError)    a name, run, step, tags or metadata it cannot hold
         └── StoreUnavailableError (OSError)   the store cannot be reached or written
 """
 
@@ -102,6 +103,10 @@ class InvalidSnapshotIdError(RecorderError, ValueError):
     """A string that is not a well-formed snapshot id."""
 
 
+class InvalidFieldError(RecorderError, ValueError):
+    """A gradient name, run, step, tags or metadata that a snapshot cannot hold (or read back)."""
+
+
 class StoreUnavailableError(RecorderError, OSError):
     """The store cannot be reached, read or written."""
 
@@ -116,6 +121,7 @@ __all__ = [
     "FormatVersionError",
     "GradvaultError",
     "InplaceModificationError",
+    "InvalidFieldError",
     "InvalidParamIdError",
     "InvalidSnapshotIdError",
     "MissingGradientError",

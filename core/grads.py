@@ -19,12 +19,14 @@ from . import backend
 from .autograd.gradients import Gradients
 from .errors import (
     BackendMismatchError,
+    DtypeMismatchError,
     DuplicateParamError,
     ParamIdMismatchError,
     ShapeMismatchError,
 )
 from .param_id import ParamId, as_param_id
 from .record import GradientRecordEntry, GradientsParamsRecord, paused_gc
+from .record_rules import check_dtype, check_name
 from .tensor import Tensor
 
 if TYPE_CHECKING:
@@ -117,10 +119,18 @@ class GradientsParams:
         return self._grads.pop(pid, None)
 
     def register(self, param_id: ParamId | str, tensor: Tensor, *, name: str | None = None) -> None:
-        """Store ``tensor`` as the gradient of ``param_id``, replacing what was there."""
+        """Store ``tensor`` as the gradient of ``param_id``, replacing what was there.
+
+        The name (module path) and the tensor's dtype must be ones a snapshot can hold
+        (``record_rules``): InvalidFieldError or DtypeMismatchError otherwise.
+        """
         if not isinstance(tensor, Tensor):
             raise TypeError(f"a gradient must be a Tensor; got {type(tensor).__name__}")
         pid = as_param_id(param_id)
+        # refused here, not when a snapshot is written or, worse, read back
+        if name is not None:
+            name = check_name(name, pid)
+        check_dtype(tensor.dtype, pid, self._names.get(pid, "") if name is None else name)
         self._grads[pid] = tensor
         if name is not None:
             self._names[pid] = name
@@ -309,8 +319,8 @@ def _match_targets(
 ) -> dict[ParamId, tuple[ParamId, str]]:
     """For each record entry, the module parameter (id, path) it restores onto."""
     params = list(module.named_parameters())
-    by_id = {p.id: (p.id, name, p.shape) for name, p in params}
-    by_name = {name: (p.id, name, p.shape) for name, p in params}
+    by_id = {p.id: (p.id, name, p.shape, p.dtype) for name, p in params}
+    by_name = {name: (p.id, name, p.shape, p.dtype) for name, p in params}
     targets: dict[ParamId, tuple[ParamId, str]] = {}
     for entry in record:
         target = by_id.get(entry.param_id) if match == "id" else by_name.get(entry.name)
@@ -332,6 +342,11 @@ def _match_targets(
                 f"gradient for param {entry.param_id} ({entry.name!r}) has shape "
                 f"{tuple(entry.shape)}; the module's parameter {target[1]!r} has "
                 f"{tuple(target[2])}"
+            )
+        if np.dtype(entry.dtype) != target[3]:
+            raise DtypeMismatchError(
+                f"gradient for param {entry.param_id} ({entry.name!r}) has dtype "
+                f"{entry.dtype}; the module's parameter {target[1]!r} has {target[3]}"
             )
         targets[entry.param_id] = target[:2]
     return targets

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,26 +19,25 @@ from .errors import (
     DtypeMismatchError,
     DuplicateParamError,
     FormatVersionError,
+    InvalidFieldError,
     MissingGradientError,
     ShapeMismatchError,
     SizeMismatchError,
 )
 from .param_id import ParamId, as_param_id
+from .record_rules import (
+    DTYPE_NAMES,
+    NAME_EXPECTED,
+    SUPPORTED_DTYPES,
+    check_metadata,
+    check_name,
+    check_shape,
+    is_dtype_name,
+    is_name,
+    is_shape,
+)
 
 FORMAT_VERSION = 1
-
-#: dtypes a record may carry; names follow NumPy (and zarr's v3 data type names).
-SUPPORTED_DTYPES = (
-    "float16",
-    "float32",
-    "float64",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "bool",
-)
 
 
 @contextlib.contextmanager
@@ -58,8 +58,7 @@ def paused_gc() -> Iterator[None]:
 
 
 # NumPy's ``dtype.name`` is computed in Python on every access; capture holds a hot loop
-_NAME_OF = {np.dtype(name).newbyteorder("<"): name for name in SUPPORTED_DTYPES}
-_NAME_OF.update({np.dtype(name): name for name in SUPPORTED_DTYPES})
+_NAME_OF = DTYPE_NAMES
 
 
 def _dtype_name(dtype: np.dtype) -> str | None:
@@ -90,6 +89,9 @@ class GradientRecordEntry:
     ) -> GradientRecordEntry:
         """An entry holding ``array`` (copied only if it is not C-contiguous little-endian)."""
         # called once per gradient while the trainer waits: keep it lean
+        pid = param_id if type(param_id) is ParamId else as_param_id(param_id)
+        if type(name) is not str or not name.isascii():
+            name = check_name(name, pid)
         host = array if type(array) is np.ndarray else np.asarray(array)
         dtype = host.dtype
         dtype_name = _NAME_OF.get(dtype)
@@ -103,7 +105,6 @@ class GradientRecordEntry:
         # a read-only view: the caller's array stays writable, the record's does not
         host = host.view()
         host.setflags(write=False)
-        pid = param_id if type(param_id) is ParamId else as_param_id(param_id)
         return cls(pid, name, dtype_name, host.shape, host)
 
     @classmethod
@@ -115,20 +116,21 @@ class GradientRecordEntry:
         shape: tuple[int, ...] | list[int],
         data: bytes | bytearray | memoryview,
     ) -> GradientRecordEntry:
-        """An entry from raw bytes; raises when dtype, shape and byte count disagree."""
+        """An entry from raw bytes; raises when dtype, shape and byte count disagree.
+
+        Every dim must be an int >= 0 (a float or a bool is refused, never truncated);
+        sizes are computed with Python ints, so no shape overflows.
+        """
         pid = as_param_id(param_id)
-        if dtype not in SUPPORTED_DTYPES:
+        name = check_name(name, pid)
+        if not is_dtype_name(dtype):
             raise DtypeMismatchError(
                 f"gradient for param {pid} ({name!r}) has dtype {dtype!r}; "
                 f"supported: {', '.join(SUPPORTED_DTYPES)}"
             )
-        shape = tuple(int(n) for n in shape)
-        if any(n < 0 for n in shape):
-            raise SizeMismatchError(
-                f"gradient for param {pid} ({name!r}) has a negative dim in {shape}"
-            )
+        shape = check_shape(shape, pid, name)
         np_dtype = _little_endian(np.dtype(dtype))
-        expected = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
+        expected = math.prod(shape) * np_dtype.itemsize
         found = memoryview(data).nbytes
         if found != expected:
             raise SizeMismatchError(
@@ -150,14 +152,32 @@ class GradientRecordEntry:
         return memoryview(self.array.reshape(-1)).cast("B") if self.array.size else memoryview(b"")
 
     def validate(self) -> None:
-        """Raise the matching RecorderError if dtype, shape and bytes disagree."""
+        """Raise the matching RecorderError if a field cannot be written or fields disagree.
+
+        The id must be a ParamId, the name text a snapshot can hold, the shape a tuple of
+        ints >= 0, and dtype, shape and bytes must agree.
+        """
+        if type(self.param_id) is not ParamId:
+            raise InvalidFieldError(
+                f"gradient {self.name!r} has param id {self.param_id!r}; expected a ParamId"
+            )
+        if not is_name(self.name):
+            raise InvalidFieldError(
+                f"gradient for param {self.param_id} has name {self.name!r}; expected "
+                f"{NAME_EXPECTED}"
+            )
+        if type(self.shape) is not tuple or not is_shape(self.shape):
+            raise ShapeMismatchError(
+                f"gradient for param {self.param_id} ({self.name!r}) has shape "
+                f"{self.shape!r}; expected a tuple of ints >= 0"
+            )
         if _dtype_name(self.array.dtype) != self.dtype or self.array.dtype.byteorder == ">":
             raise DtypeMismatchError(
                 f"gradient for param {self.param_id} ({self.name!r}) says dtype {self.dtype}; "
                 f"its bytes are {self.array.dtype}"
             )
         if self.array.shape != tuple(self.shape):
-            expected = int(np.prod(self.shape, dtype=np.int64)) * self.array.dtype.itemsize
+            expected = math.prod(self.shape) * self.array.dtype.itemsize
             error = ShapeMismatchError if expected == self.array.nbytes else SizeMismatchError
             raise error(
                 f"gradient for param {self.param_id} ({self.name!r}) says shape {self.shape}; "
@@ -168,7 +188,10 @@ class GradientRecordEntry:
 class GradientsParamsRecord:
     """An immutable list of gradient entries plus format version and metadata.
 
-    Iterating gives the entries in order; ``record[param_id]`` finds one by id.
+    Iterating gives the entries in order; ``record[param_id]`` finds one by id. Every
+    entry is validated (``GradientRecordEntry.validate``), ids must be unique and the
+    metadata must be JSON a manifest holds unchanged (``record_rules``), so a record that
+    can be built can be written and read back.
     """
 
     def __init__(
@@ -187,6 +210,10 @@ class GradientsParamsRecord:
         self._entries = tuple(entries)
         self._by_id: dict[ParamId, GradientRecordEntry] = {}
         for entry in self._entries:
+            if not _validated and not isinstance(entry, GradientRecordEntry):
+                raise TypeError(
+                    f"a record holds GradientRecordEntry objects; got {type(entry).__name__}"
+                )
             if entry.param_id in self._by_id:
                 raise DuplicateParamError(
                     f"param {entry.param_id} ({entry.name!r}) appears twice in the record "
@@ -195,7 +222,7 @@ class GradientsParamsRecord:
             if not _validated:
                 entry.validate()
             self._by_id[entry.param_id] = entry
-        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.metadata: dict[str, Any] = check_metadata(metadata)
         self.format_version = format_version
 
     @property

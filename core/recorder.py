@@ -22,6 +22,7 @@ from . import backend
 from .errors import GradvaultError, RecorderError, SnapshotBusyError
 from .grads import GradientsParams
 from .record import GradientsParamsRecord
+from .record_rules import check_snapshot_fields
 from .store import SnapshotInfo, SnapshotStore, open_store
 
 T = TypeVar("T")
@@ -107,11 +108,8 @@ class Recorder:
 
     # ------------------------------------------------------------------ snapshots
     @staticmethod
-    def _check(run: str, step: int) -> None:
-        if not isinstance(run, str) or not run:
-            raise ValueError(f"run must be a non-empty string; got {run!r}")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be a non-negative int; got {step!r}")
+    def _check(run: str, step: int, tags: Mapping[str, str] | None) -> None:
+        check_snapshot_fields(run, step, tags)  # before the capture, not in the background
 
     def _try_launch(
         self,
@@ -190,7 +188,7 @@ class Recorder:
         ``on_busy="wait"`` this blocks while a previous snapshot is still committing (in
         async code, ``await recorder.snapshot(...)`` waits without blocking the loop).
         """
-        self._check(run, step)
+        self._check(run, step, tags)
         while True:
             launched = self._try_launch(grads, run, step, tags)
             if isinstance(launched, SnapshotHandle):
@@ -206,7 +204,7 @@ class Recorder:
         tags: Mapping[str, str] | None = None,
     ) -> SnapshotInfo:
         """Capture and commit ``grads``; returns the committed snapshot's info."""
-        self._check(run, step)
+        self._check(run, step, tags)
         while True:
             launched = self._try_launch(grads, run, step, tags)
             if isinstance(launched, SnapshotHandle):

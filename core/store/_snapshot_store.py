@@ -27,6 +27,7 @@ from ..errors import (
 )
 from ..param_id import ParamId, as_param_id
 from ..record import GradientRecordEntry, GradientsParamsRecord, paused_gc
+from ..record_rules import check_metadata, check_snapshot_fields
 from ._backend import (
     MANIFEST_NAME,
     Backend,
@@ -166,18 +167,11 @@ class SnapshotStore:
         """
         if not isinstance(record, GradientsParamsRecord):
             raise TypeError(f"record must be a GradientsParamsRecord; got {type(record).__name__}")
-        if not isinstance(run, str) or not run:
-            raise ValueError(f"run must be a non-empty string; got {run!r}")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be an int >= 0; got {step!r}")
-        tags = dict(tags or {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
-            raise ValueError(f"tags must map str to str; got {tags!r}")
+        run, step, tags = check_snapshot_fields(run, step, tags)
         if not isinstance(device, str) or not device:
             raise ValueError(f"device must be a non-empty string; got {device!r}")
         codec = parse_compression(compression)
-        dump_json(record.metadata)  # fail early (TypeError/ValueError) if it is not JSON
-        orjson.dumps(record.metadata)  # ... or has integers the manifest encoder refuses
+        check_metadata(record.metadata)  # the dict may have changed since the record was built
 
         snapshot_id = new_snapshot_id()
         await self._backend.prepare()

@@ -19,6 +19,14 @@ import numpy as np
 
 from ..errors import FormatVersionError
 from ..record import SUPPORTED_DTYPES
+from ..record_rules import (
+    DTYPE_EXPECTED,
+    NAME_EXPECTED,
+    SHAPE_EXPECTED,
+    first_invalid_dtype,
+    first_invalid_name,
+    first_invalid_shape,
+)
 from ._format import (
     PACKED_ARRAY,
     format_checksum,
@@ -235,24 +243,16 @@ class _ManifestCheck:
                         i,
                     )
                 seen[pid] = i
-        if _joined(names) is None:
-            i = self.first(names, lambda name: type(name) is str)
-            self.fail("gradients.name", "a string", names[i], i)
-        try:
-            dtypes_known = set(dtypes) <= _ITEMSIZE.keys()
-        except TypeError:  # an unhashable entry
-            dtypes_known = False
-        if not dtypes_known:
-            i = self.first(dtypes, lambda dtype: type(dtype) is str and dtype in _ITEMSIZE)
-            self.fail("gradients.dtype", f"one of {', '.join(SUPPORTED_DTYPES)}", dtypes[i], i)
-
-        def is_shape(shape: object) -> bool:
-            return type(shape) is list and all(type(n) is int and n >= 0 for n in shape)
-
-        dims = list(chain.from_iterable(shapes)) if _types(shapes) <= {list} else None
-        if dims is None or not (_types(dims) <= {int} and (not dims or min(dims) >= 0)):
-            i = self.first(shapes, is_shape)
-            self.fail("gradients.shape", "a list of ints >= 0", shapes[i], i)
+        # the writer's own rules (record_rules): what it can write, this reads
+        i = first_invalid_name(names)
+        if i is not None:
+            self.fail("gradients.name", NAME_EXPECTED, names[i], i)
+        i = first_invalid_dtype(dtypes)
+        if i is not None:
+            self.fail("gradients.dtype", DTYPE_EXPECTED, dtypes[i], i)
+        i = first_invalid_shape(shapes)
+        if i is not None:
+            self.fail("gradients.shape", SHAPE_EXPECTED, shapes[i], i)
         if not _types(sizes) <= {int} or sizes != list(
             map(mul, map(math.prod, shapes), map(_ITEMSIZE.__getitem__, dtypes))
         ):
