@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 from .errors import ShapeMismatchError
 from .grads import GradientsParams
-from .tensor import Tensor
 
 if TYPE_CHECKING:
     from .nn.module import Module
@@ -26,11 +25,8 @@ class GradientsAccumulator:
                 continue
             current = self._sum.get(param.id)
             if current is None:
-                # share the buffer until the first write to either side moves that side off
-                alias = Tensor._make(grad._data)
-                alias._cow = True
-                grad._cow = True
-                self._sum.register(param.id, alias, name=name)
+                # shares the buffer until either side is written (copied if grad has aliases)
+                self._sum.register(param.id, grad._twin(), name=name)
             else:
                 if current.shape != grad.shape:
                     raise ShapeMismatchError(

@@ -198,17 +198,15 @@ class GradientsParams:
     def _capture(self) -> tuple[list[tuple[ParamId, str, Any]], dict[str, Any]]:
         """Freeze the current buffers (copy-on-write) in O(number of gradients).
 
-        Returns the captured (id, name, array) triples and the record's metadata.
+        Only a gradient that has handed out an alias (a view, ``.data``, a NumPy array) is
+        copied: its aliases could still write into the buffer. Returns the captured
+        (id, name, array) triples and the record's metadata.
         """
         captured = []
         names = self._names
         on_host = True
         for pid, grad in self._grads.items():
-            data = grad._data
-            if grad._base is not None or grad._version_box[2]:
-                data = data.copy()  # views made earlier may write to this storage
-            else:
-                grad._cow = True  # views and aliases made later copy first (Tensor._unshare)
+            data = grad._lend()
             on_host = on_host and type(data) is np.ndarray
             captured.append((pid, names.get(pid, ""), data))
         if on_host:

@@ -47,6 +47,22 @@ def _is_floating(dtype: np.dtype) -> bool:
     return dtype.kind == "f"
 
 
+class _Storage:
+    """What a tensor shares with its views: the version counter and the aliases of its buffer.
+
+    ``aliased`` is set once a view or a raw array of the buffer has been handed out (see
+    the copy-on-write section of Tensor); ``views_in_graph`` once such a view requires grad.
+    """
+
+    __slots__ = ("version", "last_op", "aliased", "views_in_graph")
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.last_op: str | None = None
+        self.aliased = False
+        self.views_in_graph = False
+
+
 class Tensor:
     """An n-dimensional array on ``cpu`` or ``cuda:N`` that records operations for autograd."""
 
@@ -55,7 +71,7 @@ class Tensor:
         "_requires_grad",
         "_grad",
         "grad_fn",
-        "_version_box",
+        "_storage",
         "_hooks",
         "_inference",
         "_base",
@@ -87,8 +103,7 @@ class Tensor:
         t._requires_grad = requires_grad
         t._grad = None
         t.grad_fn = grad_fn
-        # shared with views: version, last in-place op, has views, has views in a graph
-        t._version_box = [0, None, False, False]
+        t._storage = _Storage()  # shared with views
         t._hooks = []
         t._inference = _state.inference
         t._base = None
@@ -179,16 +194,14 @@ class Tensor:
 
     @property
     def _version(self) -> int:
-        return self._version_box[0]
+        return self._storage.version
 
     # ------------------------------------------------------------------ graph helpers
     def detach(self) -> Tensor:
         """A tensor sharing the storage and version counter, outside the graph."""
         self._unshare()
         out = Tensor._make(self._data)
-        out._version_box = self._version_box
-        out._base = self if self._base is None else self._base
-        self._version_box[2] = True
+        self._adopt_view(out)
         out._inference = self._inference
         return out
 
@@ -243,8 +256,9 @@ class Tensor:
             raise AutogradError(
                 "can't call numpy() on a tensor that requires grad; use tensor.detach().numpy()"
             )
-        self._unshare()  # the caller may write through the array: never into a snapshot
-        return backend.to_host(self._data)
+        if self.device.type != "cpu":
+            return backend.to_host(self._data)  # a copy: nothing to keep apart
+        return self._alias_array()
 
     def item(self) -> Any:
         """The value of a one-element tensor as a Python number."""
@@ -256,8 +270,16 @@ class Tensor:
         return backend.to_host(self._data).tolist()
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        host = backend.to_host(self._data)
-        return host if dtype is None else host.astype(dtype)
+        """The data for ``np.asarray(tensor)``: on the cpu the buffer itself, as ``numpy()``."""
+        if self.device.type != "cpu":
+            host = backend.to_host(self._data)  # a copy already
+            return host if dtype is None else host.astype(dtype, copy=False)
+        converts = dtype is not None and np.dtype(dtype) != self.dtype
+        if copy or converts:
+            if copy is False:
+                raise ValueError(f"a {self.dtype} tensor cannot be read as {dtype} without a copy")
+            return np.array(self._data, dtype=dtype, copy=True)
+        return self._alias_array()
 
     def to(self, device: DeviceLike | DTypeLike = None, dtype: DTypeLike = None) -> Tensor:
         """This tensor on ``device`` and/or as ``dtype``; itself when nothing changes."""
@@ -333,7 +355,16 @@ class Tensor:
             extra.append("requires_grad=True")
         return "tensor(" + ", ".join([body, *extra]) + ")"
 
-    # ------------------------------------------------------------------ in-place machinery
+    # ------------------------------------------------------------------ copy-on-write
+    # A snapshot, or another tensor, may hold this tensor's buffer instead of a copy. Two
+    # facts keep later writes away from such a holder, and only these methods touch them:
+    #   _cow              the buffer is held elsewhere too: the next write through this
+    #                     tensor, or the next alias of it handed out, first moves this tensor
+    #                     to a buffer of its own (_unshare);
+    #   _storage.aliased  a view, a ``.data``/``detach()`` alias or a raw array (numpy(),
+    #                     np.asarray) of the buffer was handed out: those write without
+    #                     passing through here, so a new holder gets a copy (_lend).
+    # Holding costs a flag per tensor, not a copy of its bytes, unless it was aliased.
     def _unshare(self) -> None:
         """Give this tensor its own buffer if a snapshot or another tensor still reads it.
 
@@ -344,6 +375,63 @@ class Tensor:
             self._data = self._data.copy()
             self._cow = False
 
+    def _alias_array(self) -> Any:
+        """The buffer itself, for a caller who may write through it (``numpy()``, ``__array__``)."""
+        self._unshare()
+        self._storage.aliased = True
+        return self._data
+
+    def _adopt_view(self, view: Tensor) -> None:
+        """Make ``view`` (whose array shares this tensor's buffer) a view of this tensor.
+
+        They share the version counter; the buffer counts as aliased from now on.
+        """
+        view._storage = self._storage
+        view._base = self if self._base is None else self._base
+        self._storage.aliased = True
+        if view.requires_grad:
+            self._storage.views_in_graph = True
+
+    def _lend(self) -> Any:
+        """This tensor's values as a buffer that nothing done to this tensor later changes.
+
+        The buffer itself, flagged copy-on-write, when only this tensor can write to it; a
+        copy when some alias, a base or a broadcast could (then no flag could protect it).
+        """
+        data = self._data
+        if (
+            self._storage.aliased
+            or self._base is not None
+            # a broadcast of another buffer (an array that owns its buffer is no broadcast)
+            or (data.base is not None and not getattr(data.flags, "writeable", True))
+        ):
+            return data.copy()
+        self._cow = True
+        return data
+
+    def _twin(self) -> Tensor:
+        """A new tensor with this one's values, sharing the buffer until either is written."""
+        data = self._lend()
+        twin = Tensor._make(data)
+        twin._cow = data is self._data
+        return twin
+
+    def _accumulate_(self, array: Any) -> None:
+        """``self += array`` for gradient accumulation, honouring copy-on-write.
+
+        A shared buffer is not copied first: the sum goes straight into a new one (one pass
+        over the bytes, as an in-place add), keeping this tensor's dtype.
+        """
+        if self._cow:
+            total = backend.xp_of(self._data).empty_like(self._data)
+            backend.xp_of(self._data).add(self._data, array, out=total)
+            self._data = total
+            self._cow = False
+        else:
+            self._data += array
+        self._bump("accumulate_grad")
+
+    # ------------------------------------------------------------------ in-place machinery
     def _prepare_write(self, op: str) -> None:
         if self._inference and not _state.inference:
             raise AutogradError(
@@ -353,8 +441,8 @@ class Tensor:
         self._unshare()
 
     def _bump(self, op: str) -> None:
-        self._version_box[0] += 1
-        self._version_box[1] = op
+        self._storage.version += 1
+        self._storage.last_op = op
 
     def _inplace(
         self, op: str, out_of_place: Callable[[Tensor], Tensor], others: Sequence[Any] = ()
@@ -374,7 +462,7 @@ class Tensor:
                     f"in-place operation ({op}) on a view of a tensor that requires grad is "
                     "not supported; use the out-of-place op"
                 )
-            if self._version_box[3]:
+            if self._storage.views_in_graph:
                 raise AutogradError(
                     f"in-place operation ({op}) on a tensor whose views are part of the "
                     "autograd graph is not supported (their gradients would be wrong); use "
@@ -399,21 +487,6 @@ class Tensor:
             self._data[...] = result._data
         self._bump(op)
         return self
-
-    def _accumulate_(self, array: Any) -> None:
-        """``self += array`` for gradient accumulation, honouring copy-on-write.
-
-        A shared buffer is not copied first: the sum goes straight into a new one (one pass
-        over the bytes, as an in-place add), keeping this tensor's dtype.
-        """
-        if self._cow:
-            total = backend.xp_of(self._data).empty_like(self._data)
-            backend.xp_of(self._data).add(self._data, array, out=total)
-            self._data = total
-            self._cow = False
-        else:
-            self._data += array
-        self._bump("accumulate_grad")
 
     def add_(self, other: Any, *, alpha: float = 1) -> Tensor:
         return self._inplace(

@@ -162,39 +162,18 @@ def run_backward(
 def _accumulate_into(tensor: Tensor, grad: Tensor, create_graph: bool) -> None:
     """Sum ``grad`` into ``tensor.grad`` (PyTorch's AccumulateGrad).
 
-    The first gradient is stored without a copy; its buffer may also be the caller's seed,
-    another leaf's gradient or what this pass returns, so every tensor holding it is
-    flagged copy-on-write: the first in-place write to any of them moves that one to a
-    buffer of its own.
+    The first gradient is stored without a copy where it can be: its buffer may also be
+    the caller's seed, another leaf's gradient or what this pass returns, so ``.grad`` is
+    a copy-on-write twin of it (``Tensor._twin``: a copy when views or arrays of it are out,
+    or when it is a broadcast); the first write to either moves that one to its own buffer.
     """
-    from ..tensor import Tensor  # noqa: PLC0415
-
     if grad.dtype != tensor.dtype:
         grad = grad.to(dtype=tensor.dtype)
     existing = tensor.grad
     if existing is None:
-        if create_graph:
-            grad._cow = True
-            tensor._grad = grad
-            return
-        data = grad._data
-        grad._cow = True  # what this pass returns shares the buffer too
-        if _plain(data):
-            stored = Tensor._make(data)
-            stored._cow = True
-        else:  # a view (of a seed, a broadcast...): .grad gets a buffer of its own
-            stored = Tensor._make(data.copy())
-        tensor._grad = stored
+        # with create_graph, .grad is the gradient itself: it carries the graph
+        tensor._grad = grad if create_graph else grad._twin()
     elif create_graph or existing.requires_grad:
         tensor._grad = existing + grad
     else:
         existing._accumulate_(grad._data)
-
-
-def _plain(data: object) -> bool:
-    """True for a writable array that owns its buffer (not a view of some other array).
-
-    A view could be written through its base, which no flag of ours can see.
-    """
-    flags = getattr(data, "flags", None)
-    return bool(getattr(flags, "writeable", True)) and getattr(data, "base", None) is None

@@ -31,7 +31,7 @@ class Context:
 
     def save_for_backward(self, *tensors: Tensor) -> None:
         """Keep ``tensors`` for backward; changing one of them in place later is an error."""
-        self._saved = tuple((t, t._version_box[0] if t is not None else 0) for t in tensors)
+        self._saved = tuple((t, t._version if t is not None else 0) for t in tensors)
 
     def save_output(self) -> None:
         """Keep the op's output too (it is appended to ``saved_tensors`` once known)."""
@@ -49,9 +49,9 @@ class Context:
         for index, (tensor, version) in enumerate(self._saved):
             if tensor is None:  # not needed by this backward (its partner needs no grad)
                 continue
-            current = tensor._version_box[0]
+            current = tensor._version
             if current != version:
-                op = tensor._version_box[1] or "an in-place operation"
+                op = tensor._storage.last_op or "an in-place operation"
                 raise InplaceModificationError(
                     f"one of the tensors needed for gradient computation was modified by an "
                     f"in-place operation ({op}): saved tensor {index} of {self._node.name}, "
@@ -172,7 +172,7 @@ class Function:
             node.input_shapes = tuple(tuple(t.shape) for t in tensor_inputs)
             out = Tensor._make(data, requires_grad=True, grad_fn=node)
             if node.saves_output:
-                ctx._saved = ctx._saved + ((out, out._version_box[0]),)
+                ctx._saved = ctx._saved + ((out, out._version),)
             return out
         with np.errstate(all="ignore"):
             data = _as_array(cls.forward(_FreeContext(), *args, **kwargs))

@@ -20,11 +20,7 @@ def _as_view(out: Tensor, base: Tensor) -> Tensor:
         if out._data.size and base._data.size
         else False
     ):
-        out._version_box = base._version_box
-        base._version_box[2] = True
-        if out.requires_grad:
-            base._version_box[3] = True
-        out._base = base if base._base is None else base._base
+        base._adopt_view(out)
     return out
 
 
@@ -110,7 +106,7 @@ class IndexScatter(Function):
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor]:
-        return (Index.apply(g, ctx.index),)
+        return (getitem(g, ctx.index),)
 
 
 class IndexPut(Function):
@@ -125,7 +121,7 @@ class IndexPut(Function):
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor, Tensor]:
-        return _masked(g, ctx.index), sum_to_shape(Index.apply(g, ctx.index), ctx.value_shape)
+        return _masked(g, ctx.index), sum_to_shape(getitem(g, ctx.index), ctx.value_shape)
 
 
 def _masked(g: Tensor, index: Any) -> Tensor:
@@ -144,10 +140,12 @@ class Cat(Function):
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor, ...]:
+        # getitem, not Index.apply: a slice of g is a view, tracked like any other (g may be
+        # the caller's seed, and the slices become .grad and the pass's gradients)
         out, start = [], 0
         for size in ctx.sizes:
             index = (slice(None),) * ctx.dim + (slice(start, start + size),)
-            out.append(Index.apply(g, index))
+            out.append(getitem(g, index))
             start += size
         return tuple(out)
 
