@@ -50,6 +50,8 @@ COLLECTING_PREFIX = ".collecting-"
 DELETING_INFIX = ".deleting-"
 #: How many passes a removal makes when files keep appearing in what it removes.
 _REMOVAL_PASSES = 3
+#: flock errors that mean "this file system does not lock", not "someone holds the lock"
+_NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
 _log = logging.getLogger("gradvault.store")
 _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 _LOCK_FLAGS = _DIRECTORY_FLAGS | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -145,6 +147,12 @@ def _lock_for_removal(path: str) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
+    except OSError as error:
+        if error.errno not in _NO_LOCKING:
+            os.close(fd)
+            raise
+        # A file system without flock: removal is still claimed by the rename and
+        # tolerant of others, only a live removal can no longer be told from a leftover.
     except BaseException:
         os.close(fd)
         raise
@@ -303,38 +311,37 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             return []
         cutoff = time.time() - grace_seconds
-        removed = []
-        for entry in entries:
-            try:
-                if _newest_mtime(entry.path) > cutoff:
-                    continue
-            except FileNotFoundError:
-                continue  # committed, claimed or removed since the listing
-            if self._collect_entry(entry):
-                removed.append(entry.name)
-        return sorted(removed)
+        return sorted(entry.name for entry in entries if self._collect_entry(entry, cutoff))
 
-    def _collect_entry(self, entry: os.DirEntry[str]) -> bool:
-        """Claim one stale ``.staging/`` entry and remove it; False if someone else has it."""
+    def _collect_entry(self, entry: os.DirEntry[str], cutoff: float) -> bool:
+        """Claim one ``.staging/`` entry untouched since ``cutoff`` and remove it.
+
+        False if it is fresh, or gone, or someone else (a live delete or gc) has it.
+        """
         claimed = str(self.staging_dir / f"{COLLECTING_PREFIX}{secrets.token_hex(8)}")
         if not entry.is_dir(follow_symlinks=False):
             try:
+                if _newest_mtime(entry.path) > cutoff:
+                    return False
                 os.rename(entry.path, claimed)
                 os.unlink(claimed)
             except FileNotFoundError:
                 return False
             return True
+        # The lock first: a folder a live delete is removing is skipped without a walk.
         fd = _lock_for_removal(entry.path)
         if fd is None:
-            return False  # gone, or a live delete or gc is removing it
+            return False
         try:
             try:
+                if _newest_mtime(entry.path) > cutoff:
+                    return False
                 if not os.path.samestat(os.fstat(fd), os.lstat(entry.path)):
                     return False  # the name was reused since it was locked
                 # From here on a writer of this folder finds it gone and fails.
                 os.rename(entry.path, claimed)
             except FileNotFoundError:
-                return False  # committed or claimed since the listing
+                return False  # committed, claimed or removed since the listing
             return _remove_tree(claimed)
         finally:
             os.close(fd)

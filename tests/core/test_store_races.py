@@ -8,6 +8,8 @@ certain rather than hoped for.
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import os
 import shutil
 import threading
@@ -614,3 +616,20 @@ async def test_a_delete_whose_cleanup_fails_still_deletes_and_gc_finishes_it(
     await assert_reads_back(stores(), infos[2].id, records[2])
     if store_kind == "local":
         assert staging_entries(Path(store.location)) == []
+
+
+async def test_a_file_system_without_flock_still_deletes_and_collects(
+    local_stores, monkeypatch
+) -> None:
+    def unsupported(fd: int, operation: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported (injected)")
+
+    monkeypatch.setattr(fcntl, "flock", unsupported)  # unit-level fault injection
+    store = local_stores()
+    kept = await store.write_snapshot(make_record(60), run="r", step=0)
+    gone = await store.write_snapshot(make_record(61), run="r", step=1)
+    await store.delete(gone.id)
+    await store._backend.begin(new_snapshot_id())  # a write that never finishes
+    assert len(await store.gc(grace_seconds=0)) == 1
+    assert [info.id for info in await store.list()] == [kept.id]
+    assert staging_entries(Path(store.location)) == []
