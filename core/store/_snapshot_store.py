@@ -576,6 +576,34 @@ class SnapshotStore:
             raise ValueError(f"grace_seconds must be a number >= 0; got {grace_seconds!r}")
         return await self._backend.collect_garbage(grace_seconds)
 
+    async def _readable_newest_first(self, run: str | None) -> list[SnapshotInfo]:
+        """A fresh listing whose first snapshot's manifest was just read and validated.
+
+        The snapshots this store wrote are listed from what it wrote, not from what a
+        reader would parse; retention must not keep one that readers refuse as "the
+        newest" and delete the newest good one for it. Snapshots found unreadable here
+        are left out (and left alone).
+        """
+        infos = await self._listing(run=run, fresh=True)
+        while infos:
+            newest = infos[0].id
+            self._forget(newest)
+            try:
+                await self._load_manifest(newest)
+            except SnapshotNotFoundError:
+                pass  # deleted since the listing
+            except FormatVersionError as error:
+                _log.warning(
+                    "store %s: retention leaves snapshot %s alone, readers refuse it: %s",
+                    self.location,
+                    newest,
+                    error,
+                )
+            else:
+                return infos
+            infos = infos[1:]
+        return infos
+
     async def apply_retention(
         self,
         keep_last: int | None = None,
@@ -588,10 +616,11 @@ class SnapshotStore:
 
         Kept: the ``keep_last`` newest by id (creation order, as ``list()`` sorts), every
         snapshot whose step is a multiple of ``keep_every``, the ids in ``keep``, and always
-        the newest one. With both rules None nothing is deleted. The pass decides from a
-        fresh listing (every manifest checked now, no cache), and before each deletion
-        checks that the newest snapshot it keeps is still there; if someone else deleted
-        it meanwhile, it decides again rather than leave the store without it.
+        the newest readable one. With both rules None nothing is deleted. The pass decides
+        from a fresh listing (every manifest checked now, no cache; the newest one read
+        and validated again), and before each deletion checks that the newest snapshot it
+        keeps is still there; if someone else deleted it meanwhile, it decides again
+        rather than leave the store without it.
         """
         rules = RetentionRules(keep_last, keep_every)
         if isinstance(keep, str):
@@ -601,7 +630,7 @@ class SnapshotStore:
         if rules.keeps_everything:
             return deleted
         for _ in range(_RETENTION_ROUNDS):
-            infos = await self._listing(run=run, fresh=True)
+            infos = await self._readable_newest_first(run)
             doomed = rules.doomed(infos, protected)
             for snapshot_id in doomed:
                 if not await self._backend.is_committed(infos[0].id):

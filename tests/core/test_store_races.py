@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import json
 import os
 import shutil
 import threading
@@ -633,3 +634,28 @@ async def test_a_file_system_without_flock_still_deletes_and_collects(
     assert len(await store.gc(grace_seconds=0)) == 1
     assert [info.id for info in await store.list()] == [kept.id]
     assert staging_entries(Path(store.location)) == []
+
+
+async def test_retention_keeps_the_newest_snapshot_readers_can_read(
+    stores, store_kind, request: pytest.FixtureRequest
+) -> None:
+    """The newest snapshot this store wrote became unreadable: the good one before it stays."""
+    store = stores()
+    records = [make_record(70 + i) for i in range(3)]
+    infos = [await store.write_snapshot(r, run="r", step=i) for i, r in enumerate(records)]
+    manifest_key = f"snapshots/{infos[2].id}/zarr.json"
+    if store_kind == "local":
+        path = Path(store.location) / manifest_key
+        document = json.loads(path.read_bytes())
+        document["attributes"]["gradvault"]["format_version"] = 999
+        path.write_text(json.dumps(document))
+    else:
+        boto3_s3 = request.getfixturevalue("boto3_s3")
+        key = store.location.removeprefix(f"s3://{S3_BUCKET}/") + "/" + manifest_key
+        document = json.loads(boto3_s3.get_object(Bucket=S3_BUCKET, Key=key)["Body"].read())
+        document["attributes"]["gradvault"]["format_version"] = 999
+        boto3_s3.put_object(Bucket=S3_BUCKET, Key=key, Body=json.dumps(document).encode())
+
+    assert await store.apply_retention(keep_last=1) == [infos[0].id]
+    assert [info.id for info in await stores().list()] == [infos[1].id]
+    await assert_reads_back(stores(), infos[1].id, records[1])
