@@ -19,11 +19,12 @@ from collections.abc import Coroutine, Generator, Mapping
 from typing import Any, Literal, TypeVar
 
 from . import backend
-from .errors import GradvaultError, RecorderError, SnapshotBusyError
+from .errors import RecorderError, SnapshotBusyError
 from .grads import GradientsParams
 from .record import GradientsParamsRecord
 from .record_rules import check_snapshot_fields
 from .store import SnapshotInfo, SnapshotStore, open_store
+from .store._retention import RetentionRules
 
 T = TypeVar("T")
 _log = logging.getLogger("gradvault.recorder")
@@ -60,7 +61,9 @@ class Recorder:
 
     ``on_busy`` chooses what a snapshot started while another is committing does: "wait"
     for it, or "reject" with ``SnapshotBusyError``. ``keep_last`` / ``keep_every`` apply the
-    retention policy after each commit (the newest snapshot is never deleted).
+    retention policy to the snapshot's run after each commit: ``keep_last`` counts by id
+    (creation order), the newest snapshot is never deleted, and neither is the one whose
+    commit the pass follows. Bad values raise ValueError here, not at the first commit.
     """
 
     def __init__(
@@ -79,7 +82,8 @@ class Recorder:
         self._store_options = store_options
         self._store: SnapshotStore | None = store if isinstance(store, SnapshotStore) else None
         self.on_busy = on_busy
-        self.keep_last, self.keep_every = keep_last, keep_every
+        self._retention = RetentionRules(keep_last, keep_every)
+        self.keep_last, self.keep_every = self._retention.keep_last, self._retention.keep_every
         self.compression = compression
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -167,11 +171,18 @@ class Recorder:
             device=str(metadata.get("device", "cpu")),
             compression=self.compression,
         )
-        if self.keep_last is not None or self.keep_every is not None:
+        if not self._retention.keeps_everything:
             try:
-                await store.apply_retention(self.keep_last, self.keep_every, run=run)
-            except (GradvaultError, OSError) as error:  # the snapshot itself is committed
-                _log.warning("snapshot %s committed; retention failed: %s", info.id, error)
+                await store.apply_retention(
+                    self.keep_last, self.keep_every, run=run, keep=[info.id]
+                )
+            except Exception as error:  # noqa: BLE001 - the snapshot itself is committed
+                _log.warning(
+                    "snapshot %s committed; retention failed: %s: %s",
+                    info.id,
+                    type(error).__name__,
+                    error,
+                )
         return info
 
     def start_snapshot(

@@ -95,16 +95,31 @@ class Backend(ABC):
         """The bytes at ``key``; MissingKeyError if absent, StoreUnavailableError if unreadable."""
 
     @abstractmethod
-    async def committed_ids(self) -> list[str]:
-        """Ids of the snapshots whose manifest exists, in any order."""
+    async def committed_ids(self, *, fresh: bool = False) -> list[str]:
+        """Ids of the snapshots whose manifest exists, in any order.
+
+        A backend may remember manifests it has seen; ``fresh`` checks every one now.
+        """
+
+    @abstractmethod
+    async def is_committed(self, snapshot_id: str) -> bool:
+        """Whether the snapshot's manifest exists now (no cache)."""
 
     @abstractmethod
     async def delete_snapshot(self, snapshot_id: str) -> bool:
-        """Remove a committed snapshot (invisible first, then its data); False if absent."""
+        """Remove a committed snapshot (invisible first, then its data); False if absent.
+
+        Safe to run at the same time as another delete or ``collect_garbage``: once the
+        snapshot is invisible, data that someone else removes first is not an error.
+        """
 
     @abstractmethod
     async def collect_garbage(self, grace_seconds: float) -> list[str]:
-        """Remove leftovers of unfinished writes untouched for ``grace_seconds``; their names."""
+        """Remove leftovers of unfinished writes untouched for ``grace_seconds``; their names.
+
+        Never removes anything a writer can still commit: a writer whose leftovers were
+        taken fails its commit with StoreUnavailableError instead.
+        """
 
     @abstractmethod
     async def close(self) -> None:

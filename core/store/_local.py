@@ -5,14 +5,27 @@ one ``os.rename`` moves it to ``snapshots/<id>`` and the ``snapshots`` folder is
 A reader therefore sees a whole snapshot or none. Files are written with
 ``os.open``/``os.writev``/``os.fsync`` in a thread pool, many at once (measured faster
 than aiofiles, which makes one thread hop per call; docs/FORMAT.md has the figures).
+
+Removal is claimed before it starts. ``delete`` locks the snapshot's folder (``flock``)
+and renames it to ``.staging/<id>.deleting-<random>``; ``gc`` locks a leftover and
+renames it to ``.staging/.collecting-<random>``. Only the claimant removes what it
+renamed (a writer that aborts removes its own staging folder, nothing else is removed in
+place), and a folder whose lock is held is in use by a live delete or gc, so gc never
+takes it, however old its files are. A writer whose staging folder gc claimed finds it
+gone and fails; its final rename can no longer move half-removed files into
+``snapshots/``.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import logging
 import mmap
 import os
 import secrets
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,7 +45,16 @@ from ._format import dump_json, group_metadata
 from ._ids import parse_snapshot_id
 
 STAGING_FOLDER = ".staging"
+#: Names under ``.staging/`` of folders being removed (see the module docstring).
+COLLECTING_PREFIX = ".collecting-"
+DELETING_INFIX = ".deleting-"
+#: How many passes a removal makes when files keep appearing in what it removes.
+_REMOVAL_PASSES = 3
+#: flock errors that mean "this file system does not lock", not "someone holds the lock"
+_NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
+_log = logging.getLogger("gradvault.store")
 _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+_LOCK_FLAGS = _DIRECTORY_FLAGS | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 T = TypeVar("T")
@@ -109,6 +131,64 @@ def _newest_mtime(path: str) -> float:
     return newest
 
 
+def _lock_for_removal(path: str) -> int | None:
+    """A descriptor of folder ``path`` holding its removal lock; None if gone or held elsewhere.
+
+    The lock (``flock``) belongs to the open descriptor and so follows the folder through
+    renames; the kernel drops it when its holder exits, so a crashed delete or gc leaves
+    a folder that the next gc can take.
+    """
+    try:
+        fd = os.open(path, _LOCK_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError as error:
+        if error.errno not in _NO_LOCKING:
+            os.close(fd)
+            raise
+        # A file system without flock: removal is still claimed by the rename and
+        # tolerant of others, only a live removal can no longer be told from a leftover.
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_tree(path: str) -> bool:
+    """Remove ``path`` and what it holds; True once it is gone.
+
+    Entries that vanish meanwhile (someone else removed them) are not errors; a folder
+    that files appeared in while it was being emptied is emptied again, a few times at
+    most. Other failures (permissions, I/O) raise.
+    """
+    failures: list[BaseException] = []
+
+    def tolerate(function: Any, failed_path: str, error: BaseException) -> None:
+        if isinstance(error, FileNotFoundError):
+            return
+        if isinstance(error, OSError) and error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return  # emptied again on the next pass
+        failures.append(error)
+
+    for _ in range(_REMOVAL_PASSES):
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=tolerate)
+        else:
+            shutil.rmtree(
+                path, onerror=lambda function, where, info: tolerate(function, where, info[1])
+            )
+        if failures:
+            raise failures[0]
+        if not os.path.lexists(path):
+            return True
+    return False
+
+
 class LocalBackend(Backend):
     """Snapshots in a local folder (see the module docstring for the commit protocol)."""
 
@@ -176,19 +256,51 @@ class LocalBackend(Backend):
                 found.append(entry.name)
         return found
 
-    async def committed_ids(self) -> list[str]:
+    async def committed_ids(self, *, fresh: bool = False) -> list[str]:
+        """Every call reads the folder: there is no cache to refresh."""
         return await self._run("listing snapshots", self._committed_ids_sync)
+
+    async def is_committed(self, snapshot_id: str) -> bool:
+        manifest = self.snapshots_dir / snapshot_id / MANIFEST_NAME
+        return await self._run(f"checking snapshot {snapshot_id}", os.path.exists, manifest)
 
     def _delete_sync(self, snapshot_id: str) -> bool:
         self.staging_dir.mkdir(parents=True, exist_ok=True)
-        doomed = self.staging_dir / f"{snapshot_id}.deleting-{secrets.token_hex(4)}"
+        # Locked before it moves, so no gc ever sees the renamed folder unlocked.
+        fd = _lock_for_removal(str(self.snapshots_dir / snapshot_id))
+        if fd is None:
+            return False  # absent, or another delete holds it
         try:
-            os.rename(self.snapshots_dir / snapshot_id, doomed)
-        except FileNotFoundError:
-            return False
-        _fsync_directory(str(self.snapshots_dir))
-        shutil.rmtree(doomed)
-        return True
+            doomed = self.staging_dir / f"{snapshot_id}{DELETING_INFIX}{secrets.token_hex(4)}"
+            try:
+                os.rename(self.snapshots_dir / snapshot_id, doomed)
+            except FileNotFoundError:
+                return False
+            _fsync_directory(str(self.snapshots_dir))
+            # Invisible from here on: the snapshot is deleted whatever happens to its files.
+            try:
+                removed = _remove_tree(str(doomed))
+            except OSError as error:
+                _log.warning(
+                    "store %s: snapshot %s is deleted but removing its files failed (%s); "
+                    "gc removes %s later",
+                    self.location,
+                    snapshot_id,
+                    error,
+                    doomed,
+                )
+            else:
+                if not removed:
+                    _log.warning(
+                        "store %s: snapshot %s is deleted; files kept appearing in %s, which "
+                        "gc removes later",
+                        self.location,
+                        snapshot_id,
+                        doomed,
+                    )
+            return True
+        finally:
+            os.close(fd)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         return await self._run(f"deleting snapshot {snapshot_id}", self._delete_sync, snapshot_id)
@@ -199,19 +311,40 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             return []
         cutoff = time.time() - grace_seconds
-        removed = []
-        for entry in entries:
+        return sorted(entry.name for entry in entries if self._collect_entry(entry, cutoff))
+
+    def _collect_entry(self, entry: os.DirEntry[str], cutoff: float) -> bool:
+        """Claim one ``.staging/`` entry untouched since ``cutoff`` and remove it.
+
+        False if it is fresh, or gone, or someone else (a live delete or gc) has it.
+        """
+        claimed = str(self.staging_dir / f"{COLLECTING_PREFIX}{secrets.token_hex(8)}")
+        if not entry.is_dir(follow_symlinks=False):
             try:
                 if _newest_mtime(entry.path) > cutoff:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
+                    return False
+                os.rename(entry.path, claimed)
+                os.unlink(claimed)
             except FileNotFoundError:
-                continue  # another process collected it first
-            removed.append(entry.name)
-        return sorted(removed)
+                return False
+            return True
+        # The lock first: a folder a live delete is removing is skipped without a walk.
+        fd = _lock_for_removal(entry.path)
+        if fd is None:
+            return False
+        try:
+            try:
+                if _newest_mtime(entry.path) > cutoff:
+                    return False
+                if not os.path.samestat(os.fstat(fd), os.lstat(entry.path)):
+                    return False  # the name was reused since it was locked
+                # From here on a writer of this folder finds it gone and fails.
+                os.rename(entry.path, claimed)
+            except FileNotFoundError:
+                return False  # committed, claimed or removed since the listing
+            return _remove_tree(claimed)
+        finally:
+            os.close(fd)
 
     async def collect_garbage(self, grace_seconds: float) -> list[str]:
         return await self._run("collecting leftovers", self._collect_sync, grace_seconds)
@@ -225,12 +358,30 @@ class _LocalSnapshotWriter(SnapshotWriter):
         self._backend = backend
         self._snapshot_id = snapshot_id
         self._folder = folder
+        #: every file written so far, relative to the staging folder
+        self._written: set[str] = set()
+
+    def _collected(self) -> StoreUnavailableError:
+        return StoreUnavailableError(
+            f"snapshot {self._snapshot_id}: its staging folder {self._folder} was collected "
+            f"by gc before commit (gc took this write, older than its grace period, for a "
+            f"leftover); nothing was committed"
+        )
+
+    async def _run(self, action: str, function: Callable[..., None], *args: Any) -> None:
+        try:
+            await self._backend._run(action, function, *args)
+        except FileNotFoundError as error:
+            if not os.path.isdir(self._folder):
+                raise self._collected() from error
+            raise
 
     def _write_array_sync(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
         array_dir = os.path.join(self._folder, name)
         os.mkdir(array_dir)
         folders = [array_dir]
         made = {""}
+        written = []
         for key, buffers in chunks:
             parent = key.rpartition("/")[0]
             if parent not in made:
@@ -242,12 +393,15 @@ class _LocalSnapshotWriter(SnapshotWriter):
                         folders.append(os.path.join(array_dir, partial))
                         made.add(partial)
             _write_file(os.path.join(array_dir, key), buffers)
+            written.append(f"{name}/{key}")
         _write_file(os.path.join(array_dir, MANIFEST_NAME), [metadata])
+        written.append(f"{name}/{MANIFEST_NAME}")
         for folder in reversed(folders):
             _fsync_directory(folder)
+        self._written.update(written)
 
     async def write_array(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
-        await self._backend._run(
+        await self._run(
             f"writing array {name} of snapshot {self._snapshot_id}",
             self._write_array_sync,
             name,
@@ -255,14 +409,35 @@ class _LocalSnapshotWriter(SnapshotWriter):
             chunks,
         )
 
+    def _missing_files(self) -> list[str]:
+        """The files this writer wrote that are no longer in its staging folder."""
+        present = set()
+        for folder, _, files in os.walk(self._folder):
+            relative = os.path.relpath(folder, self._folder)
+            prefix = "" if relative == "." else relative.replace(os.sep, "/") + "/"
+            present.update(prefix + name for name in files)
+        return sorted(self._written - present)
+
     def _commit_sync(self, group_document: bytes) -> None:
         _write_file(os.path.join(self._folder, MANIFEST_NAME), [group_document])
+        self._written.add(MANIFEST_NAME)
         _fsync_directory(str(self._folder))
+        # Nothing of ours removes files in place, but a snapshot must not be committed
+        # with files missing, whoever removed them.
+        missing = self._missing_files()
+        if missing and not os.path.isdir(self._folder):
+            raise self._collected()
+        if missing:
+            raise StoreUnavailableError(
+                f"snapshot {self._snapshot_id}: {len(missing)} of the {len(self._written)} "
+                f"files written to its staging folder {self._folder} vanished before commit "
+                f"(first: {missing[0]}); nothing was committed"
+            )
         os.rename(self._folder, self._backend.snapshots_dir / self._snapshot_id)
         _fsync_directory(str(self._backend.snapshots_dir))
 
     async def commit(self, group_metadata: bytes) -> None:
-        await self._backend._run(
+        await self._run(
             f"committing snapshot {self._snapshot_id}", self._commit_sync, group_metadata
         )
 

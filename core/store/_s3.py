@@ -6,11 +6,22 @@ carries the manifest) last. Listings only show snapshots whose manifest exists; 
 removes the manifest first. Prefixes without a manifest are leftovers of writes that never
 finished, and ``gc`` removes them once none of their objects is younger than the grace
 period.
+
+gc and a late commit are kept apart by a marker and two checks in opposite orders. gc
+PUTs ``snapshots/<id>/gc-collected``, then checks for the manifest, and removes the
+prefix only if there is none. A writer PUTs its manifest, then checks for the marker, and
+if it is there withdraws the manifest and fails. With the read-after-write consistency
+S3 gives, at least one of the two sees the other's PUT: either gc backs off, or the
+writer does (or both). The marker stays until a gc finds it older than
+``max(grace, MARKER_LIFETIME_SECONDS)``. Not covered: a writer stalled between its
+manifest PUT and its check for longer than that; and between those two requests a
+listing may show a manifest that the writer then withdraws.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +44,12 @@ from ._backend import (
 from ._format import dump_json, group_metadata
 from ._ids import parse_snapshot_id, snapshot_id_time_ms
 
+_log = logging.getLogger("gradvault.store")
 _DELETE_BATCH = 1000
+#: The object gc writes into a prefix it removes; a commit that finds it fails.
+COLLECTED_MARKER = "gc-collected"
+#: The least time a marker stays, however short the grace period gc runs with.
+MARKER_LIFETIME_SECONDS = 3600.0
 
 
 def _next_joined(chunks: Iterator[EncodedChunk]) -> tuple[str, bytes] | None:
@@ -129,17 +145,32 @@ class S3Backend(Backend):
                 continue
         return names
 
-    async def committed_ids(self) -> list[str]:
+    async def committed_ids(self, *, fresh: bool = False) -> list[str]:
+        """Ids of the prefixes that hold a manifest.
+
+        A manifest seen once is remembered (committed manifests are only ever deleted,
+        never changed) unless ``fresh`` asks to check every one again: a snapshot that
+        another process is deleting, or stopped deleting halfway, has lost its manifest
+        but not its prefix.
+        """
         names = await self._snapshot_prefixes()
-        unknown = [name for name in names if name not in self._known_committed]
+        checked = names if fresh else [name for name in names if name not in self._known_committed]
         heads = await asyncio.gather(
-            *(self._head(snapshot_key(name, MANIFEST_NAME)) for name in unknown)
+            *(self._head(snapshot_key(name, MANIFEST_NAME)) for name in checked)
         )
-        self._known_committed.update(
-            name for name, head in zip(unknown, heads, strict=True) if head
-        )
+        for name, head in zip(checked, heads, strict=True):
+            if head:
+                self._known_committed.add(name)
+            else:
+                self._known_committed.discard(name)
         self._known_committed.intersection_update(names)
         return [name for name in names if name in self._known_committed]
+
+    async def is_committed(self, snapshot_id: str) -> bool:
+        if await self._head(snapshot_key(snapshot_id, MANIFEST_NAME)) is None:
+            self._known_committed.discard(snapshot_id)
+            return False
+        return True
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         manifest_key = snapshot_key(snapshot_id, MANIFEST_NAME)
@@ -147,22 +178,51 @@ class S3Backend(Backend):
             return False
         await self._delete([manifest_key])  # invisible from here on
         self._known_committed.discard(snapshot_id)
-        objects = await self._list(snapshot_key(snapshot_id) + "/")
-        await self._delete([meta["path"] for meta in objects])
+        # Deleted whatever happens next: what is left is a prefix without a manifest,
+        # which gc removes, so a failure here must not fail the delete (nor a retention
+        # pass that called it).
+        try:
+            objects = await self._list(snapshot_key(snapshot_id) + "/")
+            await self._delete([meta["path"] for meta in objects])
+        except StoreUnavailableError as error:
+            _log.warning(
+                "store %s: snapshot %s is deleted but removing its objects failed (%s); "
+                "gc removes them later",
+                self.location,
+                snapshot_id,
+                error,
+            )
         return True
 
     async def collect_garbage(self, grace_seconds: float) -> list[str]:
-        cutoff = time.time() - grace_seconds
         removed = []
         for name in await self._snapshot_prefixes():
-            if snapshot_id_time_ms(name) / 1000 > cutoff:
+            if snapshot_id_time_ms(name) / 1000 > time.time() - grace_seconds:
                 continue
-            if await self._head(snapshot_key(name, MANIFEST_NAME)) is not None:
+            manifest_key = snapshot_key(name, MANIFEST_NAME)
+            marker_key = snapshot_key(name, COLLECTED_MARKER)
+            if await self._head(manifest_key) is not None:
+                continue
+            # "now" is when this prefix is looked at: a pass over many prefixes is slow
+            now = time.time()
+            cutoff = now - grace_seconds
+            marker_cutoff = now - max(grace_seconds, MARKER_LIFETIME_SECONDS)
+            objects = await self._list(snapshot_key(name) + "/")
+            leftovers = [meta for meta in objects if meta["path"] != marker_key]
+            if not leftovers:  # only the marker of an earlier collection
+                if all(meta["last_modified"].timestamp() <= marker_cutoff for meta in objects):
+                    await self._delete([meta["path"] for meta in objects])
+                continue
+            if any(meta["last_modified"].timestamp() > cutoff for meta in leftovers):
+                continue
+            # Claim, then look again: a writer that committed before the claim is seen
+            # here; one that commits after it finds the marker (see the module docstring).
+            await self._put(marker_key, b"")
+            if await self._head(manifest_key) is not None:
+                await self._delete([marker_key])
                 continue
             objects = await self._list(snapshot_key(name) + "/")
-            if any(meta["last_modified"].timestamp() > cutoff for meta in objects):
-                continue
-            await self._delete([meta["path"] for meta in objects])
+            await self._delete([meta["path"] for meta in objects if meta["path"] != marker_key])
             removed.append(name)
         return sorted(removed)
 
@@ -196,9 +256,26 @@ class _S3SnapshotWriter(SnapshotWriter):
             raise
         await self._backend._put(snapshot_key(self._snapshot_id, name, MANIFEST_NAME), metadata)
 
+    def _collected(self) -> StoreUnavailableError:
+        return StoreUnavailableError(
+            f"snapshot {self._snapshot_id}: its objects in {self._backend.location} were "
+            f"collected by gc before commit (gc took this write, older than its grace "
+            f"period, for a leftover); nothing was committed"
+        )
+
     async def commit(self, group_metadata: bytes) -> None:
-        await self._backend._put(snapshot_key(self._snapshot_id, MANIFEST_NAME), group_metadata)
-        self._backend._known_committed.add(self._snapshot_id)
+        backend = self._backend
+        manifest_key = snapshot_key(self._snapshot_id, MANIFEST_NAME)
+        marker_key = snapshot_key(self._snapshot_id, COLLECTED_MARKER)
+        if await backend._head(marker_key) is not None:
+            raise self._collected()  # spares readers a manifest that is withdrawn at once
+        await backend._put(manifest_key, group_metadata)
+        # The check that matters: gc PUTs its marker before it looks for a manifest, so a
+        # gc that did not see this manifest left a marker that this HEAD sees.
+        if await backend._head(marker_key) is not None:
+            await backend._delete([manifest_key])
+            raise self._collected()
+        backend._known_committed.add(self._snapshot_id)
 
     async def abort(self) -> None:
         try:

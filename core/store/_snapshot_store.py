@@ -11,7 +11,7 @@ import asyncio
 import copy
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any
 
 import crc32c
@@ -57,12 +57,15 @@ from ._format import (
 )
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, PackedGradients, SnapshotInfo, build_manifest, pack
+from ._retention import RetentionRules
 
 _log = logging.getLogger("gradvault.store")
 
 #: Chunks at least this big are checked and decoded in a thread rather than on the loop.
 _THREAD_DECODE_BYTES = 256 * 1024
 _MANIFEST_CACHE_SIZE = 8
+#: How many times a retention pass decides again when the newest snapshot vanishes under it.
+_RETENTION_ROUNDS = 3
 
 
 class _Abandoned(Exception):
@@ -504,7 +507,18 @@ class SnapshotStore:
         A snapshot whose manifest is malformed or of another format version is left out;
         ``info`` and ``read_snapshot`` of it raise FormatVersionError saying what is wrong.
         """
-        ids = await self._backend.committed_ids()
+        return await self._listing(run, step_min, step_max, fresh=False)
+
+    async def _listing(
+        self,
+        run: str | None = None,
+        step_min: int | None = None,
+        step_max: int | None = None,
+        *,
+        fresh: bool,
+    ) -> list[SnapshotInfo]:
+        """``list()``; with ``fresh``, every snapshot's manifest is checked now, not recalled."""
+        ids = await self._backend.committed_ids(fresh=fresh)
         slots = asyncio.Semaphore(self.max_concurrency)
 
         async def load(snapshot_id: str) -> None:
@@ -556,36 +570,77 @@ class SnapshotStore:
             raise ValueError(f"grace_seconds must be a number >= 0; got {grace_seconds!r}")
         return await self._backend.collect_garbage(grace_seconds)
 
+    async def _readable_newest_first(self, run: str | None) -> list[SnapshotInfo]:
+        """A fresh listing whose first snapshot's manifest was just read and validated.
+
+        The snapshots this store wrote are listed from what it wrote, not from what a
+        reader would parse; retention must not keep one that readers refuse as "the
+        newest" and delete the newest good one for it. Snapshots found unreadable here
+        are left out (and left alone).
+        """
+        infos = await self._listing(run=run, fresh=True)
+        while infos:
+            newest = infos[0].id
+            self._forget(newest)
+            try:
+                await self._load_manifest(newest)
+            except SnapshotNotFoundError:
+                pass  # deleted since the listing
+            except FormatVersionError as error:
+                _log.warning(
+                    "store %s: retention leaves snapshot %s alone, readers refuse it: %s",
+                    self.location,
+                    newest,
+                    error,
+                )
+            else:
+                return infos
+            infos = infos[1:]
+        return infos
+
     async def apply_retention(
         self,
         keep_last: int | None = None,
         keep_every: int | None = None,
         run: str | None = None,
+        *,
+        keep: Collection[str] = (),
     ) -> list[str]:
         """Delete snapshots (of ``run``, or all) that no rule keeps; the deleted ids.
 
-        Kept: the ``keep_last`` newest, every snapshot whose step is a multiple of
-        ``keep_every``, and always the newest one. With both rules None nothing is deleted.
+        Kept: the ``keep_last`` newest by id (creation order, as ``list()`` sorts), every
+        snapshot whose step is a multiple of ``keep_every``, the ids in ``keep``, and always
+        the newest readable one. With both rules None nothing is deleted. The pass decides
+        from a fresh listing (every manifest checked now, no cache; the newest one read
+        and validated again), and before each deletion checks that the newest snapshot it
+        keeps is still there; if someone else deleted it meanwhile, it decides again
+        rather than leave the store without it.
         """
-        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 0):
-            raise ValueError(f"keep_last must be an int >= 0 or None; got {keep_last!r}")
-        if keep_every is not None and (not isinstance(keep_every, int) or keep_every < 1):
-            raise ValueError(f"keep_every must be an int >= 1 or None; got {keep_every!r}")
-        if keep_last is None and keep_every is None:
-            return []
-        infos = await self.list(run=run)
-        doomed = []
-        for position, info in enumerate(infos):
-            kept = (
-                position == 0
-                or (keep_last is not None and position < keep_last)
-                or (keep_every is not None and info.step % keep_every == 0)
-            )
-            if not kept:
-                doomed.append(info.id)
-        for snapshot_id in doomed:
-            try:
-                await self.delete(snapshot_id)
-            except SnapshotNotFoundError:
-                pass  # deleted by someone else meanwhile
-        return doomed
+        rules = RetentionRules(keep_last, keep_every)
+        if isinstance(keep, str):
+            raise ValueError(f"keep must be a collection of snapshot ids; got one string {keep!r}")
+        protected = {parse_snapshot_id(snapshot_id) for snapshot_id in keep}
+        deleted: list[str] = []
+        if rules.keeps_everything:
+            return deleted
+        for _ in range(_RETENTION_ROUNDS):
+            infos = await self._readable_newest_first(run)
+            doomed = rules.doomed(infos, protected)
+            for snapshot_id in doomed:
+                if not await self._backend.is_committed(infos[0].id):
+                    break  # the newest we keep is gone: decide again from a new listing
+                try:
+                    await self.delete(snapshot_id)
+                except SnapshotNotFoundError:
+                    pass  # deleted by someone else meanwhile
+                deleted.append(snapshot_id)
+            else:
+                return deleted
+        _log.warning(
+            "store %s: retention stopped: in each of %d rounds the newest snapshot it "
+            "kept was deleted by someone else before it was done; it deleted %s",
+            self.location,
+            _RETENTION_ROUNDS,
+            deleted,
+        )
+        return deleted
