@@ -10,6 +10,7 @@ from .errors import (
     AutogradError,
     BackendMismatchError,
     ChecksumMismatchError,
+    ConflictingOptionsError,
     DeviceError,
     DtypeMismatchError,
     DuplicateParamError,
@@ -27,6 +28,7 @@ from .errors import (
     SnapshotBusyError,
     SnapshotNotFoundError,
     StoreUnavailableError,
+    UnsupportedOptionError,
 )
 from .factories import (
     arange,
@@ -125,6 +127,7 @@ __all__ = [
     "AutogradError",
     "BackendMismatchError",
     "ChecksumMismatchError",
+    "ConflictingOptionsError",
     "Device",
     "DeviceError",
     "DtypeMismatchError",
@@ -147,6 +150,7 @@ __all__ = [
     "SnapshotBusyError",
     "SnapshotNotFoundError",
     "StoreUnavailableError",
+    "UnsupportedOptionError",
     "Tensor",
     "abs",
     "arange",

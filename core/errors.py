@@ -5,7 +5,10 @@ what was found, naming the parameter::
 
     GradvaultError
     ├── AutogradError (RuntimeError)          misuse of the autodiff engine
-    │   └── InplaceModificationError          a saved tensor was changed in place
+    │   ├── InplaceModificationError          a saved tensor was changed in place
+    │   ├── ConflictingOptionsError (ValueError)  options that cannot be used together
+    │   └── UnsupportedOptionError (NotImplementedError)  options not implemented (as in
+    │                                                     PyTorch)
     ├── DeviceError (ValueError)              unknown device, or a backend that is not installed
     ├── InvalidParamIdError (ValueError)      text (or an int) that is not a ParamId
     └── RecorderError                         records, the store and the recorder
@@ -41,6 +44,14 @@ class AutogradError(GradvaultError, RuntimeError):
 
 class InplaceModificationError(AutogradError):
     """A tensor saved for backward was modified in place before backward ran."""
+
+
+class ConflictingOptionsError(AutogradError, ValueError):
+    """Options that contradict each other (``materialize_grads=True, allow_unused=False``)."""
+
+
+class UnsupportedOptionError(AutogradError, NotImplementedError):
+    """An option or combination of options that is not implemented (as in PyTorch)."""
 
 
 class DeviceError(GradvaultError, ValueError):
@@ -115,6 +126,7 @@ __all__ = [
     "AutogradError",
     "BackendMismatchError",
     "ChecksumMismatchError",
+    "ConflictingOptionsError",
     "DeviceError",
     "DtypeMismatchError",
     "DuplicateParamError",
@@ -132,4 +144,5 @@ __all__ = [
     "SnapshotBusyError",
     "SnapshotNotFoundError",
     "StoreUnavailableError",
+    "UnsupportedOptionError",
 ]

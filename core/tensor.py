@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
-from .autograd.function import AccumulateGrad, Node
+from .autograd.function import AccumulateGrad, Node, RemovableHandle
 from .autograd.grad_mode import _state, no_grad
 from .backend import Device
 from .errors import AutogradError
@@ -104,7 +104,7 @@ class Tensor:
         t._grad = None
         t.grad_fn = grad_fn
         t._storage = _Storage()  # shared with views
-        t._hooks = []
+        t._hooks = {}  # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
         t._inference = _state.inference
         t._base = None
         t._cow = False
@@ -181,16 +181,42 @@ class Tensor:
         if value is not None:
             if not isinstance(value, Tensor):
                 raise TypeError(f"grad must be a Tensor or None; got {type(value).__name__}")
-            if value.shape != self.shape:
-                raise AutogradError(
-                    f"assigned grad has shape {value.shape}; the tensor has shape {self.shape}"
-                )
+            if value is self:
+                raise AutogradError("a tensor cannot be assigned as its own grad")
+            for what, found, expected in (
+                ("shape", value.shape, self.shape),
+                ("dtype", value.dtype, self.dtype),
+                ("device", value.device, self.device),
+            ):
+                if found != expected:
+                    raise AutogradError(
+                        f"assigned grad has {what} {found}; the tensor has {what} {expected}"
+                    )
         self._grad = value
 
     @property
     def data(self) -> Tensor:
-        """A tensor sharing this one's storage, outside the graph."""
-        return self.detach()
+        """A tensor on this one's buffer, outside the graph, with a version counter of its own.
+
+        Writes through it are not seen by autograd's in-place checks: that is what ``.data``
+        is for (as in PyTorch); ``detach()`` is the checked alias.
+        """
+        return self._alias(share_version=False)
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        """Make this tensor read and write ``value``'s buffer; its graph and flags stay.
+
+        As in PyTorch the shape, dtype and device may change, but a tensor that requires
+        grad only takes floating data.
+        """
+        if not isinstance(value, Tensor):
+            raise TypeError(f"data must be a Tensor; got {type(value).__name__}")
+        if self.requires_grad and not _is_floating(value.dtype):
+            raise AutogradError(
+                f"data of a tensor that requires grad must be floating point; got {value.dtype}"
+            )
+        self._take_buffer(value)
 
     @property
     def _version(self) -> int:
@@ -199,14 +225,15 @@ class Tensor:
     # ------------------------------------------------------------------ graph helpers
     def detach(self) -> Tensor:
         """A tensor sharing the storage and version counter, outside the graph."""
-        self._unshare()
-        out = Tensor._make(self._data)
-        self._adopt_view(out)
-        out._inference = self._inference
-        return out
+        return self._alias(share_version=True)
 
     def detach_(self) -> Tensor:
-        """Detach this tensor from the graph in place."""
+        """Detach this tensor from the graph in place (not a view: use ``detach()`` there)."""
+        if self._base is not None:
+            raise AutogradError(
+                f"can't detach a view in place (shape {self.shape}, a view of a tensor of shape "
+                f"{self._base.shape}); use detach() instead"
+            )
         self.grad_fn = None
         self._requires_grad = False
         return self
@@ -222,16 +249,16 @@ class Tensor:
     def retains_grad(self) -> bool:
         return self.grad_fn is not None and self.grad_fn.retained is not None
 
-    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> Callable[[], None]:
+    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> RemovableHandle:
         """Call ``hook(grad)`` when this tensor's gradient is computed; it may return a new one.
 
-        Returns a function that removes the hook.
+        A returned gradient must have the same shape, dtype and device. Returns a handle
+        whose ``remove()`` unregisters the hook.
         """
         if not self.requires_grad:
             raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
         hooks = self._hooks if self.grad_fn is None else self.grad_fn.tensor_hooks
-        hooks.append(hook)
-        return lambda: hooks.remove(hook) if hook in hooks else None
+        return RemovableHandle(hooks, hook)
 
     def backward(
         self,
@@ -365,6 +392,7 @@ class Tensor:
     #                     np.asarray) of the buffer was handed out: those write without
     #                     passing through here, so a new holder gets a copy (_lend).
     # Holding costs a flag per tensor, not a copy of its bytes, unless it was aliased.
+    # Copies keep the strides' order (order="K"): a gradient keeps the layout it was given.
     def _unshare(self) -> None:
         """Give this tensor its own buffer if a snapshot or another tensor still reads it.
 
@@ -372,7 +400,7 @@ class Tensor:
         that neither can reach the buffer a snapshot holds (copy-on-write).
         """
         if self._cow:
-            self._data = self._data.copy()
+            self._data = self._data.copy(order="K")
             self._cow = False
 
     def _alias_array(self) -> Any:
@@ -380,6 +408,33 @@ class Tensor:
         self._unshare()
         self._storage.aliased = True
         return self._data
+
+    def _alias(self, *, share_version: bool) -> Tensor:
+        """A tensor on this buffer, outside the graph and not a view (it has no ``_base``).
+
+        ``detach()`` shares the version counter; ``.data`` (``share_version=False``) does not.
+        """
+        self._unshare()
+        self._storage.aliased = True
+        out = Tensor._make(self._data)
+        if share_version:
+            out._storage = self._storage
+        else:
+            out._storage.aliased = True
+        out._inference = self._inference
+        return out
+
+    def _take_buffer(self, source: Tensor) -> None:
+        """``self.data = source``: from now on this tensor shares ``source``'s buffer.
+
+        The buffer it had stays with whatever else holds it (a snapshot, views); the two
+        tensors keep their own version counters, and both count as aliased.
+        """
+        source._unshare()
+        source._storage.aliased = True
+        self._data = source._data
+        self._cow = False
+        self._storage.aliased = True
 
     def _adopt_view(self, view: Tensor) -> None:
         """Make ``view`` (whose array shares this tensor's buffer) a view of this tensor.
@@ -405,7 +460,7 @@ class Tensor:
             # a broadcast of another buffer (an array that owns its buffer is no broadcast)
             or (data.base is not None and not getattr(data.flags, "writeable", True))
         ):
-            return data.copy()
+            return data.copy(order="K")
         self._cow = True
         return data
 

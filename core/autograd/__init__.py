@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import AutogradError
-from .engine import _accumulate_into, run_backward
-from .function import Context, Function
+from ..errors import AutogradError, ConflictingOptionsError
+from .engine import run_backward
+from .function import Context, Function, RemovableHandle
 from .grad_mode import (
     enable_grad,
     inference_mode,
@@ -66,21 +66,21 @@ def grad(
     """
     from ..factories import zeros_like  # noqa: PLC0415
 
+    if materialize_grads and allow_unused is False:
+        raise ConflictingOptionsError(
+            "materialize_grads=True fills unused inputs with zeros, which needs "
+            "allow_unused=True (or not passed); got allow_unused=False"
+        )
     outputs = _as_tuple(outputs)
     inputs = _as_tuple(inputs)
     if allow_unused is None:
         allow_unused = materialize_grads
     seeds = _seeds(outputs, grad_outputs, "grad_outputs")
-    kept = [(o, s) for o, s in zip(outputs, seeds, strict=True) if o.requires_grad]
-    if not kept:
-        raise AutogradError(
-            "element 0 of tensors does not require grad and does not have a grad_fn"
-        )
     if retain_graph is None:
         retain_graph = create_graph
     captured, _ = run_backward(
-        [o for o, _ in kept],
-        [s for _, s in kept],
+        list(outputs),
+        seeds,
         retain_graph=retain_graph,
         create_graph=create_graph,
         capture=list(inputs),
@@ -119,17 +119,23 @@ def backward(
     prepared = _seeds(outputs, grad_tensors, "grad_tensors")
     if retain_graph is None:
         retain_graph = create_graph
-    targets = list(_as_tuple(inputs)) if inputs is not None else None
-    captured, delivered = run_backward(
+    targets = None
+    if inputs is not None:
+        targets = list(_as_tuple(inputs))
+        if not targets:
+            raise AutogradError(
+                "the inputs argument to backward() cannot be empty; pass None to reach every leaf"
+            )
+        for t in targets:  # a non-leaf input keeps its .grad from now on, as in PyTorch
+            if t.grad_fn is not None:
+                t.retain_grad()
+    _, delivered = run_backward(
         list(outputs),
         prepared,
         retain_graph=retain_graph,
         create_graph=create_graph,
         capture=targets,
     )
-    for t in targets or ():  # non-leaf inputs get their .grad too, as in PyTorch
-        if t.grad_fn is not None and t.grad_fn in captured:
-            _accumulate_into(t, captured[t.grad_fn], create_graph)
     return Gradients(delivered.values())
 
 
@@ -140,6 +146,7 @@ __all__ = [
     "Context",
     "Function",
     "Gradients",
+    "RemovableHandle",
     "backward",
     "enable_grad",
     "functional",

@@ -2,17 +2,19 @@
 
 The rules live with their ops (``Function.backward``); this module only orders the nodes,
 sums the gradients arriving at each one, undoes broadcasting (``sum_to_shape``, the one
-place that does it), runs hooks, frees the graph and delivers gradients to leaves.
+place that does it), runs hooks, frees the graph and delivers gradients to ``.grad``
+(laid out and accumulated as PyTorch's AccumulateGrad does).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .. import backend
 from ..errors import AutogradError
-from .function import AccumulateGrad, Node
+from .function import AccumulateGrad, Context, Function, Hook, Node
 from .grad_mode import _state
 
 if TYPE_CHECKING:
@@ -36,12 +38,13 @@ def sum_to_shape(grad: Tensor, shape: tuple[int, ...]) -> Tensor:
     return grad
 
 
-def _root_node(tensor: Tensor) -> Node:
+def _root_node(tensor: Tensor, index: int) -> Node:
     from ..tensor import _leaf_node  # noqa: PLC0415
 
     if not tensor.requires_grad:
         raise AutogradError(
-            "element 0 of tensors does not require grad and does not have a grad_fn"
+            f"element {index} of tensors does not require grad and does not have a grad_fn "
+            f"(shape {tuple(tensor.shape)})"
         )
     return tensor.grad_fn if tensor.grad_fn is not None else _leaf_node(tensor)
 
@@ -93,7 +96,7 @@ def run_backward(
     With ``accumulate`` the leaves' ``.grad`` is summed into; ``capture`` limits the walk to
     the part of the graph that reaches the captured tensors.
     """
-    roots = [_root_node(t) for t in outputs]
+    roots = [_root_node(t, index) for index, t in enumerate(outputs)]
     capture_nodes: set[Node] | None = None
     if capture is not None:
         capture_nodes = set()
@@ -103,7 +106,7 @@ def run_backward(
                     f"one of the differentiated tensors (shape {tuple(t.shape)}) does not "
                     "require grad"
                 )
-            capture_nodes.add(_root_node(t))
+            capture_nodes.add(_root_node(t, 0))
     counts = _needed(roots, capture_nodes)
     buffers: dict[Node, Tensor] = {}
     for node, grad in zip(roots, grad_outputs, strict=True):
@@ -123,14 +126,13 @@ def run_backward(
             if grad is None:
                 continue
             leaf = node.variable() if isinstance(node, AccumulateGrad) else None
-            for hook in leaf._hooks if leaf is not None else node.tensor_hooks:
-                replaced = hook(grad)
-                if replaced is not None:
-                    grad = replaced
+            hooks = leaf._hooks if leaf is not None else node.tensor_hooks
+            if hooks:
+                grad = _call_hooks(hooks, grad)
             if node.retained is not None:
                 owner = node.retained()
                 if owner is not None and owner.grad_fn is node:
-                    _accumulate_into(owner, grad, create_graph)
+                    _retain_into(owner, grad, create_graph)
             if capture_nodes is not None and node in capture_nodes:
                 captured[node] = grad
             if isinstance(node, AccumulateGrad):
@@ -159,21 +161,124 @@ def run_backward(
     return captured, delivered
 
 
-def _accumulate_into(tensor: Tensor, grad: Tensor, create_graph: bool) -> None:
-    """Sum ``grad`` into ``tensor.grad`` (PyTorch's AccumulateGrad).
+def _call_hooks(hooks: dict[int, Hook], grad: Tensor) -> Tensor:
+    """Run the tensor hooks in order; each may return a replacement of the same kind."""
+    from ..tensor import Tensor  # noqa: PLC0415
 
-    The first gradient is stored without a copy where it can be: its buffer may also be
-    the caller's seed, another leaf's gradient or what this pass returns, so ``.grad`` is
-    a copy-on-write twin of it (``Tensor._twin``: a copy when views or arrays of it are out,
-    or when it is a broadcast); the first write to either moves that one to its own buffer.
+    for hook in tuple(hooks.values()):  # a hook may remove itself
+        replaced = hook(grad)
+        if replaced is None:
+            continue
+        name = getattr(hook, "__qualname__", None) or repr(hook)
+        if not isinstance(replaced, Tensor):
+            raise TypeError(
+                f"hook {name!r} returned a {type(replaced).__name__}; expected a Tensor "
+                f"(shape {tuple(grad.shape)}, dtype {grad.dtype}) or None"
+            )
+        for what, found, expected in (
+            ("shape", tuple(replaced.shape), tuple(grad.shape)),
+            ("dtype", replaced.dtype, grad.dtype),
+            ("device", replaced.device, grad.device),
+        ):
+            if found != expected:
+                raise AutogradError(
+                    f"hook {name!r} changed the gradient's {what}: it returned {what} "
+                    f"{found}; the gradient it was given has {what} {expected}"
+                )
+        grad = replaced
+    return grad
+
+
+# ---------------------------------------------------------------------- delivering .grad
+# PyTorch's gradient layout contract: a leaf's first gradient is created with the leaf's
+# strides when the leaf is dense (its elements fill its memory once, in some order of
+# dims), row-major otherwise; in-place accumulation then keeps that layout.
+def _is_dense(array: Any) -> bool:
+    """True when ``array`` covers its memory exactly once (any order of dims, no gaps)."""
+    flags = array.flags
+    if flags.c_contiguous or flags.f_contiguous:
+        return True
+    expected = array.itemsize
+    for stride, size in sorted(
+        (stride, size) for stride, size in zip(array.strides, array.shape, strict=True) if size != 1
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _obeys_layout(grad: Any, like: Any | None) -> bool:
+    """Whether ``grad`` already has the layout the contract asks for (``like=None``: C order)."""
+    if like is None or not _is_dense(like):
+        return bool(grad.flags.c_contiguous)
+    if grad.flags.c_contiguous and like.flags.c_contiguous:
+        return True
+    return all(
+        size == 1 or grad_stride == like_stride
+        for size, grad_stride, like_stride in zip(
+            grad.shape, grad.strides, like.strides, strict=True
+        )
+    )
+
+
+class LayoutCopy(Function):
+    """A gradient copied into a new buffer laid out as the contract asks (PyTorch's copy)."""
+
+    @staticmethod
+    def forward(ctx: Context, grad: Tensor, like: Any | None) -> Any:
+        xp = backend.xp_of(grad._data)
+        if like is not None and _is_dense(like):
+            out = xp.empty_like(like, dtype=grad.dtype, order="K")
+        else:
+            out = xp.empty(grad.shape, dtype=grad.dtype)
+        out[...] = grad._data
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, grad: Tensor) -> Tensor:
+        return grad
+
+
+def _first_grad(grad: Tensor, like: Any | None, create_graph: bool) -> Tensor:
+    """The tensor that becomes ``.grad`` when there was none (laid out like ``like``).
+
+    With ``create_graph`` it is a copy that the graph goes through, so the caller's seed
+    is never aliased. Otherwise, when ``grad`` already has the layout, a copy-on-write twin
+    of it: no bytes are copied, and a write to either (the seed, the pass's ``Gradients``,
+    another leaf fed by the same op) moves that one to its own buffer. Called during the
+    walk, where grad mode is ``create_graph``.
+    """
+    if not create_graph and _obeys_layout(grad._data, like):
+        return grad._twin()
+    return LayoutCopy.apply(grad, like)
+
+
+def _accumulate_into(leaf: Tensor, grad: Tensor, create_graph: bool) -> None:
+    """Sum ``grad`` into a leaf's ``.grad`` (PyTorch's AccumulateGrad).
+
+    The first gradient takes the leaf's layout. Later ones are added in place (the same
+    ``.grad`` object, its layout kept, even when it has history of its own), except with
+    ``create_graph``, where ``.grad`` is replaced by the recorded sum.
+    """
+    if grad.dtype != leaf.dtype:
+        grad = grad.to(dtype=leaf.dtype)
+    existing = leaf.grad
+    if existing is None:
+        leaf._grad = _first_grad(grad, leaf._data, create_graph)
+    elif create_graph:
+        leaf._grad = existing + grad
+    else:
+        existing._accumulate_(grad._data)
+
+
+def _retain_into(tensor: Tensor, grad: Tensor, create_graph: bool) -> None:
+    """Set the ``.grad`` of a non-leaf that retains it (also ``backward(inputs=[...])``).
+
+    As in PyTorch, the first gradient is row-major and later ones replace ``.grad`` with
+    the sum rather than writing into it.
     """
     if grad.dtype != tensor.dtype:
         grad = grad.to(dtype=tensor.dtype)
     existing = tensor.grad
-    if existing is None:
-        # with create_graph, .grad is the gradient itself: it carries the graph
-        tensor._grad = grad if create_graph else grad._twin()
-    elif create_graph or existing.requires_grad:
-        tensor._grad = existing + grad
-    else:
-        existing._accumulate_(grad._data)
+    tensor._grad = _first_grad(grad, None, create_graph) if existing is None else existing + grad

@@ -61,6 +61,35 @@ class Context:
         return tuple(tensor for tensor, _ in self._saved)
 
 
+Hook = Callable[["Tensor"], "Tensor | None"]
+
+
+class RemovableHandle:
+    """What ``register_hook`` returns: ``remove()`` unregisters the hook (PyTorch's handle).
+
+    Also a context manager that removes the hook on exit. Removing twice does nothing.
+    """
+
+    __slots__ = ("_hooks", "id")
+    _next_id = 0
+
+    def __init__(self, hooks: dict[int, Hook], hook: Hook) -> None:
+        RemovableHandle._next_id += 1
+        self.id = RemovableHandle._next_id
+        self._hooks = hooks
+        hooks[self.id] = hook
+
+    def remove(self) -> None:
+        """Unregister the hook: later backward passes no longer call it."""
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()
+
+
 class Node:
     """A recorded op: its backward rule, the edges to its inputs' nodes and their shapes."""
 
@@ -88,7 +117,7 @@ class Node:
         self.input_shapes: tuple[tuple[int, ...], ...] = ()
         self.released = False
         self.saves_output = False
-        self.tensor_hooks: list[Callable[[Tensor], Tensor | None]] = []
+        self.tensor_hooks: dict[int, Hook] = {}  # RemovableHandle id -> hook
         self.retained: weakref.ref[Tensor] | None = None
         Node._counter += 1
         self.sequence = Node._counter
@@ -107,8 +136,9 @@ class Node:
             self.ctx._saved = ()
             self.released = True
 
-    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> None:
-        self.tensor_hooks.append(hook)
+    def register_hook(self, hook: Hook) -> RemovableHandle:
+        """Call ``hook(grad)`` on the gradient of this node's output; it may return a new one."""
+        return RemovableHandle(self.tensor_hooks, hook)
 
     def __repr__(self) -> str:
         return f"<{self.name}>"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import AutogradError
+from ..errors import AutogradError, UnsupportedOptionError
 from .grad_mode import enable_grad
 
 
@@ -181,6 +181,23 @@ def jacobian(
 
     if strategy not in ("reverse-mode", "forward-mode"):
         raise ValueError(f"strategy must be 'reverse-mode' or 'forward-mode'; got {strategy!r}")
+    if strategy == "forward-mode":
+        # PyTorch's limits for forward mode; the values themselves come from reverse mode
+        if create_graph:
+            raise UnsupportedOptionError(
+                "jacobian: create_graph=True and strategy='forward-mode' are not supported "
+                "together; set create_graph=False or strategy='reverse-mode'"
+            )
+        if strict:
+            raise AutogradError(
+                "jacobian: strict=True and strategy='forward-mode' are not supported together; "
+                "set strict=False or strategy='reverse-mode'"
+            )
+        if not vectorize:
+            raise UnsupportedOptionError(
+                "jacobian: strategy='forward-mode' is only implemented with vectorize=True; "
+                "got vectorize=False"
+            )
     was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
         inp = _prepare_inputs(_as_tuple(inputs), create_graph)

@@ -440,10 +440,10 @@ def test_a_non_leaf_hook_replaces_what_flows_upstream() -> None:
 def test_a_hook_returning_none_keeps_the_gradient_and_can_be_removed() -> None:
     x = leaf([1.0])
     calls = []
-    remove = x.register_hook(lambda g: calls.append(1))
+    handle = x.register_hook(lambda g: calls.append(1))
     (x * 4).sum().backward()
     np.testing.assert_allclose(values(x.grad), [4.0])
-    remove()
+    handle.remove()
     (x * 4).sum().backward()
     assert len(calls) == 1
     np.testing.assert_allclose(values(x.grad), [8.0])
