@@ -443,6 +443,7 @@ class Tensor:
         """
         view._storage = self._storage
         view._base = self if self._base is None else self._base
+        view._inference = self._inference  # a view of an inference tensor is one too
         self._storage.aliased = True
         if view.requires_grad:
             self._storage.views_in_graph = True
@@ -503,7 +504,7 @@ class Tensor:
         self, op: str, out_of_place: Callable[[Tensor], Tensor], others: Sequence[Any] = ()
     ) -> Tensor:
         """Apply ``out_of_place`` and write its result into this tensor's storage."""
-        recording = _state.grad_enabled and (
+        recording = (_state.grad_enabled and not _state.inference) and (
             self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in others)
         )
         if recording:
@@ -572,7 +573,9 @@ class Tensor:
         return self._fill("fill_", value)
 
     def _fill(self, op: str, value: Any) -> Tensor:
-        if isinstance(value, Tensor) or (_state.grad_enabled and self.requires_grad):
+        if isinstance(value, Tensor) or (
+            _state.grad_enabled and not _state.inference and self.requires_grad
+        ):
             return self._inplace(op, lambda s: s * 0 + value, (value,))
         self._prepare_write(op)
         self._data[...] = value

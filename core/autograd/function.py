@@ -30,7 +30,18 @@ class Context:
         self.needs_input_grad: tuple[bool, ...] = ()
 
     def save_for_backward(self, *tensors: Tensor) -> None:
-        """Keep ``tensors`` for backward; changing one of them in place later is an error."""
+        """Keep ``tensors`` for backward; changing one of them in place later is an error.
+
+        An inference tensor cannot be saved (PyTorch's rule): it has no version counter
+        that could tell its later in-place changes.
+        """
+        for t in tensors:
+            if t is not None and t._inference:
+                raise AutogradError(
+                    f"inference tensors cannot be saved for backward ({self._node.name}): a "
+                    f"tensor of shape {tuple(t.shape)} was made under inference_mode; clone "
+                    "it outside inference_mode to use it in autograd"
+                )
         self._saved = tuple((t, t._version if t is not None else 0) for t in tensors)
 
     def save_output(self) -> None:
@@ -171,6 +182,8 @@ class Function:
     def apply(cls, *args: Any, **kwargs: Any) -> Tensor:
         """Run forward; record a node when grad mode is on and an input requires grad.
 
+        Nothing is recorded inside ``inference_mode`` (even under ``enable_grad()``), nor
+        for an integer or bool result: as in PyTorch, such results never require grad.
         Like PyTorch, ops produce inf and nan silently (NumPy's warnings are off inside).
         """
         from ..tensor import Tensor, _leaf_node  # noqa: PLC0415 - circular at import time
@@ -179,21 +192,17 @@ class Function:
         record = (
             cls.differentiable
             and _state.grad_enabled
+            and not _state.inference
             and any(t.requires_grad for t in tensor_inputs)
         )
         if record:
-            for t in tensor_inputs:
-                if t._inference:
-                    raise AutogradError(
-                        f"inference tensors cannot be saved for backward ({cls.__name__}): "
-                        "the tensor was made under inference_mode; clone it outside "
-                        "inference_mode to use it in autograd"
-                    )
             node = Node(cls, cls.__name__ + "Backward")
             ctx = Context(node)
             ctx.needs_input_grad = tuple(t.requires_grad for t in tensor_inputs)
             with np.errstate(all="ignore"):
                 data = _as_array(cls.forward(ctx, *args, **kwargs))
+            if data.dtype.kind not in "fc":  # a cast to int or bool cuts the graph
+                return Tensor._make(data)
             node.ctx = ctx
             node.next_nodes = tuple(
                 (t.grad_fn if t.grad_fn is not None else _leaf_node(t)) if t.requires_grad else None

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _State(threading.local):
+    """The modes of the current thread. Ops record a graph only when ``grad_enabled`` is
+    on and ``inference`` is off: inference mode wins over ``enable_grad()``, as in PyTorch.
+    """
+
     def __init__(self) -> None:
         self.grad_enabled = True
         self.inference = False
@@ -20,7 +25,7 @@ _state = _State()
 
 
 def is_grad_enabled() -> bool:
-    """True when operations record a graph."""
+    """True when grad mode is on (inside ``inference_mode`` ops still record nothing)."""
     return _state.grad_enabled
 
 
@@ -30,9 +35,14 @@ def is_inference_mode_enabled() -> bool:
 
 
 class _Mode:
-    """Base of the grad-mode context managers; instances also decorate functions."""
+    """Base of the grad-mode context managers; instances also decorate functions.
 
-    def _enter(self) -> tuple[bool, bool]:
+    A decorated function runs under a fresh instance on every call (so the mode is taken
+    at call time, and calls may nest or run in several threads); a decorated generator
+    function runs under the mode while its body runs, not between its yields.
+    """
+
+    def _enter(self) -> None:
         raise NotImplementedError
 
     def __enter__(self) -> None:
@@ -43,15 +53,47 @@ class _Mode:
         _state.grad_enabled, _state.inference = self._saved
 
     def __call__(self, fn: F) -> F:
+        fresh = functools.partial(self.__class__, *self._args())
+        if inspect.isgeneratorfunction(fn):
+            return _wrap_generator(fn, fresh)  # type: ignore[return-value]
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self.__class__(*self._args()):
+            with fresh():
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
 
     def _args(self) -> tuple[Any, ...]:
         return ()
+
+
+def _wrap_generator(fn: Callable[..., Generator], mode: Callable[[], _Mode]) -> Callable:
+    """``fn`` (a generator function) with each step of its body run under ``mode()``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Generator:
+        generator = fn(*args, **kwargs)
+        try:
+            with mode():
+                response = generator.send(None)
+            while True:
+                try:
+                    request = yield response
+                except GeneratorExit:
+                    with mode():
+                        generator.close()
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - handed on to the generator
+                    with mode():
+                        response = generator.throw(exc)
+                else:
+                    with mode():
+                        response = generator.send(request)
+        except StopIteration as stop:
+            return stop.value
+
+    return wrapper
 
 
 class _NoParamMode(_Mode):
@@ -66,21 +108,27 @@ class _NoParamMode(_Mode):
 class no_grad(_NoParamMode):  # noqa: N801 - PyTorch's name
     """Operations inside record no graph; results do not require grad."""
 
-    def _enter(self) -> tuple[bool, bool]:
+    def _enter(self) -> None:
         _state.grad_enabled = False
-        return self._saved
 
 
 class enable_grad(_NoParamMode):  # noqa: N801 - PyTorch's name
-    """Turn graph recording back on inside a ``no_grad`` block."""
+    """Turn grad mode back on inside a ``no_grad`` block (not inside ``inference_mode``)."""
 
-    def _enter(self) -> tuple[bool, bool]:
+    def _enter(self) -> None:
         _state.grad_enabled = True
-        return self._saved
 
 
 class inference_mode(_Mode):  # noqa: N801 - PyTorch's name
-    """Like ``no_grad``; tensors made inside are inference tensors that can never enter a graph."""
+    """Like ``no_grad``; tensors made inside are inference tensors, which no graph may save.
+
+    ``@inference_mode`` decorates without parentheses too, as in PyTorch.
+    """
+
+    def __new__(cls, mode: bool | Callable[..., Any] = True) -> Any:
+        if isinstance(mode, bool):
+            return super().__new__(cls)
+        return cls()(mode)
 
     def __init__(self, mode: bool = True) -> None:
         self.mode = bool(mode)
@@ -88,29 +136,35 @@ class inference_mode(_Mode):  # noqa: N801 - PyTorch's name
     def _args(self) -> tuple[Any, ...]:
         return (self.mode,)
 
-    def _enter(self) -> tuple[bool, bool]:
+    def _enter(self) -> None:
         if self.mode:
             _state.grad_enabled = False
             _state.inference = True
         else:  # inference_mode(False) inside inference_mode turns it off, as in PyTorch
             _state.inference = False
             _state.grad_enabled = True
-        return self._saved
 
 
 class set_grad_enabled(_Mode):  # noqa: N801 - PyTorch's name
-    """Turn graph recording on or off: at once when called, restored on leaving a ``with``."""
+    """Turn grad mode on or off: at once when called, restored on leaving a ``with``.
+
+    As a decorator it changes nothing until the function runs, and only while it runs.
+    """
 
     def __init__(self, mode: bool) -> None:
         self.mode = bool(mode)
-        self._before = (_state.grad_enabled, _state.inference)
+        self._before = _state.grad_enabled
         _state.grad_enabled = self.mode
 
     def _args(self) -> tuple[Any, ...]:
         return (self.mode,)
 
+    def __call__(self, fn: F) -> F:
+        _state.grad_enabled = self._before  # constructing it switched the mode at once
+        return super().__call__(fn)
+
     def __enter__(self) -> None:
-        self._saved = self._before
+        _state.grad_enabled = self.mode
 
     def __exit__(self, *exc: object) -> None:
-        _state.grad_enabled, _state.inference = self._saved
+        _state.grad_enabled = self._before

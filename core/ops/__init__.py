@@ -33,6 +33,7 @@ from .nn import cross_entropy, linear, log_softmax, matmul, mse_loss, softmax
 from .reduction import ValuesIndices, argmax, max, mean, min, std, sum, var
 from .shape import (
     cat,
+    contiguous,
     expand,
     flatten,
     getitem,
@@ -166,7 +167,8 @@ def install_methods(cls: type[Tensor]) -> None:
     cls.T = property(lambda self: permute(self, tuple(reversed(range(self.ndim)))))
     cls.mT = property(lambda self: transpose(self, -1, -2))
     cls.square = lambda self: mul(self, self)
-    cls.contiguous = lambda self: self
+    cls.contiguous = contiguous
+    cls.is_contiguous = lambda self: bool(self._data.flags.c_contiguous)
     cls.view_as = lambda self, other: reshape(self, other.shape)
     cls.expand_as = lambda self, other: expand(self, other.shape)
 

@@ -274,15 +274,31 @@ class Where(Function):
 
 
 # ---------------------------------------------------------------------- functional API
-_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
 
-def _result_dtype(a: Tensor, b: Tensor) -> np.dtype:
-    """PyTorch's type promotion: a 0-d operand only decides when its category is higher.
+def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
+    """PyTorch's ``torch.promote_types``: the smallest dtype both operands fit in.
 
-    ``float16 * tensor(2.0, dtype=float64)`` stays float16; ``int64 * 2.5`` is float32
-    (the Python number arrives as a 0-d float32); two operands of the same rank promote
-    as NumPy does.
+    NumPy's table except that an integer or bool meeting a float gives that float
+    (``int64`` with ``float32`` is float32, ``int32`` with ``float16`` is float16).
+    """
+    if a == b:
+        return a
+    if _CATEGORY.get(a.kind, -1) == 2 and b.kind in "biu":
+        return a
+    if _CATEGORY.get(b.kind, -1) == 2 and a.kind in "biu":
+        return b
+    return np.promote_types(a, b)
+
+
+def result_type(a: Tensor, b: Tensor) -> np.dtype:
+    """PyTorch's ``torch.result_type`` for two operands (the one promotion rule of the ops).
+
+    Operands of the same kind (both 0-d or both with dims) promote with ``promote_types``;
+    a 0-d operand decides only when its category (bool < int < float) is higher, so
+    ``float16 * tensor(2.0, dtype=float64)`` stays float16. A Python number arrives here as
+    a 0-d tensor already in the dtype PyTorch gives it (``as_tensor_like``).
     """
     if a.dtype == b.dtype:
         return a.dtype
@@ -290,8 +306,18 @@ def _result_dtype(a: Tensor, b: Tensor) -> np.dtype:
         sized, zero = (b, a) if a.ndim == 0 else (a, b)
         if _CATEGORY[sized.dtype.kind] >= _CATEGORY[zero.dtype.kind]:
             return sized.dtype
-        return zero.dtype
-    return np.result_type(a.dtype, b.dtype)
+        return promote_types(sized.dtype, zero.dtype)
+    return promote_types(a.dtype, b.dtype)
+
+
+def _promoted(a: Tensor, b: Tensor, target: np.dtype) -> tuple[Tensor, Tensor]:
+    """Both operands cast to ``target`` (each cast is in the graph, so gradients come back
+    in each input's own dtype)."""
+    if a.dtype != target:
+        a = a.to(dtype=target)
+    if b.dtype != target:
+        b = b.to(dtype=target)
+    return a, b
 
 
 def _binary(fn: type[Function], a: Any, b: Any, *, true_division: bool = False) -> Tensor:
@@ -299,14 +325,10 @@ def _binary(fn: type[Function], a: Any, b: Any, *, true_division: bool = False) 
         a = as_tensor_like(a, b)
     elif not isinstance(b, Tensor):
         b = as_tensor_like(b, a)
-    target = _result_dtype(a, b)
+    target = result_type(a, b)
     if true_division and target.kind != "f":
         target = DEFAULT_FLOAT  # int / int is a float32 tensor, as in PyTorch
-    if a.dtype != target:
-        a = a.to(dtype=target)
-    if b.dtype != target:
-        b = b.to(dtype=target)
-    return fn.apply(a, b)
+    return fn.apply(*_promoted(a, b, target))
 
 
 def add(a: Any, b: Any) -> Tensor:
@@ -336,6 +358,8 @@ def pow(a: Any, exponent: Any) -> Tensor:  # noqa: A001 - PyTorch's name
         and isinstance(exponent, int | float)
         and not isinstance(exponent, bool)
     ):
+        if isinstance(exponent, float) and a.dtype.kind != "f":
+            a = a.to(dtype=DEFAULT_FLOAT)  # int ** 0.5 is float32, as in PyTorch
         return PowScalar.apply(a, exponent)
     return _binary(Pow, a, exponent)
 
@@ -406,7 +430,7 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
         cond = constant(cond._data.astype(bool))
     a = as_tensor_like(a, like)
     b = as_tensor_like(b, like)
-    return Where.apply(cond, a, b)
+    return Where.apply(cond, *_promoted(a, b, result_type(a, b)))
 
 
 def _compare(ufunc: str, a: Tensor, b: Any) -> Tensor:

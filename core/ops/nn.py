@@ -41,10 +41,15 @@ class Matmul(Function):
             g2 = reshape(g2, g2.shape + (1,))
         grad_a = grad_b = None
         if need_a:
-            grad_a = reshape(sum_to_shape(g2 @ _swap(b2), a2.shape), a.shape)
+            grad_a = _reshaped(sum_to_shape(g2 @ _swap(b2), a2.shape), a.shape)
         if need_b:
-            grad_b = reshape(sum_to_shape(_swap(a2) @ g2, b2.shape), b.shape)
+            grad_b = _reshaped(sum_to_shape(_swap(a2) @ g2, b2.shape), b.shape)
         return grad_a, grad_b
+
+
+def _reshaped(t: Tensor, shape: tuple[int, ...]) -> Tensor:
+    # a gradient keeps its own buffer when no reshape is needed, rather than becoming a view
+    return t if t.shape == shape else reshape(t, shape)
 
 
 class Linear(Function):
@@ -69,12 +74,13 @@ class Linear(Function):
         needs = ctx.needs_input_grad
         grad_x = g @ weight if needs[0] else None
         grad_weight = grad_bias = None
+        # 2-d operands are used as they are: a reshape would make the gradient a view
+        flat_g = g if g.ndim == 2 else reshape(g, (-1, g.shape[-1]))
         if needs[1]:
-            flat_g = reshape(g, (-1, g.shape[-1]))
-            flat_x = reshape(x, (-1, x.shape[-1]))
+            flat_x = x if x.ndim == 2 else reshape(x, (-1, x.shape[-1]))
             grad_weight = _swap(flat_g) @ flat_x
         if ctx.has_bias and needs[2]:
-            grad_bias = sum(reshape(g, (-1, g.shape[-1])), 0)
+            grad_bias = sum(flat_g, 0)
         return (grad_x, grad_weight, grad_bias) if ctx.has_bias else (grad_x, grad_weight)
 
 

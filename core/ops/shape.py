@@ -57,6 +57,16 @@ class Expand(Function):
         return sum_to_shape(g, ctx.shape)
 
 
+class Contiguous(Function):
+    @staticmethod
+    def forward(ctx: Context, a: Tensor) -> Any:
+        return xp(a).ascontiguousarray(a._data)
+
+    @staticmethod
+    def backward(ctx: Context, g: Tensor) -> Tensor:
+        return g
+
+
 def _index_arrays(index: Any, m: Any) -> Any:
     """``index`` with tensors replaced by arrays (kept a tuple when it was one)."""
 
@@ -156,8 +166,7 @@ def reshape(a: Tensor, *shape: Any) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
         shape = tuple(shape[0])
     shape = tuple(int(n) for n in shape)
-    if shape == a.shape:
-        return a
+    # a new view even when the shape is unchanged, as in PyTorch (never ``a`` itself)
     a._unshare()
     return _as_view(Reshape.apply(a, shape), a)
 
@@ -189,9 +198,10 @@ def expand(a: Tensor, *shape: Any) -> Tensor:
         shape = tuple(shape[0])
     lead = len(shape) - a.ndim
     shape = tuple(a.shape[i - lead] if n == -1 else int(n) for i, n in enumerate(shape))
-    if shape == a.shape:
-        return a
-    return Expand.apply(a, shape)
+    # a read-only broadcast of a's buffer: a view like any other, so that it follows a
+    # (copy-on-write keeps a's buffer in place while the view lives)
+    a._unshare()
+    return _as_view(Expand.apply(a, shape), a)
 
 
 def unsqueeze(a: Tensor, dim: int) -> Tensor:
@@ -204,24 +214,39 @@ def squeeze(a: Tensor, dim: int | None = None) -> Tensor:
         return reshape(a, tuple(n for n in a.shape if n != 1))
     dim = dim % max(a.ndim, 1)
     if a.ndim == 0 or a.shape[dim] != 1:
-        return a
+        return reshape(a, a.shape)  # nothing to squeeze: still a new view, as in PyTorch
     return reshape(a, a.shape[:dim] + a.shape[dim + 1 :])
 
 
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Dims ``start_dim`` to ``end_dim`` merged into one; ``a`` itself when that is one dim
+    already (PyTorch returns the tensor itself there, a new view otherwise)."""
     if a.ndim == 0:
         return reshape(a, (1,))
     start, end = start_dim % a.ndim, end_dim % a.ndim
+    if start == end:
+        return a
     size = 1
     for n in a.shape[start : end + 1]:
         size *= n
     return reshape(a, a.shape[:start] + (size,) + a.shape[end + 1 :])
 
 
+def contiguous(a: Tensor) -> Tensor:
+    """``a`` itself when its elements lie in C order, else a C-ordered copy in the graph."""
+    if a._data.flags.c_contiguous:
+        return a
+    return Contiguous.apply(a)
+
+
 def getitem(a: Tensor, index: Any) -> Tensor:
     """``a[index]`` with NumPy/PyTorch indexing; differentiable (repeated indices sum)."""
     index = _index_arrays(index, xp(a))
     if _is_basic(index):
+        parts = index if isinstance(index, tuple) else (index,)
+        if Ellipsis not in parts:
+            # x[0] of a 1-d array is a NumPy scalar (a copy); x[0, ...] is a 0-d view
+            index = (*parts, Ellipsis)
         a._unshare()
         return _as_view(Index.apply(a, index), a)
     return Index.apply(a, index)
