@@ -23,8 +23,7 @@ from .errors import RecorderError, SnapshotBusyError
 from .grads import GradientsParams
 from .record import GradientsParamsRecord
 from .record_rules import check_snapshot_fields
-from .store import SnapshotInfo, SnapshotStore, open_store
-from .store._retention import RetentionRules
+from .store import RetentionRules, SnapshotInfo, SnapshotStore, open_store
 
 T = TypeVar("T")
 _log = logging.getLogger("gradvault.recorder")

@@ -7,12 +7,14 @@ from ._format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD, STORE_FORMAT_V
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import SnapshotInfo
 from ._open import open_store
+from ._retention import RetentionRules
 from ._snapshot_store import SnapshotStore
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_PACK_THRESHOLD",
     "STORE_FORMAT_VERSION",
+    "RetentionRules",
     "SnapshotInfo",
     "SnapshotStore",
     "new_snapshot_id",
