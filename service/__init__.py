@@ -1,1 +1,33 @@
-"""gradvault.service."""
+"""gradvault.service: the HTTP service (FastAPI) that lists, serves, accepts and deletes snapshots.
+
+``create_app(settings)`` builds the ASGI app; ``serve(settings)`` runs it under uvicorn;
+``python -m gradvault.service --store URL`` does both. docs/SERVICE.md describes settings,
+routes, authentication and errors.
+"""
+
+from .app import create_app
+from .errors import (
+    AuthenticationError,
+    InsufficientStorageError,
+    InvalidCursorError,
+    OpenBindingError,
+    PermissionDeniedError,
+    RangeNotSatisfiableError,
+    UploadTooLargeError,
+)
+from .server import serve
+from .settings import Scope, Settings
+
+__all__ = [
+    "AuthenticationError",
+    "InsufficientStorageError",
+    "InvalidCursorError",
+    "OpenBindingError",
+    "PermissionDeniedError",
+    "RangeNotSatisfiableError",
+    "Scope",
+    "Settings",
+    "UploadTooLargeError",
+    "create_app",
+    "serve",
+]

@@ -1,0 +1,59 @@
+"""create_app: the FastAPI application over one snapshot store."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gradvault.core import open_store
+
+from .access_log import RequestTelemetry
+from .error_handlers import install_error_handlers
+from .index import SnapshotIndex
+from .metrics import ServiceMetrics
+from .routes import health, metrics, snapshots
+from .settings import Settings
+
+_log = logging.getLogger("gradvault.service")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service as an ASGI app; ``settings`` default to the ``GRADVAULT_*`` environment.
+
+    The store is opened when the app starts (its lifespan) and closed when it stops.
+    """
+    if settings is None:
+        settings = Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = open_store(settings.store, **settings.store_options)
+        app.state.store = store
+        app.state.index = SnapshotIndex(store, settings.index_refresh_seconds)
+        if settings.is_open:
+            _log.warning(
+                "no tokens configured: anyone who reaches this service may read, write "
+                "and delete snapshots in %s",
+                store.location,
+            )
+        try:
+            yield
+        finally:
+            await store.close()
+
+    app = FastAPI(
+        title="gradvault",
+        summary="List, serve, accept and delete gradient snapshots",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = ServiceMetrics()
+    install_error_handlers(app)
+    for module in (health, snapshots, metrics):
+        app.include_router(module.router)
+    app.add_middleware(RequestTelemetry, metrics=app.state.metrics)
+    return app

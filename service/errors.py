@@ -1,0 +1,50 @@
+"""The errors the service adds to the core's tree (gradvault.core.errors).
+
+Routes and dependencies raise these or the core's errors; one handler
+(:mod:`gradvault.service.error_handlers`) turns each into a status and a JSON body::
+
+    GradvaultError
+    ├── OpenBindingError (ValueError)         no tokens, and a host other machines reach
+    ├── AuthenticationError                   401: no bearer token, or an unknown one
+    ├── PermissionDeniedError                 403: a read token on a write route
+    ├── InvalidCursorError (ValueError)       400: a listing cursor this service did not make
+    ├── UploadTooLargeError (ValueError)      413: a body over max_upload_bytes
+    ├── RangeNotSatisfiableError (ValueError) 416: a Range that misses the resource
+    └── InsufficientStorageError (OSError)    507: no room to spool an upload
+"""
+
+from __future__ import annotations
+
+from gradvault.core import GradvaultError
+
+
+class OpenBindingError(GradvaultError, ValueError):
+    """The service would be open (no tokens) on an address other machines can reach."""
+
+
+class AuthenticationError(GradvaultError):
+    """The request carries no bearer token, or one that is not configured."""
+
+
+class PermissionDeniedError(GradvaultError):
+    """The request's token does not have the scope the route needs."""
+
+
+class InvalidCursorError(GradvaultError, ValueError):
+    """A listing cursor that this service did not hand out."""
+
+
+class UploadTooLargeError(GradvaultError, ValueError):
+    """An upload over ``max_upload_bytes``, by its Content-Length or by what arrived."""
+
+
+class RangeNotSatisfiableError(GradvaultError, ValueError):
+    """A Range header none of whose ranges overlaps the resource of ``size`` bytes."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
+
+
+class InsufficientStorageError(GradvaultError, OSError):
+    """The service's own disk (where uploads are spooled) is full."""

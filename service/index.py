@@ -1,0 +1,152 @@
+"""SnapshotIndex: the summaries of every committed snapshot, in memory, pages newest first.
+
+Listing a store reads its snapshot folder (or object prefix) and, for a snapshot not seen
+before, its manifest; far too slow to do for every page. The index keeps what the last
+listing found and lists the store again when a request finds it older than
+``refresh_seconds``, so a snapshot that another process commits to the same store shows
+up here at most ``refresh_seconds`` (plus the time one listing takes) after its commit.
+Snapshots this service writes or deletes show up (or go) at once. Concurrent requests
+share one listing; a listing that was under way while this service wrote or deleted
+does not undo that change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import bisect
+import time
+from collections.abc import Callable
+
+from gradvault.core import SnapshotInfo, SnapshotStore
+from gradvault.core.store import parse_snapshot_id
+
+from .errors import InvalidCursorError
+
+_CURSOR_PREFIX = "gv1:"
+
+
+def encode_cursor(snapshot_id: str) -> str:
+    """An opaque cursor that resumes a listing after ``snapshot_id``."""
+    return base64.urlsafe_b64encode((_CURSOR_PREFIX + snapshot_id).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    """The snapshot id a cursor resumes after; InvalidCursorError if it is not one of ours."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not text.startswith(_CURSOR_PREFIX) or len(cursor) > 64:
+            raise ValueError
+        return parse_snapshot_id(text.removeprefix(_CURSOR_PREFIX))
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidCursorError(
+            f"cursor {cursor[:80]!r} is not a next_cursor this service handed out"
+        ) from None
+
+
+class SnapshotIndex:
+    """Summaries of a store's committed snapshots (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        refresh_seconds: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self.refresh_seconds = refresh_seconds
+        self._clock = clock
+        self._ids: list[str] = []  # ascending, i.e. oldest first
+        self._infos: dict[str, SnapshotInfo] = {}
+        self._listed_at: float | None = None
+        self._listing: asyncio.Task[None] | None = None
+        # Changes this service made, by sequence number, that a listing started before
+        # them may not show yet.
+        self._sequence = 0
+        self._changes: dict[str, tuple[int, SnapshotInfo | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def _is_fresh(self) -> bool:
+        return (
+            self._listed_at is not None and self._clock() - self._listed_at < self.refresh_seconds
+        )
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """List the store again unless a listing is younger than ``refresh_seconds``."""
+        if not force and self._is_fresh():
+            return
+        if self._listing is None:
+            self._listing = asyncio.ensure_future(self._relist())
+            self._listing.add_done_callback(self._listing_done)
+        # shielded: a request that goes away does not cancel the listing others wait for
+        await asyncio.shield(self._listing)
+
+    def _listing_done(self, listing: asyncio.Task[None]) -> None:
+        if self._listing is listing:
+            self._listing = None
+        if not listing.cancelled():
+            listing.exception()  # seen by its waiters; not "never retrieved" if none is left
+
+    async def _relist(self) -> None:
+        started_at, started_sequence = self._clock(), self._sequence
+        infos = {info.id: info for info in await self._store.list()}
+        for snapshot_id, (sequence, info) in self._changes.items():
+            if sequence > started_sequence:
+                if info is None:
+                    infos.pop(snapshot_id, None)
+                else:
+                    infos[snapshot_id] = info
+        self._changes = {
+            key: change for key, change in self._changes.items() if change[0] > started_sequence
+        }
+        self._infos = infos
+        self._ids = sorted(infos)
+        self._listed_at = started_at
+
+    def added(self, info: SnapshotInfo) -> None:
+        """This service committed ``info``: list it from now on."""
+        self._sequence += 1
+        self._changes[info.id] = (self._sequence, info)
+        if info.id not in self._infos:
+            bisect.insort(self._ids, info.id)
+        self._infos[info.id] = info
+
+    def removed(self, snapshot_id: str) -> None:
+        """This service deleted ``snapshot_id``: list it no more."""
+        self._sequence += 1
+        self._changes[snapshot_id] = (self._sequence, None)
+        if self._infos.pop(snapshot_id, None) is not None:
+            position = bisect.bisect_left(self._ids, snapshot_id)
+            del self._ids[position]
+
+    async def page(
+        self,
+        *,
+        run: str | None = None,
+        step_min: int | None = None,
+        step_max: int | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[list[SnapshotInfo], str | None]:
+        """Up to ``limit`` summaries newest first, and the cursor of the next page (or None)."""
+        after = decode_cursor(cursor) if cursor is not None else None
+        await self.refresh()
+        ids, infos = self._ids, self._infos
+        position = len(ids) if after is None else bisect.bisect_left(ids, after)
+        found: list[SnapshotInfo] = []
+        while position > 0:
+            position -= 1
+            info = infos[ids[position]]
+            if (
+                (run is None or info.run == run)
+                and (step_min is None or info.step >= step_min)
+                and (step_max is None or info.step <= step_max)
+            ):
+                if len(found) == limit:
+                    return found, encode_cursor(found[-1].id)
+                found.append(info)
+        return found, None
