@@ -55,7 +55,7 @@ class SnapshotIndex:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._store = store
+        self.store = store
         self.refresh_seconds = refresh_seconds
         self._clock = clock
         self._ids: list[str] = []  # ascending, i.e. oldest first
@@ -93,7 +93,7 @@ class SnapshotIndex:
 
     async def _relist(self) -> None:
         started_at, started_sequence = self._clock(), self._sequence
-        infos = {info.id: info for info in await self._store.list()}
+        infos = {info.id: info for info in await self.store.list()}
         for snapshot_id, (sequence, info) in self._changes.items():
             if sequence > started_sequence:
                 if info is None:
