@@ -33,6 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = open_store(settings.store, **settings.store_options)
         app.state.store = store
         app.state.index = SnapshotIndex(store, settings.index_refresh_seconds)
+        app.state.index.prefetch()  # the first listing reads every manifest: start it now
         if settings.is_open:
             _log.warning(
                 "no tokens configured: anyone who reaches this service may read, write "

@@ -1,13 +1,16 @@
 """SnapshotIndex: the summaries of every committed snapshot, in memory, pages newest first.
 
 Listing a store reads its snapshot folder (or object prefix) and, for a snapshot not seen
-before, its manifest; far too slow to do for every page. The index keeps what the last
-listing found and lists the store again when a request finds it older than
-``refresh_seconds``, so a snapshot that another process commits to the same store shows
-up here at most ``refresh_seconds`` (plus the time one listing takes) after its commit.
-Snapshots this service writes or deletes show up (or go) at once. Concurrent requests
-share one listing; a listing that was under way while this service wrote or deleted
-does not undo that change.
+before, its manifest; far too slow to do for every page (10,000 snapshots in a local
+store: about 50 ms warm, most of a second the first time). The index keeps what the last
+listing found. A page is always answered from a listing that started less than
+``refresh_seconds`` before the request: a request that finds the index older than that
+waits for a new listing, and one that finds it past half that age starts one in the
+background and is answered at once, so under steady traffic no request waits. A
+snapshot that another process commits to the same store therefore shows up here at most
+``refresh_seconds`` after its commit; snapshots this service writes or deletes show up
+(or go) at once. Concurrent requests share one listing, and a listing that was under
+way while this service wrote or deleted does not undo that change.
 """
 
 from __future__ import annotations
@@ -70,20 +73,31 @@ class SnapshotIndex:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def _is_fresh(self) -> bool:
-        return (
-            self._listed_at is not None and self._clock() - self._listed_at < self.refresh_seconds
-        )
+    def _age(self) -> float:
+        return float("inf") if self._listed_at is None else self._clock() - self._listed_at
 
-    async def refresh(self, *, force: bool = False) -> None:
-        """List the store again unless a listing is younger than ``refresh_seconds``."""
-        if not force and self._is_fresh():
-            return
+    def _start_listing(self) -> asyncio.Task[None]:
         if self._listing is None:
             self._listing = asyncio.ensure_future(self._relist())
             self._listing.add_done_callback(self._listing_done)
-        # shielded: a request that goes away does not cancel the listing others wait for
-        await asyncio.shield(self._listing)
+        return self._listing
+
+    def prefetch(self) -> None:
+        """Start a listing in the background (if none is under way) without waiting for it."""
+        self._start_listing()
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """Make sure the index holds a listing younger than ``refresh_seconds``.
+
+        Waits for a new listing if it does not (or if ``force``); starts one in the
+        background if it is past half that age.
+        """
+        age = self._age()
+        if force or age >= self.refresh_seconds:
+            # shielded: a request that goes away does not cancel the listing others wait for
+            await asyncio.shield(self._start_listing())
+        elif age >= self.refresh_seconds / 2:
+            self._start_listing()
 
     def _listing_done(self, listing: asyncio.Task[None]) -> None:
         if self._listing is listing:

@@ -100,8 +100,16 @@ def serving(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def service_settings(store_url: str, connection_options: dict[str, object]) -> dict[str, Any]:
-    """The settings every service in a test starts from (its store and how to reach it)."""
-    return {"store": store_url, "store_options": dict(connection_options)}
+    """The settings every service in a test starts from (its store and how to reach it).
+
+    Tests arrange snapshots through a store object of their own, so the index relists the
+    store for every page (refresh interval 0) unless a test says otherwise.
+    """
+    return {
+        "store": store_url,
+        "store_options": dict(connection_options),
+        "index_refresh_seconds": 0,
+    }
 
 
 @pytest.fixture

@@ -55,10 +55,26 @@ async def test_a_new_snapshot_shows_after_the_refresh_interval_not_before(local_
         info = await other.write_snapshot(make_record(), run="r", step=0)
     finally:
         await other.close()
-    clock.now += 0.5
-    assert (await index.page())[0] == []  # within the interval: the index is not relisted
+    clock.now += 0.4
+    assert (await index.page())[0] == []  # young: the index is not relisted
     assert counting.listings == 1
-    clock.now += 0.5
+    clock.now += 0.6
+    assert [i.id for i in (await index.page())[0]] == [info.id]  # waited for a listing
+    assert counting.listings == 2
+
+
+async def test_past_half_its_age_the_index_answers_at_once_and_relists_behind(local_store):
+    clock = Clock()
+    counting = CountingStore(local_store)
+    index = SnapshotIndex(counting, refresh_seconds=1.0, clock=clock)
+    await index.page()
+    info = await local_store.write_snapshot(make_record(), run="r", step=0)
+    clock.now += 0.6
+    counting.gate, counting.entered = asyncio.Event(), asyncio.Event()
+    assert (await index.page())[0] == []  # answered from the index, not held by the listing
+    await counting.entered.wait()
+    counting.gate.set()
+    await index.refresh(force=True)  # joins the listing under way; starts none
     assert [i.id for i in (await index.page())[0]] == [info.id]
     assert counting.listings == 2
 

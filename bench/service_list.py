@@ -1,0 +1,163 @@
+"""Listing 10,000 snapshots over HTTP: a page of 100 from a real uvicorn on loopback.
+
+The store holds 10,000 tiny snapshots; the service runs in a subprocess (uvicorn, one
+worker, default settings: the index relists the store every second in the background).
+One client on one keep-alive connection asks for pages of 100, alternately the newest
+page and one deep in the listing (by cursor). The peer is a route that returns a
+constant, added to the same app so that it passes through the same middleware, measured
+in the same run. Targets: median < 20 ms, p99 < 100 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+SNAPSHOTS = 10_000
+PAGE = 100
+REQUESTS = 2_000
+WARMUP = 100
+
+_SERVER = """
+import sys, uvicorn
+from gradvault.service import Settings, create_app
+app = create_app(Settings(store=sys.argv[1], port=int(sys.argv[2])))
+
+@app.get("/bench/trivial")
+async def trivial() -> dict[str, bool]:
+    return {"ok": True}
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", access_log=False)
+"""
+
+
+async def _fill(store_path: Path, count: int) -> float:
+    import gradvault.core as gv
+
+    store = gv.open_store(store_path)
+    record = gv.GradientsParamsRecord(
+        [gv.GradientRecordEntry.from_array(gv.ParamId(1), "w", np.zeros(4, np.float32))]
+    )
+    slots = asyncio.Semaphore(64)
+
+    async def one(i: int) -> None:
+        async with slots:
+            await store.write_snapshot(record, run=f"run{i % 10}", step=i)
+
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(one(i) for i in range(count)))
+    finally:
+        await store.close()
+    return time.perf_counter() - started
+
+
+async def _cold_and_warm_list(store_path: Path) -> tuple[float, float]:
+    import gradvault.core as gv
+
+    store = gv.open_store(store_path)
+    try:
+        started = time.perf_counter()
+        await store.list()
+        cold = time.perf_counter() - started
+        started = time.perf_counter()
+        await store.list()
+        return cold, time.perf_counter() - started
+    finally:
+        await store.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_ready(client: httpx.Client, deadline_seconds: float = 120) -> None:
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        try:
+            if client.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("the service did not become ready")
+
+
+def _latencies(client: httpx.Client, requests: list[tuple[str, dict]]) -> list[float]:
+    for path, params in requests[:WARMUP]:
+        client.get(path, params=params).raise_for_status()
+    found = []
+    for path, params in requests[WARMUP:]:
+        started = time.perf_counter()
+        response = client.get(path, params=params)
+        found.append(time.perf_counter() - started)
+        response.raise_for_status()
+    return found
+
+
+def _quantiles(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def run() -> None:
+    print(f"\n## service: list {SNAPSHOTS:,} snapshots, pages of {PAGE}, uvicorn on loopback")
+    with tempfile.TemporaryDirectory() as folder:
+        store_path = Path(folder) / "store"
+        fill_seconds = asyncio.run(_fill(store_path, SNAPSHOTS))
+        cold, warm = asyncio.run(_cold_and_warm_list(store_path))
+        print(
+            f"filled in {fill_seconds:.1f} s; store.list(): cold {cold * 1e3:.0f} ms, "
+            f"warm {warm * 1e3:.0f} ms"
+        )
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GRADVAULT_")}
+        server = subprocess.Popen(
+            [sys.executable, "-c", _SERVER, str(store_path), str(port)], env=env
+        )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                _wait_ready(client)
+                newest = client.get("/v1/snapshots", params={"limit": PAGE}).json()
+                assert len(newest["data"]) == PAGE, "the service does not list the snapshots"
+                deep = None
+                for _ in range(5):  # the cursor half way down the listing
+                    params = {"limit": 1000} | ({"cursor": deep} if deep else {})
+                    deep = client.get("/v1/snapshots", params=params).json()["next_cursor"]
+                pages = [
+                    ("/v1/snapshots", {"limit": PAGE} if i % 2 else {"limit": PAGE, "cursor": deep})
+                    for i in range(REQUESTS + WARMUP)
+                ]
+                trivial = [("/bench/trivial", {})] * (REQUESTS + WARMUP)
+                ours = _latencies(client, pages)
+                peer = _latencies(client, trivial)
+        finally:
+            server.terminate()
+            server.wait(30)
+    ours_median, ours_p99 = _quantiles(ours)
+    peer_median, peer_p99 = _quantiles(peer)
+    print(f"{'measurement':36s} {'median':>10s} {'p99':>10s}  target")
+    print(
+        f"{'GET /v1/snapshots?limit=100':36s} {ours_median * 1e3:8.2f}ms {ours_p99 * 1e3:8.2f}ms"
+        f"  median < 20 ms, p99 < 100 ms"
+    )
+    print(
+        f"{'trivial FastAPI route (peer)':36s} {peer_median * 1e3:8.2f}ms {peer_p99 * 1e3:8.2f}ms"
+    )
+    print(f"{'ratio ours/peer':36s} {ours_median / peer_median:9.2f}x {ours_p99 / peer_p99:9.2f}x")
+
+
+if __name__ == "__main__":
+    run()
