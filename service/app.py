@@ -36,8 +36,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.index.prefetch()  # the first listing reads every manifest: start it now
         if settings.is_open:
             _log.warning(
-                "no tokens configured: anyone who reaches this service may read, write "
-                "and delete snapshots in %s",
+                "no tokens configured: the service is open; anyone who reaches %s:%d may "
+                "read, write and delete snapshots in %s",
+                settings.host,
+                settings.port,
                 store.location,
             )
         try:

@@ -3,26 +3,34 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import uvicorn
 
+from .access_log import access_log
 from .app import create_app
 from .settings import Settings, check_binding
 
-_log = logging.getLogger("gradvault.service")
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    # the access log is one JSON object per line on stdout, nothing around it
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access_log.addHandler(handler)
+    access_log.setLevel(logging.INFO)
+    access_log.propagate = False
 
 
 def serve(settings: Settings | None = None, *, log_level: str = "info") -> None:
-    """Serve until interrupted; OpenBindingError if tokens are missing off loopback."""
+    """Serve until interrupted; OpenBindingError if tokens are missing off loopback.
+
+    Logs go to stderr; the access log (logger ``gradvault.access``) to stdout, one JSON
+    object per request. uvicorn's own access log is off.
+    """
     if settings is None:
         settings = Settings()
     check_binding(settings)
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if settings.is_open:
-        _log.warning(
-            "no tokens configured: the service is open, bound to %s:%d only",
-            settings.host,
-            settings.port,
-        )
+    _configure_logging(log_level)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False)
