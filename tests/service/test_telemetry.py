@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -67,11 +69,19 @@ async def test_each_request_logs_one_json_access_line(service, caplog):
     caplog.set_level(logging.INFO, logger="gradvault.access")
     async with service.client() as client:
         await client.get(f"/v1/snapshots/{SNAPSHOT}")
-    lines = [
-        json.loads(record.getMessage())
-        for record in caplog.records
-        if record.name == "gradvault.access"
-    ]
+
+    def access_lines() -> list[dict]:
+        return [
+            json.loads(record.getMessage())
+            for record in caplog.records
+            if record.name == "gradvault.access"
+        ]
+
+    # a server logs a request once its last byte is sent, which may be after the client has it
+    deadline = time.monotonic() + 10
+    while not access_lines() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    lines = access_lines()
     assert len(lines) == 1
     line = lines[0]
     assert line["method"] == "GET"
