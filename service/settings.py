@@ -79,6 +79,7 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(8 << 30, ge=1)
     max_header_bytes: int = Field(16 << 20, ge=8)
     index_refresh_seconds: float = Field(1.0, ge=0)
+    spool_dir: str | None = Field(None, description="where uploads are spooled (system temp)")
 
     @field_validator("tokens", mode="before")
     @classmethod
