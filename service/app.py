@@ -56,7 +56,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = ServiceMetrics()
     install_error_handlers(app)
-    for module in (health, snapshots, metrics):
-        app.include_router(module.router)
+    routers = [module.router for module in (health, snapshots, metrics)]
+    for router in routers:
+        app.include_router(router)
+    app.state.api_routes = [route for router in routers for route in router.routes]
     app.add_middleware(RequestTelemetry, metrics=app.state.metrics)
     return app

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from gradvault.core import (
     ChecksumMismatchError,
@@ -117,12 +118,23 @@ async def _validation_error(request: Request, error: Exception) -> JSONResponse:
     return error_response(422, "; ".join(problems) or "invalid request", "RequestValidationError")
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.state.api_routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 async def _http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, HTTPException)
     count_error(request, "HTTPException")
-    return error_response(
-        error.status_code, str(error.detail), "HTTPException", dict(error.headers or {}) or None
-    )
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
+    return error_response(error.status_code, str(error.detail), "HTTPException", headers or None)
 
 
 def install_error_handlers(app: FastAPI) -> None:

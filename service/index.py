@@ -16,8 +16,6 @@ way while this service wrote or deleted does not undo that change.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import bisect
 import time
 from collections.abc import Callable
@@ -27,24 +25,23 @@ from gradvault.core.store import parse_snapshot_id
 
 from .errors import InvalidCursorError
 
-_CURSOR_PREFIX = "gv1:"
-
 
 def encode_cursor(snapshot_id: str) -> str:
-    """An opaque cursor that resumes a listing after ``snapshot_id``."""
-    return base64.urlsafe_b64encode((_CURSOR_PREFIX + snapshot_id).encode()).decode().rstrip("=")
+    """The cursor that resumes a listing after ``snapshot_id`` (clients treat it as opaque)."""
+    return snapshot_id
 
 
 def decode_cursor(cursor: str) -> str:
-    """The snapshot id a cursor resumes after; InvalidCursorError if it is not one of ours."""
+    """The snapshot id a cursor resumes after; InvalidCursorError if it is not a cursor.
+
+    Any well-formed snapshot id is a position in the listing, whether or not that
+    snapshot still exists, so a cursor keeps working after its snapshot is deleted.
+    """
     try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if not text.startswith(_CURSOR_PREFIX) or len(cursor) > 64:
-            raise ValueError
-        return parse_snapshot_id(text.removeprefix(_CURSOR_PREFIX))
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return parse_snapshot_id(cursor)
+    except ValueError:
         raise InvalidCursorError(
-            f"cursor {cursor[:80]!r} is not a next_cursor this service handed out"
+            f"cursor {cursor[:80]!r} is not a next_cursor this service hands out (a snapshot id)"
         ) from None
 
 

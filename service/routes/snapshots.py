@@ -39,7 +39,13 @@ async def list_snapshots(
     step_min: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="inclusive")] = None,
     step_max: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="inclusive")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="page size")] = 100,
-    cursor: Annotated[str | None, Query(description="next_cursor of the page before")] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            description="next_cursor of the page before (opaque)",
+            json_schema_extra={"pattern": SNAPSHOT_ID_PATTERN},
+        ),
+    ] = None,
 ) -> SnapshotPage:
     """A page of snapshot summaries, newest first, and the cursor of the next page."""
     infos, next_cursor = await index.page(

@@ -38,7 +38,7 @@ async def test_listing_pages_newest_first_with_filters(service, direct_store):
         }
 
 
-@pytest.mark.parametrize("cursor", ["nonsense", "Z3YxOjAx", "a" * 200])
+@pytest.mark.parametrize("cursor", ["nonsense", "", "01arz3ndektsv4rrffq69g5fav", "a" * 200])
 async def test_a_cursor_the_service_did_not_make_is_400(service, cursor):
     async with service.client() as client:
         response = await client.get("/v1/snapshots", params={"cursor": cursor})

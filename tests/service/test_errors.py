@@ -120,8 +120,9 @@ async def test_unknown_routes_and_bad_parameters_answer_error_bodies(service):
     async with service.client() as client:
         missing = await client.get("/v2/nothing")
         assert missing.status_code == 404 and missing.json()["error"] == "HTTPException"
-        wrong_method = await client.put("/v1/snapshots")
+        wrong_method = await client.put(f"/v1/snapshots/{SNAPSHOT}")
         assert wrong_method.status_code == 405 and wrong_method.json()["error"] == "HTTPException"
+        assert wrong_method.headers["allow"] == "DELETE, GET"  # every route at that path
         bad_limit = await client.get("/v1/snapshots", params={"limit": 0})
         assert bad_limit.status_code == 422
         assert bad_limit.json()["error"] == "RequestValidationError"
