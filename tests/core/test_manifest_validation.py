@@ -272,9 +272,9 @@ async def test_a_damaged_manifest_is_refused_clearly_and_skipped_by_list(
         keys_read: list[str] = []
         real_read = store._backend.read
 
-        async def spy(key: str):
+        async def spy(key: str, *args: object):
             keys_read.append(key)
-            return await real_read(key)
+            return await real_read(key, *args)
 
         store._backend.read = spy  # type: ignore[method-assign]
 
