@@ -8,6 +8,7 @@ taking the suite down with it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,9 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gradvault.core.errors import ChecksumMismatchError
 from gradvault.core.param_id import ParamId
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
-from gradvault.core.store import SnapshotStore
+from gradvault.core.store import SnapshotStore, open_store
 
 from .store_files import LocalFiles, edit_json, manifest_key, store_files
 from .store_reader import ReaderProcess, digest
@@ -121,16 +123,13 @@ async def case(
 
 
 @pytest.fixture
-async def local_case(
-    reader: ReaderProcess, make_store: Callable[..., SnapshotStore], store_url: str, store_kind
-) -> Case:
-    if store_kind != "local":
-        pytest.skip("files in place of files: a local store's matter")
-    store = make_store(**OPTIONS)
+async def local_case(reader: ReaderProcess, tmp_path: Path) -> Case:
+    """A snapshot in a local store (what only a folder can hold in a file's place)."""
+    root = tmp_path / "store"
     record = make_record()
-    info = await store.write_snapshot(record, run="r", step=1)
-    await store.close()
-    return Case(reader, store_url, {}, LocalFiles(Path(store_url)), record, info.id)
+    async with open_store(root, **OPTIONS) as store:
+        info = await store.write_snapshot(record, run="r", step=1)
+    return Case(reader, str(root), {}, LocalFiles(root), record, info.id)
 
 
 def position(manifest: dict, name: str) -> int:
@@ -282,6 +281,32 @@ async def test_a_chunk_that_is_not_a_regular_file_is_refused(
     )
 
 
+@pytest.mark.parametrize("replace", ["fifo", "folder", "link"])
+async def test_a_chunk_replaced_between_listing_and_reading_is_refused(
+    local_case: Case, replace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing said a regular file of the right size; the open finds otherwise."""
+    async with open_store(local_case.url, **OPTIONS) as store:
+        backend = store._backend
+        stale = await backend.object_sizes(f"snapshots/{local_case.id}")
+        key = first_chunk(local_case)
+        if replace == "fifo":
+            local_case.files.replace_with_fifo(key)
+        elif replace == "folder":
+            local_case.files.replace_with_folder(key)
+        else:
+            (tmp_path / "outside").write_bytes(b"\0" * stale[key.split("/", 2)[2]])
+            local_case.files.replace_with_link(key, tmp_path / "outside")
+
+        async def listed_before(prefix: str) -> dict[str, int | None]:
+            return stale
+
+        monkeypatch.setattr(backend, "object_sizes", listed_before)
+        with pytest.raises(ChecksumMismatchError, match="regular file") as caught:
+            await asyncio.wait_for(store.read_snapshot(local_case.id), 30)
+    assert local_case.id in str(caught.value) and local_case.own_array in str(caught.value)
+
+
 async def test_a_manifest_that_is_a_fifo_is_left_out_of_list_and_explained_by_info(
     local_case: Case,
 ) -> None:
@@ -299,8 +324,6 @@ async def test_a_manifest_that_is_a_fifo_is_left_out_of_list_and_explained_by_in
 async def test_a_restored_gradient_is_unaffected_by_its_chunk_file_changing_in_place(
     reader: ReaderProcess, tmp_path: Path, damage: str
 ) -> None:
-    from gradvault.core.store import open_store
-
     array = np.arange(1 << 19, dtype=np.float32)  # 2 MiB in one chunk file
     record = GradientsParamsRecord([GradientRecordEntry.from_array(ParamId(), "w", array)])
     async with open_store(tmp_path) as store:
@@ -331,8 +354,6 @@ FIXED_MARGIN = 16 << 20
 
 
 async def test_restoring_n_bytes_peaks_at_n_bytes_plus_one_chunk(tmp_path: Path) -> None:
-    from gradvault.core.store import open_store
-
     array = np.arange(RESTORED_BYTES // 4, dtype=np.float32)
     record = GradientsParamsRecord([GradientRecordEntry.from_array(ParamId(), "w", array)])
     async with open_store(tmp_path, chunk_bytes=CHUNK_BYTES) as store:
