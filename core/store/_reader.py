@@ -272,10 +272,10 @@ class SnapshotReader:
             where = f"snapshot {self._id}: chunk {array}/{span.key} of {name}"
             if size is _ABSENT:
                 await self._recheck()
-                chunk_files = sum(1 for key in objects if key != MANIFEST_NAME)
+                files = sum(1 for k, n in objects.items() if n is not None and k != MANIFEST_NAME)
                 raise ChecksumMismatchError(
-                    f"{where} is missing (the array's folder holds {chunk_files} objects "
-                    f"besides its {MANIFEST_NAME})"
+                    f"{where} is missing (the array's folder holds {files} files besides its "
+                    f"{MANIFEST_NAME})"
                 )
             if size is None:
                 raise ChecksumMismatchError(
