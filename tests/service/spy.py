@@ -27,10 +27,17 @@ class StoreSpy:
         return call
 
 
-def spy_on_store(app: Any, fail_with: BaseException | None = None) -> StoreSpy:
-    """Route the app's store dependency, and its index, through a new StoreSpy."""
+async def spy_on_store(service: Any, fail_with: BaseException | None = None) -> StoreSpy:
+    """Route the service's store dependency, and its index, through a new StoreSpy.
+
+    The listing the app starts when it opens is awaited first (through /readyz), so that
+    nothing of the real store's is still under way when the spy takes over.
+    """
     from gradvault.service.deps import get_store
 
+    async with service.client() as client:
+        (await client.get("/readyz")).raise_for_status()
+    app = service.app
     spy = StoreSpy(app.state.store, fail_with)
     app.dependency_overrides[get_store] = lambda: spy
     app.state.index.store = spy

@@ -27,7 +27,7 @@ async def guarded(make_service):
 
 
 async def test_a_read_without_a_token_is_401_with_www_authenticate(guarded):
-    spy = spy_on_store(guarded.app)
+    spy = await spy_on_store(guarded)
     async with guarded.client() as client:
         response = await client.get("/v1/snapshots")
     assert response.status_code == 401
@@ -37,7 +37,7 @@ async def test_a_read_without_a_token_is_401_with_www_authenticate(guarded):
 
 
 async def test_an_unknown_token_is_401(guarded):
-    spy = spy_on_store(guarded.app)
+    spy = await spy_on_store(guarded)
     async with guarded.client("not-a-token") as client:
         response = await client.get(f"/v1/snapshots/{SNAPSHOT}")
     assert response.status_code == 401
@@ -60,7 +60,7 @@ async def test_a_read_token_reads(guarded, direct_store):
 
 async def test_a_read_token_on_a_write_route_is_403(guarded, direct_store):
     info = await direct_store.write_snapshot(make_record(), run="r", step=0)
-    spy = spy_on_store(guarded.app)
+    spy = await spy_on_store(guarded)
     async with guarded.client("reader-token-1") as client:
         response = await client.delete(f"/v1/snapshots/{info.id}")
     assert response.status_code == 403

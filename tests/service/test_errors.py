@@ -96,7 +96,7 @@ def store_kind() -> str:
     ids=["unavailable", "full", "busy"],
 )
 async def test_store_failures_answer_json_with_their_status(service, error, status):
-    spy_on_store(service.app, fail_with=error)
+    await spy_on_store(service, fail_with=error)
     async with service.client() as client:
         for response in (
             await client.get(f"/v1/snapshots/{SNAPSHOT}"),
@@ -109,7 +109,7 @@ async def test_store_failures_answer_json_with_their_status(service, error, stat
 
 
 async def test_readyz_is_503_when_the_store_cannot_be_reached(service):
-    spy_on_store(service.app, fail_with=StoreUnavailableError("object store s3://b: unreachable"))
+    await spy_on_store(service, fail_with=StoreUnavailableError("object store s3://b: unreachable"))
     async with service.client() as client:
         response = await client.get("/readyz")
     assert response.status_code == 503
