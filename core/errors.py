@@ -11,6 +11,7 @@ what was found, naming the parameter::
     │                                                     PyTorch)
     ├── DeviceError (ValueError)              unknown device, or a backend that is not installed
     ├── InvalidParamIdError (ValueError)      text (or an int) that is not a ParamId
+    ├── InvalidUploadError (ValueError)       a safetensors file (an upload) that is malformed
     └── RecorderError                         records, the store and the recorder
         ├── BackendMismatchError              record asked for on another backend
         ├── MissingGradientError (KeyError)   a gradient the caller needs is absent
@@ -60,6 +61,10 @@ class DeviceError(GradvaultError, ValueError):
 
 class InvalidParamIdError(GradvaultError, ValueError):
     """Text that is not a ParamId (16 lowercase hex digits), or an int outside [0, 2**64)."""
+
+
+class InvalidUploadError(GradvaultError, ValueError):
+    """A safetensors file (an upload) that is malformed: the message says what is wrong."""
 
 
 class RecorderError(GradvaultError):
@@ -136,6 +141,7 @@ __all__ = [
     "InvalidFieldError",
     "InvalidParamIdError",
     "InvalidSnapshotIdError",
+    "InvalidUploadError",
     "MissingGradientError",
     "ParamIdMismatchError",
     "RecorderError",
