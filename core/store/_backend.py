@@ -57,6 +57,13 @@ class MissingKeyError(KeyError):
     """A key that is not in the store (backends raise it; SnapshotStore translates it)."""
 
 
+class UnexpectedObjectError(Exception):
+    """What a key holds is not what the reader asked for: not a regular file, or a size
+    outside the bounds given (found before the object's bytes are read). The message
+    completes a sentence that starts with the key: ``"... is a FIFO, not a regular file"``.
+    """
+
+
 class SnapshotWriter(ABC):
     """Writes one snapshot; nothing is visible to readers until :meth:`commit` returns."""
 
@@ -91,8 +98,31 @@ class Backend(ABC):
         """A writer for a new snapshot."""
 
     @abstractmethod
-    async def read(self, key: str) -> memoryview:
-        """The bytes at ``key``; MissingKeyError if absent, StoreUnavailableError if unreadable."""
+    async def read(self, key: str, max_size: int | None = None) -> memoryview:
+        """The bytes at ``key``, in memory of their own (nothing maps or shares the file).
+
+        MissingKeyError if absent; UnexpectedObjectError if it is not a regular file or is
+        larger than ``max_size`` (checked before anything is allocated for it);
+        StoreUnavailableError if unreadable.
+        """
+
+    @abstractmethod
+    async def read_into(self, key: str, buffers: list[memoryview]) -> None:
+        """Fill ``buffers``, in order, with the bytes at ``key``.
+
+        The object must be exactly as long as the buffers together: UnexpectedObjectError
+        otherwise, checked before a byte is read (and again if it changes meanwhile), and
+        if it is not a regular file; MissingKeyError if absent.
+        """
+
+    @abstractmethod
+    async def object_sizes(self, prefix: str) -> dict[str, int | None]:
+        """Everything under the folder ``prefix``: its keys (relative to ``prefix``) and sizes.
+
+        None stands for something that is not a regular file (a folder, a symbolic link, a
+        FIFO), which a read refuses; nothing under ``prefix`` is an empty dict. The work
+        done is bounded by what is there, whatever a manifest claims.
+        """
 
     @abstractmethod
     async def committed_ids(self, *, fresh: bool = False) -> list[str]:

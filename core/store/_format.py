@@ -13,6 +13,7 @@ import functools
 import itertools
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ import crc32c
 import numpy as np
 import orjson
 from numcodecs.zstd import Zstd
+from numcodecs.zstd import decompress as zstd_decompress
 
 #: Version of the snapshot layout and manifest (``attributes["gradvault"]["format_version"]``).
 STORE_FORMAT_VERSION = 1
@@ -147,14 +149,19 @@ def chunk_shape_for(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> 
     raise AssertionError("unreachable")
 
 
-def chunk_spans(
+def iter_chunk_spans(
     shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int
-) -> list[ChunkSpan]:
-    """Every chunk of an array laid out by :func:`chunk_shape_for`, in C order of keys."""
+) -> Iterator[ChunkSpan]:
+    """Every chunk of an array laid out by :func:`chunk_shape_for`, in C order of keys.
+
+    Lazy, so that a reader can stop at the first chunk the store does not hold, however
+    many chunks a damaged manifest claims.
+    """
     if not shape:
-        return [ChunkSpan("c", 0, itemsize, itemsize)]
+        yield ChunkSpan("c", 0, itemsize, itemsize)
+        return
     if 0 in shape:
-        return []
+        return
     # The split axis: leading axes have chunk extent 1, trailing axes are whole.
     axis = len(shape) - 1
     while axis > 0 and chunk_shape[axis] == shape[axis]:
@@ -164,18 +171,28 @@ def chunk_spans(
     inner = itemsize * math.prod(shape[axis + 1 :])
     rows = chunk_shape[axis]
     trailing_zeros = "/0" * (len(shape) - axis - 1)
-    spans = []
-    for outer in range(math.prod(shape[:axis])):
-        prefix = "".join(f"/{i}" for i in np.unravel_index(outer, shape[:axis])) if axis else ""
-        base = outer * shape[axis] * inner
-        for j in range(math.ceil(shape[axis] / rows)):
+    for outer in itertools.product(*map(range, shape[:axis])):
+        prefix = "".join(f"/{i}" for i in outer)
+        base = _c_order_index(outer, shape[:axis]) * shape[axis] * inner
+        for j in range(-(-shape[axis] // rows)):
             length = min(rows, shape[axis] - j * rows) * inner
-            spans.append(
-                ChunkSpan(
-                    f"c{prefix}/{j}{trailing_zeros}", base + j * rows * inner, length, rows * inner
-                )
+            yield ChunkSpan(
+                f"c{prefix}/{j}{trailing_zeros}", base + j * rows * inner, length, rows * inner
             )
-    return spans
+
+
+def _c_order_index(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    flat = 0
+    for i, n in zip(index, shape, strict=True):
+        flat = flat * n + i
+    return flat
+
+
+def chunk_spans(
+    shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int
+) -> list[ChunkSpan]:
+    """Every chunk of an array laid out by :func:`chunk_shape_for`, in C order of keys."""
+    return list(iter_chunk_spans(shape, chunk_shape, itemsize))
 
 
 def packed_layout(sizes: list[int], chunk_bytes: int) -> tuple[list[int], int, int]:
@@ -230,21 +247,65 @@ def encode_chunk(
     return parts, payload_crc
 
 
-def decode_chunk(
-    chunk: memoryview, padded_length: int, compression: Compression | None
-) -> memoryview:
-    """The decoded bytes of one stored chunk; ValueError when its crc32c does not match."""
+#: A zstd block holds at most 128 KiB and takes at least 4 bytes (an RLE block), so no
+#: stored chunk can decode to more than this many bytes per stored byte.
+ZSTD_MAX_RATIO = 32768
+
+
+def encoded_size_bounds(padded_length: int, compression: Compression | None) -> tuple[int, int]:
+    """The least and the most bytes a stored chunk of ``padded_length`` bytes can take.
+
+    Uncompressed: exactly the bytes plus the crc32c; with zstd: from what the best ratio
+    allows to zstd's compress bound (plus frame header) plus the crc32c.
+    """
+    if compression is None:
+        return padded_length + 4, padded_length + 4
+    least = 4 + 6 + -(-padded_length // ZSTD_MAX_RATIO)
+    return least, 4 + padded_length + (padded_length >> 8) + 1024
+
+
+def split_crc(chunk: memoryview) -> tuple[memoryview, int]:
+    """A stored chunk's body and the crc32c stored after it; ValueError if too short."""
     if len(chunk) < 4:
         raise ValueError(f"chunk is {len(chunk)} bytes, too short for its crc32c")
-    body, stored = chunk[:-4], int.from_bytes(chunk[-4:], "little")
-    computed = crc32c.crc32c(body)
-    if computed != stored:
-        raise ValueError(f"stored crc32c {stored:08x}, computed {computed:08x}")
-    if compression is not None:
-        body = memoryview(Zstd().decode(body))
-    if len(body) != padded_length:
-        raise ValueError(f"chunk decodes to {len(body)} bytes; expected {padded_length}")
-    return body
+    return chunk[:-4], int.from_bytes(chunk[-4:], "little")
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def zstd_content_size(frame: memoryview) -> int | None:
+    """The decoded size a zstd frame's header declares (None if it declares none).
+
+    ValueError if ``frame`` does not start with a zstd frame header.
+    """
+    if len(frame) < 6 or int.from_bytes(frame[:4], "little") != _ZSTD_MAGIC:
+        raise ValueError("it is not a zstd frame")
+    descriptor = frame[4]
+    single_segment = (descriptor >> 5) & 1
+    position = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
+    width = (single_segment, 2, 4, 8)[descriptor >> 6]
+    if not width:
+        return None
+    if len(frame) < position + width:
+        raise ValueError("its zstd frame header is cut short")
+    size = int.from_bytes(frame[position : position + width], "little")
+    return size + 256 if width == 2 else size
+
+
+def decompress_into(frame: memoryview, out: memoryview) -> None:
+    """Decode the zstd ``frame`` into ``out``, which it must fill exactly; ValueError if not.
+
+    The frame's declared size is checked before decoding, and the decoder never writes
+    past ``out``: a frame cannot make the reader allocate what its header claims.
+    """
+    declared = zstd_content_size(frame)
+    if declared is not None and declared != len(out):
+        raise ValueError(f"it decodes to {declared} bytes; expected {len(out)}")
+    try:
+        zstd_decompress(frame, out)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(f"its zstd frame does not decode: {error}") from None
 
 
 def format_checksum(value: int) -> str:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
-import mmap
 import os
 import secrets
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +40,7 @@ from ._backend import (
     MissingKeyError,
     SnapshotWriter,
     ThreadRunner,
+    UnexpectedObjectError,
 )
 from ._format import dump_json, group_metadata
 from ._ids import parse_snapshot_id
@@ -85,39 +86,119 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-#: files at least this big are mapped rather than read (see _read_file)
-MAP_THRESHOLD = 1 << 20
+#: How a store file is opened for reading: without following a symbolic link in its place,
+#: and without blocking (a FIFO in a chunk's place would otherwise hang the open).
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+_FILE_KINDS = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
-def _read_file(path: str) -> memoryview:
-    """The file's bytes, writable, private to the caller.
+def _open_regular(path: str) -> tuple[int, int]:
+    """An fd open on the regular file at ``path``, and its size.
 
-    A large file is mapped copy-on-write (MAP_PRIVATE): its pages are the page cache's
-    until someone writes to them, so restoring a snapshot copies nothing and a restored
-    gradient that training then updates gets its own pages one at a time. Committed
-    files are never changed or truncated in place (only unlinked), so a mapping stays
-    valid after the snapshot is deleted.
+    Refused with UnexpectedObjectError before anything is read: a symbolic link (even one
+    to the right bytes: a store's files are its own), a folder, a FIFO, a device.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        size = os.fstat(fd).st_size
-        if size >= MAP_THRESHOLD and hasattr(mmap, "MAP_PRIVATE"):
-            return memoryview(
-                mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            )
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnexpectedObjectError("is a symbolic link, not a regular file") from None
+        raise
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            kind = _FILE_KINDS.get(stat.S_IFMT(status.st_mode), "not a file")
+            raise UnexpectedObjectError(f"is {kind}, not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, status.st_size
+
+
+def _fill(fd: int, buffers: list[memoryview], size: int) -> None:
+    """Read exactly ``size`` bytes into ``buffers``; refuse a file that changed length."""
+    views = [view for view in buffers if len(view)]
+    filled = 0
+    while views:
+        count = os.readv(fd, views[:1024])
+        if not count:
+            raise UnexpectedObjectError(f"shrank to {filled} bytes while read; it had {size}")
+        filled += count
+        while views and count >= len(views[0]):
+            count -= len(views[0])
+            views.pop(0)
+        if count:
+            views[0] = views[0][count:]
+    if os.read(fd, 1):
+        raise UnexpectedObjectError(f"grew while read; it had {size} bytes")
+
+
+def _read_file(path: str, max_size: int | None = None) -> memoryview:
+    """The bytes of the regular file at ``path``, read into memory of their own.
+
+    Nothing is mapped: a file that someone else changes or truncates later cannot change
+    (or, through SIGBUS, kill) what was read. docs/FORMAT.md, "Reads", has the
+    figures against the mapped copy-on-write reads this replaced.
+    """
+    fd, size = _open_regular(path)
+    try:
+        if max_size is not None and size > max_size:
+            raise UnexpectedObjectError(f"is {size} bytes; at most {max_size} expected")
+        buffer = memoryview(bytearray(size))
+        _fill(fd, [buffer], size)
+        return buffer
     finally:
         os.close(fd)
-    with open(path, "rb", buffering=0) as file:
-        size = os.fstat(file.fileno()).st_size
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        filled = 0
-        while filled < size:
-            count = file.readinto(view[filled:])
-            if not count:
-                break
-            filled += count
-    return view[:filled]
+
+
+def _read_file_into(path: str, buffers: list[memoryview]) -> None:
+    """Fill ``buffers`` with the regular file at ``path``, exactly as long as they are."""
+    expected = sum(len(view) for view in buffers)
+    fd, size = _open_regular(path)
+    try:
+        if size != expected:
+            raise UnexpectedObjectError(f"is {size} bytes; expected {expected}")
+        _fill(fd, buffers, size)
+    finally:
+        os.close(fd)
+
+
+def _object_sizes(folder: str) -> dict[str, int | None]:
+    """Regular files under ``folder`` with their sizes; None for anything else, not entered
+    (a folder that is a symbolic link holds nothing, as it would inside the walk)."""
+    found: dict[str, int | None] = {}
+    try:
+        if stat.S_ISLNK(os.lstat(folder).st_mode):
+            return found
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    pending = [("", folder)]
+    while pending:
+        prefix, path = pending.pop()
+        try:
+            entries = list(os.scandir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            key = prefix + entry.name
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    found[key] = entry.stat(follow_symlinks=False).st_size
+                    continue
+                found[key] = None
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((key + "/", entry.path))
+            except FileNotFoundError:
+                continue  # removed meanwhile: absent
+    return found
 
 
 def _newest_mtime(path: str) -> float:
@@ -233,13 +314,20 @@ class LocalBackend(Backend):
         await self._run(f"creating staging folder {folder}", folder.mkdir)
         return _LocalSnapshotWriter(self, snapshot_id, folder)
 
-    async def read(self, key: str) -> memoryview:
+    async def read(self, key: str, max_size: int | None = None) -> memoryview:
         try:
-            return await self._run(f"reading {key}", _read_file, str(self.root / key))
-        except FileNotFoundError:
+            return await self._run(f"reading {key}", _read_file, str(self.root / key), max_size)
+        except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
-        except NotADirectoryError:
+
+    async def read_into(self, key: str, buffers: list[memoryview]) -> None:
+        try:
+            await self._run(f"reading {key}", _read_file_into, str(self.root / key), buffers)
+        except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
+
+    async def object_sizes(self, prefix: str) -> dict[str, int | None]:
+        return await self._run(f"listing {prefix}", _object_sizes, str(self.root / prefix))
 
     def _committed_ids_sync(self) -> list[str]:
         try:

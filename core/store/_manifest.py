@@ -23,9 +23,7 @@ from ._format import (
     PACK_ALIGNMENT,
     PACKED_ARRAY,
     STORE_FORMAT_VERSION,
-    ChunkSpan,
     Compression,
-    chunk_spans,
     format_checksum,
     packed_layout,
     parse_checksum,
@@ -219,10 +217,6 @@ class Manifest:
     def packed_positions(self) -> list[int]:
         return [i for i, name in enumerate(self.columns["array"]) if name == PACKED_ARRAY]
 
-    def packed_spans(self) -> list[ChunkSpan]:
-        assert self.packed is not None
-        return chunk_spans((self.packed["nbytes"],), (self.packed["chunk_bytes"],), 1)
-
     def checksum_values(self) -> list[int]:
         """Every gradient's crc32c as an int, parsed once per manifest."""
         if self._checksums is None:
@@ -230,9 +224,10 @@ class Manifest:
         return self._checksums
 
     def packed_entries(
-        self, snapshot_id: str, positions: list[int], buffer: memoryview
+        self, snapshot_id: str, positions: list[int], buffer: memoryview, base: int = 0
     ) -> list[GradientRecordEntry]:
-        """The packed gradients at ``positions`` over ``buffer`` (the packed array's bytes).
+        """The packed gradients at ``positions`` over ``buffer``, the packed array's bytes
+        from byte ``base`` on (the chunks that hold those gradients).
 
         Each gradient's crc32c is checked against the manifest. Gradients are slices of
         one array per dtype over the buffer: thousands of them are built in a few ms.
@@ -244,7 +239,7 @@ class Manifest:
         whole: dict[str, np.ndarray] = {}
         entries = []
         for i in positions:
-            offset, size, dtype = offsets[i], sizes[i], dtypes[i]
+            offset, size, dtype = offsets[i] - base, sizes[i], dtypes[i]
             data = buffer[offset : offset + size]
             found = crc32c.crc32c(data)
             if found != checksums[i]:
@@ -255,7 +250,9 @@ class Manifest:
             layout = _LAYOUTS[dtype]  # validated when the manifest was loaded
             itemsize = layout.itemsize
             shape = tuple(shapes[i])
-            if offset % itemsize == 0:
+            if not size:  # held by no chunk: it may lie outside the buffer
+                array = np.empty(shape, dtype=layout)
+            elif offset % itemsize == 0:
                 flat = whole.get(dtype)
                 if flat is None:
                     flat = whole[dtype] = np.frombuffer(

@@ -39,6 +39,7 @@ from ._backend import (
     MissingKeyError,
     SnapshotWriter,
     ThreadRunner,
+    UnexpectedObjectError,
     snapshot_key,
 )
 from ._format import dump_json, group_metadata
@@ -50,6 +51,8 @@ _DELETE_BATCH = 1000
 COLLECTED_MARKER = "gc-collected"
 #: The least time a marker stays, however short the grace period gc runs with.
 MARKER_LIFETIME_SECONDS = 3600.0
+#: Pieces a GET body is streamed in when it is read into place.
+_STREAM_PIECE = 1 << 20
 
 
 def _next_joined(chunks: Iterator[EncodedChunk]) -> tuple[str, bytes] | None:
@@ -121,15 +124,54 @@ class S3Backend(Backend):
     async def begin(self, snapshot_id: str) -> SnapshotWriter:
         return _S3SnapshotWriter(self, snapshot_id)
 
-    async def read(self, key: str) -> memoryview:
+    async def read(self, key: str, max_size: int | None = None) -> memoryview:
         async with self._requests:
             try:
                 result = await obstore.get_async(self._store, key)
+                size = result.meta["size"]
+                if max_size is not None and size > max_size:
+                    raise UnexpectedObjectError(f"is {size} bytes; at most {max_size} expected")
                 return memoryview(await result.bytes_async())
             except (NotFoundError, FileNotFoundError):
                 raise MissingKeyError(key) from None
+            except UnexpectedObjectError:
+                raise
             except Exception as error:
                 raise self._unavailable(f"reading {key}", error) from error
+
+    async def read_into(self, key: str, buffers: list[memoryview]) -> None:
+        expected = sum(len(view) for view in buffers)
+        async with self._requests:
+            try:
+                result = await obstore.get_async(self._store, key)
+                size = result.meta["size"]
+                if size != expected:
+                    raise UnexpectedObjectError(f"is {size} bytes; expected {expected}")
+                # streamed into place: no second buffer as large as the object
+                views = [view for view in buffers if len(view)]
+                async for piece in result.stream(min_chunk_size=_STREAM_PIECE):
+                    piece = memoryview(piece)
+                    while len(piece):
+                        if not views:
+                            raise UnexpectedObjectError(f"grew while read; it had {size} bytes")
+                        count = min(len(piece), len(views[0]))
+                        views[0][:count] = piece[:count]
+                        piece = piece[count:]
+                        views[0] = views[0][count:]
+                        if not len(views[0]):
+                            views.pop(0)
+                if views:
+                    raise UnexpectedObjectError(f"shrank while read; it had {size} bytes")
+            except (NotFoundError, FileNotFoundError):
+                raise MissingKeyError(key) from None
+            except UnexpectedObjectError:
+                raise
+            except Exception as error:
+                raise self._unavailable(f"reading {key}", error) from error
+
+    async def object_sizes(self, prefix: str) -> dict[str, int | None]:
+        start = len(prefix) + 1
+        return {meta["path"][start:]: meta["size"] for meta in await self._list(prefix + "/")}
 
     async def _snapshot_prefixes(self) -> list[str]:
         try:

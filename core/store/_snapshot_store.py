@@ -14,12 +14,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any
 
-import crc32c
-import numpy as np
 import orjson
 
 from ..errors import (
-    ChecksumMismatchError,
     FormatVersionError,
     MissingGradientError,
     SnapshotNotFoundError,
@@ -34,6 +31,7 @@ from ._backend import (
     EncodedChunk,
     MissingKeyError,
     ThreadRunner,
+    UnexpectedObjectError,
     snapshot_key,
 )
 from ._format import (
@@ -45,23 +43,22 @@ from ._format import (
     chunk_shape_for,
     chunk_spans,
     crc32c_combine,
-    decode_chunk,
     dump_json,
     encode_chunk,
     format_checksum,
     gradient_stats,
     group_metadata,
     packed_stats,
-    parse_checksum,
     parse_compression,
 )
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, PackedGradients, SnapshotInfo, build_manifest, pack
+from ._reader import SnapshotReader
 from ._retention import RetentionRules
 
 _log = logging.getLogger("gradvault.store")
 
-#: Chunks at least this big are checked and decoded in a thread rather than on the loop.
+#: Manifests at least this big are parsed in a thread rather than on the loop.
 _THREAD_DECODE_BYTES = 256 * 1024
 _MANIFEST_CACHE_SIZE = 8
 #: How many times a retention pass decides again when the newest snapshot vanishes under it.
@@ -292,6 +289,10 @@ class SnapshotStore:
             raise SnapshotNotFoundError(
                 f"no committed snapshot {snapshot_id} in store {self.location}"
             ) from None
+        except UnexpectedObjectError as error:
+            raise FormatVersionError(
+                f"snapshot {snapshot_id}: its manifest document {MANIFEST_NAME} {error}"
+            ) from None
 
         def parse() -> Manifest:
             try:
@@ -323,122 +324,6 @@ class SnapshotStore:
         self._manifests.pop(snapshot_id, None)
         self._infos.pop(snapshot_id, None)
 
-    async def _read_chunk(
-        self,
-        snapshot_id: str,
-        array: str,
-        span: ChunkSpan,
-        compression: Compression | None,
-        who: Callable[[], str],
-    ) -> tuple[memoryview, int]:
-        """A chunk's decoded bytes (padding included) and the crc32c of its data part."""
-        key = snapshot_key(snapshot_id, array, span.key)
-        try:
-            raw = await self._backend.read(key)
-        except MissingKeyError:
-            self._forget(snapshot_id)
-            await self._load_manifest(snapshot_id)  # SnapshotNotFoundError if deleted meanwhile
-            raise ChecksumMismatchError(
-                f"snapshot {snapshot_id}: chunk {array}/{span.key} of {who()} is missing"
-            ) from None
-
-        def decode() -> tuple[memoryview, int]:
-            body = decode_chunk(raw, span.padded_length, compression)
-            if compression is None and span.padded_length == span.length:
-                return body, int.from_bytes(raw[-4:], "little")
-            return body, crc32c.crc32c(body[: span.length])
-
-        try:
-            if len(raw) >= _THREAD_DECODE_BYTES:
-                return await self._threads.run(decode)
-            return decode()
-        except ValueError as error:
-            raise ChecksumMismatchError(
-                f"snapshot {snapshot_id}: chunk {array}/{span.key} of {who()} fails its crc32c "
-                f"check: {error}"
-            ) from None
-
-    async def _read_own(
-        self, snapshot_id: str, manifest: Manifest, position: int
-    ) -> GradientRecordEntry:
-        gradient = manifest.row(position)
-        shape = tuple(gradient["shape"])
-        itemsize = np.dtype(gradient["dtype"]).itemsize
-        spans = chunk_spans(shape, tuple(gradient["chunk_shape"]), itemsize)
-        decoded = await asyncio.gather(
-            *(
-                self._read_chunk(
-                    snapshot_id,
-                    gradient["array"],
-                    span,
-                    manifest.compression,
-                    lambda: manifest.describe(position),
-                )
-                for span in spans
-            )
-        )
-        checksum = 0
-        for span, (_, payload_crc) in zip(spans, decoded, strict=True):
-            checksum = crc32c_combine(checksum, payload_crc, span.length)
-        if checksum != parse_checksum(gradient["checksum"]):
-            raise ChecksumMismatchError(
-                f"snapshot {snapshot_id}: {manifest.describe(position)} has crc32c "
-                f"{checksum:08x}; the manifest says {gradient['checksum']}"
-            )
-        if len(spans) == 1 and spans[0].length == spans[0].padded_length:
-            data = decoded[0][0]
-        else:
-            data = memoryview(bytearray(gradient["nbytes"]))
-            for span, (body, _) in zip(spans, decoded, strict=True):
-                data[span.start : span.start + span.length] = body[: span.length]
-        return manifest.entry(position, data)
-
-    async def _read_packed(
-        self, snapshot_id: str, manifest: Manifest, positions: list[int]
-    ) -> list[GradientRecordEntry]:
-        """The packed gradients at ``positions``, reading only the chunks they lie in."""
-        if not positions:
-            return []
-        spans = manifest.packed_spans()
-        chunk = manifest.packed["chunk_bytes"]  # type: ignore[index]
-        offsets, sizes = manifest.columns["offset"], manifest.columns["nbytes"]
-        needed: set[int] = set()
-        for i in positions:
-            if sizes[i]:
-                needed.update(range(offsets[i] // chunk, (offsets[i] + sizes[i] - 1) // chunk + 1))
-
-        def who(span: ChunkSpan) -> Callable[[], str]:
-            def names() -> str:
-                inside = [
-                    manifest.describe(i)
-                    for i in manifest.packed_positions()
-                    if offsets[i] < span.start + span.length and offsets[i] + sizes[i] > span.start
-                ]
-                shown = ", ".join(inside[:5])
-                return shown + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
-
-            return names
-
-        order = sorted(needed)
-        decoded = await asyncio.gather(
-            *(
-                self._read_chunk(
-                    snapshot_id, PACKED_ARRAY, spans[i], manifest.compression, who(spans[i])
-                )
-                for i in order
-            )
-        )
-        if len(order) == 1 and order[0] == 0:
-            buffer = decoded[0][0]  # the usual single packed chunk: no copy
-        else:
-            buffer = memoryview(bytearray(len(spans) * chunk))
-            for i, (body, _) in zip(order, decoded, strict=True):
-                buffer[spans[i].start : spans[i].start + spans[i].length] = body[: spans[i].length]
-
-        if len(positions) > 64:
-            return await self._threads.run(manifest.packed_entries, snapshot_id, positions, buffer)
-        return manifest.packed_entries(snapshot_id, positions, buffer)
-
     async def read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
         """The snapshot's gradients, every chunk's crc32c verified.
 
@@ -449,26 +334,18 @@ class SnapshotStore:
         with paused_gc():  # the manifest and the entries are many small acyclic objects
             return await self._read_snapshot(snapshot_id)
 
+    def _reader(self, manifest: Manifest) -> SnapshotReader:
+        snapshot_id = manifest.snapshot_id
+
+        async def recheck() -> None:  # SnapshotNotFoundError if deleted since it was loaded
+            self._forget(snapshot_id)
+            await self._load_manifest(snapshot_id)
+
+        return SnapshotReader(self._backend, self._threads, manifest, recheck)
+
     async def _read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
         manifest = await self._load_manifest(snapshot_id)
-        packed_positions = manifest.packed_positions()
-        packed_set = set(packed_positions)
-        own_positions = [i for i in range(manifest.count) if i not in packed_set]
-        slots = asyncio.Semaphore(self.max_concurrency)
-
-        async def bounded(position: int) -> GradientRecordEntry:
-            async with slots:
-                return await self._read_own(snapshot_id, manifest, position)
-
-        packed_entries, *own_entries = await asyncio.gather(
-            self._read_packed(snapshot_id, manifest, packed_positions),
-            *(bounded(i) for i in own_positions),
-        )
-        ordered: list[GradientRecordEntry | None] = [None] * manifest.count
-        for position, entry in zip(packed_positions, packed_entries, strict=True):
-            ordered[position] = entry
-        for position, entry in zip(own_positions, own_entries, strict=True):
-            ordered[position] = entry
+        ordered = await self._reader(manifest).read_all(self.max_concurrency)
         document = manifest.document
         metadata = dict(document.get("metadata") or {})
         metadata["snapshot"] = {
@@ -490,9 +367,7 @@ class SnapshotStore:
         position = manifest.position(pid)
         if position is None:
             raise MissingGradientError(f"snapshot {snapshot_id} has no gradient for param {pid}")
-        if manifest.columns["array"][position] == PACKED_ARRAY:
-            return (await self._read_packed(snapshot_id, manifest, [position]))[0]
-        return await self._read_own(snapshot_id, manifest, position)
+        return await self._reader(manifest).read_one(position)
 
     # --- listing and housekeeping -----------------------------------------------------
 

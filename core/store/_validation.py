@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from itertools import chain, compress, repeat
 from operator import add, eq, mul, ne, not_, or_
 from typing import Any, NoReturn
 
 import numpy as np
+import orjson
 
 from ..errors import FormatVersionError
 from ..record import SUPPORTED_DTYPES
@@ -29,6 +31,7 @@ from ..record_rules import (
 )
 from ._format import (
     PACKED_ARRAY,
+    Compression,
     format_checksum,
     parse_compression,
 )
@@ -300,6 +303,16 @@ class _ManifestCheck:
         total = sum(self.columns["nbytes"])
         if nbytes != total:
             self.fail("nbytes", f"{total}, the sum of gradients.nbytes", nbytes)
+        if total > sys.maxsize:  # no array of this platform could hold them: a lie
+            sizes = self.columns["nbytes"]
+            i = max(range(self.count), key=sizes.__getitem__)
+            self.fail(
+                "gradients.nbytes",
+                f"a size this platform can hold in memory (at most {sys.maxsize}), as all "
+                f"the gradients together must be",
+                sizes[i],
+                i,
+            )
         num_params = self.field("num_params", int, f"{self.count}, the number of gradients")
         if num_params != self.count:
             self.fail("num_params", f"{self.count}, the number of gradients", num_params)
@@ -415,3 +428,109 @@ def validate_manifest(document: object, snapshot_id: str) -> None:
             f"snapshot {snapshot_id}: the manifest should be a JSON object; found {_show(document)}"
         )
     _ManifestCheck(document, snapshot_id).run()
+
+
+class ArrayClaim:
+    """What the manifest says of one array, to hold its ``zarr.json`` against.
+
+    ``fields`` maps the array document's fields to the manifest fields that state them
+    (``{"shape": "gradients.shape", ...}``); ``who`` names the array in messages.
+    """
+
+    def __init__(
+        self,
+        *,
+        who: str,
+        shape: list[int],
+        dtype: str,
+        chunk_shape: list[int],
+        compression: Compression | None,
+        fields: dict[str, str],
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
+        self.who = who
+        self.shape, self.dtype, self.chunk_shape = shape, dtype, chunk_shape
+        self.compression = compression
+        self.fields = fields
+        self.attributes = attributes
+
+
+def _codec_names(codecs: object) -> list[str] | None:
+    if type(codecs) is not list or not all(type(c) is dict for c in codecs):
+        return None
+    names = [codec.get("name") for codec in codecs]
+    return names if _types(names) <= {str} else None
+
+
+def _endian(codecs: list[dict]) -> object:
+    configuration = codecs[0].get("configuration") or {}
+    return configuration.get("endian", "little") if type(configuration) is dict else None
+
+
+def validate_array_document(raw: memoryview, claim: ArrayClaim, snapshot_id: str, key: str) -> None:
+    """Check an array's ``zarr.json`` says what the manifest says of the array.
+
+    The array document is what every other Zarr reader goes by: a manifest whose dtype,
+    shape, chunk shape or compression disagrees with it is refused (FormatVersionError,
+    naming the snapshot, the array, the fields and both values) before any chunk is read,
+    rather than reinterpreting the bytes the other way.
+    """
+
+    def fail(field: str, expected: object, found: object) -> NoReturn:
+        source = claim.fields.get(field)
+        said = f", as the manifest's field {source!r} says" if source else ""
+        raise FormatVersionError(
+            f"snapshot {snapshot_id}: {claim.who}: its array document {key} should have "
+            f"{field} {_show(expected)}{said}; found {_show(found)}"
+        )
+
+    try:
+        document = orjson.loads(raw)
+    except ValueError as error:
+        document = _Said(f"no JSON ({error})")
+    if type(document) is not dict:
+        raise FormatVersionError(
+            f"snapshot {snapshot_id}: {claim.who}: its array document {key} should be a JSON "
+            f"object; found {_show(document)}"
+        )
+    get = document.get
+    for field, expected in (("zarr_format", 3), ("node_type", "array")):
+        if get(field, _MISSING) != expected:
+            fail(field, expected, get(field, _MISSING))
+    if get("data_type", _MISSING) != claim.dtype:
+        fail("data_type", claim.dtype, get("data_type", _MISSING))
+    if get("shape", _MISSING) != claim.shape:
+        fail("shape", claim.shape, get("shape", _MISSING))
+    grid = get("chunk_grid", _MISSING)
+    expected_grid = {"name": "regular", "configuration": {"chunk_shape": claim.chunk_shape}}
+    if grid != expected_grid:
+        fail("chunk_grid", expected_grid, grid)
+    encoding = get("chunk_key_encoding", _MISSING)
+    configuration = encoding.get("configuration") if type(encoding) is dict else None
+    if (
+        type(encoding) is not dict
+        or encoding.get("name") != "default"
+        or (configuration is not None and type(configuration) is not dict)
+        or (configuration or {}).get("separator", "/") != "/"
+    ):
+        fail("chunk_key_encoding", "default, with separator '/'", encoding)
+    if get("storage_transformers") not in (None, []):
+        fail("storage_transformers", [], get("storage_transformers"))
+    codecs = get("codecs", _MISSING)
+    expected_names = (
+        ["bytes", "crc32c"] if claim.compression is None else ["bytes", "zstd", "crc32c"]
+    )
+    names = _codec_names(codecs)
+    if names != expected_names:
+        fail(
+            "codecs", _Said(", ".join(expected_names)), _Said(", ".join(names)) if names else codecs
+        )
+    if _endian(codecs) != "little":  # type: ignore[arg-type]
+        fail("codecs", _Said("bytes with endian 'little'"), codecs)
+    if claim.attributes is not None:
+        attributes = get("attributes")
+        ours = attributes.get("gradvault") if type(attributes) is dict else None
+        for name, value in claim.attributes.items():
+            found = ours.get(name, _MISSING) if type(ours) is dict else _MISSING
+            if found != value:
+                fail(f"attributes.gradvault.{name}", value, found)

@@ -100,6 +100,15 @@ def shift_packed_length(delta: int) -> Callable[[dict], None]:
     return damage
 
 
+def claim_more_bytes_than_addressable(manifest: dict) -> None:
+    """A consistent claim (shape, nbytes, total) of 2**63 bytes: more than any process holds."""
+    i = position(manifest, "fc1.weight")
+    table = manifest["gradients"]
+    table["shape"][i], table["chunk_shape"][i] = [2**61], [2**61]
+    manifest["nbytes"] += 2**63 - table["nbytes"][i]
+    table["nbytes"][i] = 2**63
+
+
 def change_shape_keep_nbytes(manifest: dict) -> None:
     manifest["gradients"]["shape"][position(manifest, "fc1.bias")] = [34]
 
@@ -158,6 +167,12 @@ CASES: list[tuple[str, Callable[[dict], None], str, str | None]] = [
     ("shape-not-list", set_column("shape", "fc1.bias", 33), "'gradients.shape'", "fc1.bias"),
     ("shape-disagrees-with-nbytes", change_shape_keep_nbytes, "'gradients.nbytes'", "fc1.bias"),
     ("nbytes-float", set_column("nbytes", "fc1.bias", 132.0), "'gradients.nbytes'", "fc1.bias"),
+    (
+        "nbytes-beyond-address-space",
+        claim_more_bytes_than_addressable,
+        "'gradients.nbytes'",
+        "fc1.weight",
+    ),
     (
         "bad-checksum-text",
         set_column("checksum", "fc1.bias", "crc32c:zzzzzzzz"),
@@ -272,9 +287,9 @@ async def test_a_damaged_manifest_is_refused_clearly_and_skipped_by_list(
         keys_read: list[str] = []
         real_read = store._backend.read
 
-        async def spy(key: str):
+        async def spy(key: str, *args: object):
             keys_read.append(key)
-            return await real_read(key)
+            return await real_read(key, *args)
 
         store._backend.read = spy  # type: ignore[method-assign]
 

@@ -163,6 +163,7 @@ def test_public_names_are_pinned() -> None:
     assert sorted(store_package.__all__) == [
         "DEFAULT_CHUNK_BYTES",
         "DEFAULT_PACK_THRESHOLD",
+        "RetentionRules",
         "STORE_FORMAT_VERSION",
         "SnapshotInfo",
         "SnapshotStore",

@@ -3,7 +3,8 @@
 Afterwards every snapshot that any call reported as committed is either listed and reads
 back bit-identical, or was deleted by an explicit call (a delete or a retention pass,
 which report what they deleted). Nothing else is listed, and gc leaves no leftovers.
-The run is bounded by counts (snapshots per writer), not by time.
+The run is bounded by counts (snapshots per writer), not by time; set
+GRADVAULT_STRESS_SNAPSHOTS to run longer (about 500 gives a minute per store).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .snapshot_writer import seeded_grads
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITERS = 4
-SNAPSHOTS_PER_WRITER = 16
+SNAPSHOTS_PER_WRITER = int(os.environ.get("GRADVAULT_STRESS_SNAPSHOTS", "16"))
 
 pytestmark = pytest.mark.stress
 

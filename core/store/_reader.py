@@ -1,0 +1,362 @@
+"""Reading a snapshot's gradients from a store whose files may be damaged or hostile.
+
+Nothing a manifest or a file claims is acted on before it is held against what is there:
+
+- each array's own ``zarr.json`` must say what the validated manifest says of the array
+  (dtype, shape, chunk shape, codecs), so bytes are never reinterpreted;
+- the snapshot's objects are listed with their sizes first, and every chunk a gradient
+  needs must be there, a regular file, of a size its decoded length allows, before memory
+  for the gradient is allocated; the chunks are walked lazily, so a claim of 2**40 chunks
+  stops at the first one that is not there: time and memory are bounded by what the files
+  hold, not by what the manifest says;
+- chunks are read into memory of the reader's own, straight into the gradient's buffer
+  (no file is mapped, so nothing that later happens to a file can change or crash a
+  restored gradient), and every chunk's crc32c and every gradient's checksum is verified.
+
+Restoring N bytes of uncompressed gradients takes N bytes plus, per chunk in flight, its
+zero padding (an edge chunk's) and crc32c; with zstd, plus the compressed chunks in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import crc32c
+import numpy as np
+
+from ..errors import ChecksumMismatchError, FormatVersionError
+from ..record import GradientRecordEntry
+from ._backend import (
+    MANIFEST_NAME,
+    Backend,
+    MissingKeyError,
+    ThreadRunner,
+    UnexpectedObjectError,
+    snapshot_key,
+)
+from ._format import (
+    PACKED_ARRAY,
+    ChunkSpan,
+    crc32c_combine,
+    decompress_into,
+    encoded_size_bounds,
+    iter_chunk_spans,
+    parse_checksum,
+    split_crc,
+)
+from ._manifest import Manifest
+from ._validation import ArrayClaim, validate_array_document
+
+#: Chunks at least this big are checked and decoded in a thread rather than on the loop.
+THREAD_DECODE_BYTES = 256 * 1024
+#: An array's ``zarr.json`` is a few hundred bytes; anything this big is not one.
+_ARRAY_DOCUMENT_LIMIT = 16 << 20
+
+#: Objects of one array, by key under the array's folder: their sizes (None: not a file).
+ArrayObjects = dict[str, int | None]
+_ABSENT = object()
+
+
+def _allocate(nbytes: int) -> memoryview:
+    """Writable memory for ``nbytes``, not zero-filled first (every byte is read into)."""
+    return memoryview(np.empty(nbytes, dtype=np.uint8))
+
+
+def _group_by_array(objects: dict[str, int | None]) -> dict[str, ArrayObjects]:
+    grouped: dict[str, ArrayObjects] = {}
+    for key, size in objects.items():
+        array, slash, rest = key.partition("/")
+        if slash:
+            grouped.setdefault(array, {})[rest] = size
+    return grouped
+
+
+class SnapshotReader:
+    """Reads the gradients of one snapshot through its validated manifest.
+
+    ``recheck`` is awaited before a missing object is reported: it raises
+    SnapshotNotFoundError if the snapshot was deleted meanwhile.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        threads: ThreadRunner,
+        manifest: Manifest,
+        recheck: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._backend = backend
+        self._threads = threads
+        self._manifest = manifest
+        self._id = manifest.snapshot_id
+        self._recheck = recheck
+
+    # --- the two ways in ----------------------------------------------------------------
+
+    async def read_all(self, max_concurrency: int) -> list[GradientRecordEntry]:
+        """Every gradient, in the manifest's order."""
+        manifest = self._manifest
+        objects = _group_by_array(await self._backend.object_sizes(snapshot_key(self._id)))
+        packed_positions = manifest.packed_positions()
+        packed_set = set(packed_positions)
+        own_positions = [i for i in range(manifest.count) if i not in packed_set]
+        slots = asyncio.Semaphore(max_concurrency)
+        arrays = manifest.columns["array"]
+
+        async def bounded(position: int) -> GradientRecordEntry:
+            async with slots:
+                return await self._read_own(position, objects.get(arrays[position], {}))
+
+        packed_entries, *own_entries = await asyncio.gather(
+            self._read_packed(packed_positions, objects.get(PACKED_ARRAY, {})),
+            *(bounded(i) for i in own_positions),
+        )
+        ordered: list[Any] = [None] * manifest.count
+        for position, entry in zip(packed_positions, packed_entries, strict=True):
+            ordered[position] = entry
+        for position, entry in zip(own_positions, own_entries, strict=True):
+            ordered[position] = entry
+        return ordered
+
+    async def read_one(self, position: int) -> GradientRecordEntry:
+        """The gradient at ``position`` (only its array's objects are listed and read)."""
+        array = self._manifest.columns["array"][position]
+        objects = await self._backend.object_sizes(snapshot_key(self._id, array))
+        if array == PACKED_ARRAY:
+            return (await self._read_packed([position], objects))[0]
+        return await self._read_own(position, objects)
+
+    # --- one array ----------------------------------------------------------------------
+
+    async def _read_own(self, position: int, objects: ArrayObjects) -> GradientRecordEntry:
+        manifest = self._manifest
+        columns = manifest.columns
+        array, dtype = columns["array"][position], columns["dtype"][position]
+        shape, chunk_shape = columns["shape"][position], columns["chunk_shape"][position]
+        who = manifest.describe(position)
+        claim = ArrayClaim(
+            who=who,
+            shape=shape,
+            dtype=dtype,
+            chunk_shape=chunk_shape,
+            compression=manifest.compression,
+            fields={
+                "data_type": "gradients.dtype",
+                "shape": "gradients.shape",
+                "chunk_grid": "gradients.chunk_shape",
+                "codecs": "compression",
+                "attributes.gradvault.param_id": "gradients.param_id",
+                "attributes.gradvault.name": "gradients.name",
+            },
+            attributes={"param_id": array, "name": columns["name"][position]},
+        )
+        await self._check_document(array, claim)
+        itemsize = np.dtype(dtype).itemsize
+        spans = await self._present_chunks(
+            array, iter_chunk_spans(tuple(shape), tuple(chunk_shape), itemsize), objects, who
+        )
+        data = _allocate(columns["nbytes"][position])
+        payload_crcs = await asyncio.gather(
+            *(
+                self._read_chunk(array, span, data[span.start : span.start + span.length], who)
+                for span in spans
+            )
+        )
+        checksum = 0
+        for span, payload_crc in zip(spans, payload_crcs, strict=True):
+            checksum = crc32c_combine(checksum, payload_crc, span.length)
+        if checksum != parse_checksum(columns["checksum"][position]):
+            raise ChecksumMismatchError(
+                f"snapshot {self._id}: {who} has crc32c {checksum:08x}; the manifest says "
+                f"{columns['checksum'][position]}"
+            )
+        return manifest.entry(position, data)
+
+    async def _read_packed(
+        self, positions: list[int], objects: ArrayObjects
+    ) -> list[GradientRecordEntry]:
+        """The packed gradients at ``positions``, reading only the chunks they lie in."""
+        if not positions:
+            return []
+        manifest = self._manifest
+        packed: dict[str, Any] = manifest.packed  # type: ignore[assignment]
+        chunk, length = packed["chunk_bytes"], packed["nbytes"]
+        claim = ArrayClaim(
+            who="the packed array",
+            shape=[length],
+            dtype="uint8",
+            chunk_shape=[chunk],
+            compression=manifest.compression,
+            fields={
+                "shape": "packed.nbytes",
+                "chunk_grid": "packed.chunk_bytes",
+                "codecs": "compression",
+            },
+        )
+        await self._check_document(PACKED_ARRAY, claim)
+        offsets, sizes = manifest.columns["offset"], manifest.columns["nbytes"]
+        holding = [i for i in positions if sizes[i]]
+        if not holding:
+            return manifest.packed_entries(self._id, positions, memoryview(b""))
+        first = min(offsets[i] for i in holding) // chunk
+        last = max(offsets[i] + sizes[i] - 1 for i in holding) // chunk
+
+        def who(span: ChunkSpan) -> str:
+            inside = [
+                manifest.describe(i)
+                for i in manifest.packed_positions()
+                if offsets[i] < span.start + span.length and offsets[i] + sizes[i] > span.start
+            ]
+            shown = ", ".join(inside[:5])
+            return shown + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+
+        # Each chunk's padding is read as data: the buffer holds whole chunks.
+        wanted = (ChunkSpan(f"c/{j}", j * chunk, chunk, chunk) for j in range(first, last + 1))
+        spans = await self._present_chunks(PACKED_ARRAY, wanted, objects, who)
+        base = first * chunk
+        buffer = _allocate((last + 1 - first) * chunk)
+        await asyncio.gather(
+            *(
+                self._read_chunk(
+                    PACKED_ARRAY, span, buffer[span.start - base : span.start - base + chunk], who
+                )
+                for span in spans
+            )
+        )
+        if len(positions) > 64:
+            return await self._threads.run(
+                manifest.packed_entries, self._id, positions, buffer, base
+            )
+        return manifest.packed_entries(self._id, positions, buffer, base)
+
+    # --- checks before reading ----------------------------------------------------------
+
+    async def _check_document(self, array: str, claim: ArrayClaim) -> None:
+        key = snapshot_key(self._id, array, MANIFEST_NAME)
+        try:
+            raw = await self._backend.read(key, _ARRAY_DOCUMENT_LIMIT)
+        except MissingKeyError:
+            await self._recheck()
+            problem = "is missing"
+        except UnexpectedObjectError as error:
+            problem = str(error)
+        else:
+            validate_array_document(raw, claim, self._id, key)
+            return
+        raise FormatVersionError(f"snapshot {self._id}: {claim.who}: its array document {problem}")
+
+    async def _present_chunks(
+        self,
+        array: str,
+        spans: Iterable[ChunkSpan],
+        objects: ArrayObjects,
+        who: Callable[[ChunkSpan], str] | str,
+    ) -> list[ChunkSpan]:
+        """``spans``, each checked to be a regular file of a size it can have.
+
+        Stops at the first chunk that fails, so that the work is bounded by the objects
+        listed, however many chunks ``spans`` would go on to claim.
+        """
+        compression = self._manifest.compression
+        present = []
+        for span in spans:
+            size = objects.get(span.key, _ABSENT)
+            if size is not None and size is not _ABSENT:
+                least, most = encoded_size_bounds(span.padded_length, compression)
+                if least <= size <= most:  # type: ignore[operator]
+                    present.append(span)
+                    continue
+            name = who(span) if callable(who) else who
+            where = f"snapshot {self._id}: chunk {array}/{span.key} of {name}"
+            if size is _ABSENT:
+                await self._recheck()
+                files = sum(1 for k, n in objects.items() if n is not None and k != MANIFEST_NAME)
+                raise ChecksumMismatchError(
+                    f"{where} is missing (the array's folder holds {files} files besides its "
+                    f"{MANIFEST_NAME})"
+                )
+            if size is None:
+                raise ChecksumMismatchError(
+                    f"{where} is not a regular file (a folder, a link or a FIFO)"
+                )
+            expected = f"{least}" if least == most else f"{least} to {most}"
+            raise ChecksumMismatchError(
+                f"{where} is {size} bytes; a chunk of {span.padded_length} bytes "
+                f"({'zstd' if compression else 'uncompressed'}) takes {expected}"
+            )
+        return present
+
+    # --- one chunk ----------------------------------------------------------------------
+
+    async def _read_chunk(
+        self,
+        array: str,
+        span: ChunkSpan,
+        out: memoryview,
+        who: Callable[[ChunkSpan], str] | str,
+    ) -> int:
+        """Read chunk ``span`` and put its data part in ``out``; the crc32c of ``out``."""
+        key = snapshot_key(self._id, array, span.key)
+        compression = self._manifest.compression
+        padding = span.padded_length - span.length
+
+        def where() -> str:
+            return f"snapshot {self._id}: chunk {array}/{span.key} of " + (
+                who(span) if callable(who) else who
+            )
+
+        try:
+            if compression is None:
+                tail = memoryview(bytearray(padding + 4))  # the zero padding and the crc32c
+                await self._backend.read_into(key, [out, tail])
+
+                def check() -> int:
+                    payload_crc = crc32c.crc32c(out)
+                    computed = crc32c.crc32c(tail[:-4], value=payload_crc)
+                    stored = int.from_bytes(tail[-4:], "little")
+                    if computed != stored:
+                        raise ChecksumMismatchError(
+                            f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
+                            f"computed {computed:08x}"
+                        )
+                    return payload_crc
+
+            else:
+                _, most = encoded_size_bounds(span.padded_length, compression)
+                raw = await self._backend.read(key, most)
+
+                def check() -> int:
+                    try:
+                        body, stored = split_crc(raw)
+                    except ValueError as error:
+                        raise ChecksumMismatchError(f"{where()}: {error}") from None
+                    computed = crc32c.crc32c(body)
+                    if computed != stored:
+                        raise ChecksumMismatchError(
+                            f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
+                            f"computed {computed:08x}"
+                        )
+                    try:
+                        if padding:
+                            whole = memoryview(bytearray(span.padded_length))
+                            decompress_into(body, whole)
+                            out[:] = whole[: span.length]
+                        else:
+                            decompress_into(body, out)
+                    except ValueError as error:
+                        raise ChecksumMismatchError(
+                            f"{where()} does not decode as the snapshot's compression "
+                            f"({compression.codec['name']}) says: {error}"
+                        ) from None
+                    return crc32c.crc32c(out)
+
+            if span.padded_length >= THREAD_DECODE_BYTES:
+                return await self._threads.run(check)
+            return check()
+        except MissingKeyError:
+            await self._recheck()
+            raise ChecksumMismatchError(f"{where()} is missing") from None
+        except UnexpectedObjectError as error:
+            raise ChecksumMismatchError(f"{where()} {error}") from None

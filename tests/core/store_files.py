@@ -1,0 +1,95 @@
+"""The files (or objects) of a store, reached around gradvault, to damage them in tests.
+
+Keys are relative to the store root (``snapshots/<id>/<array>/c/0``), as the backends
+name them; the local one can also put a FIFO, a folder or a symbolic link in a file's place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .conftest import S3_BUCKET
+
+
+class LocalFiles:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def keys(self, snapshot_id: str) -> list[str]:
+        folder = self.root / "snapshots" / snapshot_id
+        return sorted(
+            str(path.relative_to(self.root)) for path in folder.rglob("*") if path.is_file()
+        )
+
+    def read(self, key: str) -> bytes:
+        path = self.root / key
+        if not path.is_file():  # opening a FIFO would wait for a writer
+            raise OSError(f"{path} is not a regular file")
+        return path.read_bytes()
+
+    def write(self, key: str, data: bytes) -> None:
+        """Replace the file (a new inode, as an editor would save it)."""
+        path = self.root / key
+        temporary = path.with_name(path.name + ".new")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+
+    def delete(self, key: str) -> None:
+        (self.root / key).unlink()
+
+    def replace_with_fifo(self, key: str) -> None:
+        self.delete(key)
+        os.mkfifo(self.root / key)
+
+    def replace_with_folder(self, key: str) -> None:
+        self.delete(key)
+        (self.root / key).mkdir()
+        (self.root / key / "0").write_bytes(b"\0" * 8)
+
+    def replace_with_link(self, key: str, target: Path) -> None:
+        self.delete(key)
+        (self.root / key).symlink_to(target)
+
+
+class S3Files:
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    def keys(self, snapshot_id: str) -> list[str]:
+        start = f"{self.prefix}/snapshots/{snapshot_id}/"
+        found: list[str] = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=S3_BUCKET, Prefix=start
+        ):
+            found += [item["Key"][len(self.prefix) + 1 :] for item in page.get("Contents", [])]
+        return sorted(found)
+
+    def read(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=S3_BUCKET, Key=f"{self.prefix}/{key}")["Body"].read()
+
+    def write(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=S3_BUCKET, Key=f"{self.prefix}/{key}", Body=data)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=S3_BUCKET, Key=f"{self.prefix}/{key}")
+
+
+def store_files(store_url: str, boto3_client: Any | None) -> LocalFiles | S3Files:
+    if store_url.startswith("s3://"):
+        return S3Files(boto3_client, store_url.removeprefix(f"s3://{S3_BUCKET}/"))
+    return LocalFiles(Path(store_url))
+
+
+def manifest_key(snapshot_id: str) -> str:
+    return f"snapshots/{snapshot_id}/zarr.json"
+
+
+def edit_json(files: LocalFiles | S3Files, key: str, edit: Any) -> None:
+    """Rewrite a ``zarr.json``: ``edit(document)`` changes it in place."""
+    document = json.loads(files.read(key))
+    edit(document)
+    files.write(key, json.dumps(document).encode())
