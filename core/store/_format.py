@@ -150,15 +150,17 @@ def chunk_shape_for(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> 
 
 
 def iter_chunk_spans(
-    shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int
+    shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int, start: int = 0
 ) -> Iterator[ChunkSpan]:
     """Every chunk of an array laid out by :func:`chunk_shape_for`, in C order of keys.
 
     Lazy, so that a reader can stop at the first chunk the store does not hold, however
-    many chunks a damaged manifest claims.
+    many chunks a damaged manifest claims. With ``start``, the chunks from the one that
+    holds byte ``start`` on (found by arithmetic, not by walking the chunks before it).
     """
     if not shape:
-        yield ChunkSpan("c", 0, itemsize, itemsize)
+        if start < itemsize:
+            yield ChunkSpan("c", 0, itemsize, itemsize)
         return
     if 0 in shape:
         return
@@ -170,22 +172,26 @@ def iter_chunk_spans(
         raise ValueError(f"chunk shape {chunk_shape} of shape {shape} is not contiguous")
     inner = itemsize * math.prod(shape[axis + 1 :])
     rows = chunk_shape[axis]
+    row_bytes = shape[axis] * inner  # the bytes of one index of the leading axes
     trailing_zeros = "/0" * (len(shape) - axis - 1)
-    for outer in itertools.product(*map(range, shape[:axis])):
-        prefix = "".join(f"/{i}" for i in outer)
-        base = _c_order_index(outer, shape[:axis]) * shape[axis] * inner
-        for j in range(-(-shape[axis] // rows)):
+    first_outer, within = divmod(start, row_bytes)
+    first_chunk = within // (rows * inner)
+    for flat in range(first_outer, math.prod(shape[:axis])):
+        prefix = "".join(f"/{i}" for i in _c_order_unravel(flat, shape[:axis]))
+        base = flat * row_bytes
+        for j in range(first_chunk if flat == first_outer else 0, -(-shape[axis] // rows)):
             length = min(rows, shape[axis] - j * rows) * inner
             yield ChunkSpan(
                 f"c{prefix}/{j}{trailing_zeros}", base + j * rows * inner, length, rows * inner
             )
 
 
-def _c_order_index(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
-    flat = 0
-    for i, n in zip(index, shape, strict=True):
-        flat = flat * n + i
-    return flat
+def _c_order_unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for n in reversed(shape):
+        flat, i = divmod(flat, n)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 def chunk_spans(
