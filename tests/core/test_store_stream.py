@@ -8,12 +8,16 @@ chunk before they are yielded; paths are refused before any I/O.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import pytest
+import zarr
+import zarr.abc.store
+import zarr.api.asynchronous
 from safetensors.numpy import load
 
 from gradvault.core import (
@@ -452,3 +456,89 @@ async def test_read_key_of_a_deleted_snapshot(store: SnapshotStore) -> None:
     await store.delete(info.id)
     with pytest.raises(SnapshotNotFoundError):
         await store.read_key(f"snapshots/{info.id}/zarr.json")
+
+
+class ReadKeyZarrStore(zarr.abc.store.Store):
+    """A read-only Zarr store that reads only through ``SnapshotStore.read_key``.
+
+    A path that ``read_key`` refuses as invalid is raised, as an HTTP 400 would be raised
+    by a Zarr reader's HTTP file system; "not found" is a missing key, as a 404 is.
+    """
+
+    supports_writes = False
+    supports_deletes = False
+    supports_listing = False
+    supports_partial_writes = False
+
+    def __init__(self, store: SnapshotStore) -> None:
+        super().__init__(read_only=True)
+        self.store = store
+        self.requested: list[str] = []
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReadKeyZarrStore) and other.store is self.store
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        self.requested.append(key)
+        try:
+            data = bytes(await self.store.read_key(key))
+        except KeyError:
+            return None
+        if byte_range is not None:
+            raise AssertionError(f"zarr asked for a range of {key}: {byte_range}")
+        return prototype.buffer.from_bytes(data)
+
+    async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
+        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+    async def exists(self, key: str) -> bool:
+        try:
+            await self.store.key_size(key)
+        except KeyError:
+            return False
+        return True
+
+    async def set(self, key: str, value: Any) -> None:
+        raise AssertionError("read-only")
+
+    async def delete(self, key: str) -> None:
+        raise AssertionError("read-only")
+
+    async def list(self) -> AsyncIterator[str]:  # type: ignore[override]
+        raise AssertionError("Zarr readers must not need a listing")
+        yield ""
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:  # type: ignore[override]
+        raise AssertionError("Zarr readers must not need a listing")
+        yield ""
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:  # type: ignore[override]
+        raise AssertionError("Zarr readers must not need a listing")
+        yield ""
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+async def test_zarr_python_reads_a_snapshot_through_read_key_alone(
+    store: SnapshotStore, compression: str | None
+) -> None:
+    record = make_record()
+    info = await store.write_snapshot(record, run="r", step=1, compression=compression)
+    zarr_store = ReadKeyZarrStore(store)
+    group = await zarr.api.asynchronous.open_group(
+        store=zarr_store, path=f"snapshots/{info.id}", mode="r"
+    )
+    table = group.attrs["gradvault"]["gradients"]
+    packed = await (await group.getitem("packed")).getitem(slice(None))
+    for i, param_id in enumerate(table["param_id"]):
+        gradient = record[param_id]
+        if table["array"][i] == "packed":
+            offset, size = table["offset"][i], table["nbytes"][i]
+            raw = np.asarray(packed)[offset : offset + size].tobytes()
+        else:
+            array = await group.getitem(param_id)
+            raw = np.asarray(await array.getitem(...)).tobytes()
+        assert raw == gradient.array.tobytes(), gradient.name
+    root = await zarr.api.asynchronous.open_group(store=zarr_store, mode="r")
+    assert dict(root.attrs) == {}
+    # readers that do not know the format probe Zarr v2 names: "not found", never refused
+    assert f"snapshots/{info.id}/.zgroup" in zarr_store.requested
