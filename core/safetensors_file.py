@@ -75,6 +75,8 @@ _ITEMSIZE = {name: np.dtype(name).itemsize for name in SAFETENSORS_DTYPES}
 NAMES_KEY = "gradvault.names"
 PARAM_IDS_KEY = "gradvault.param_ids"
 MANIFEST_KEY = "gradvault.manifest"
+#: How deeply the ``"gradvault.manifest"`` JSON may nest (its metadata must stay writable).
+MAX_MANIFEST_DEPTH = 64
 #: The manifest fields that tell a record read back which snapshot it came from.
 SNAPSHOT_FIELDS = ("id", "run", "step", "created_at", "device", "tags")
 
@@ -558,10 +560,29 @@ def _read_exactly(stream: BinaryIO, count: int) -> bytes:
 
 
 # ---------------------------------------------------------------------- records
+def _nesting_depth(value: object) -> int:
+    """How deeply lists and objects nest in ``value`` (walked without recursion)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            pending.extend(
+                (child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)
+            )
+    return deepest
+
+
 def _record_metadata(manifest: dict[str, Any] | None) -> dict[str, Any]:
     """The record's metadata: the manifest's ``metadata``, and ``snapshot`` for a snapshot's."""
     if manifest is None:
         return {}
+    depth = _nesting_depth(manifest)
+    if depth > MAX_MANIFEST_DEPTH:
+        raise _refuse(
+            f"__metadata__[{MANIFEST_KEY!r}] nests {depth} levels deep; at most "
+            f"{MAX_MANIFEST_DEPTH}"
+        )
     metadata = manifest.get("metadata")
     if metadata is None:
         metadata = {}

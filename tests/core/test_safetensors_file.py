@@ -467,6 +467,13 @@ def test_manifest_metadata_that_is_not_an_object() -> None:
     refused(raw({"__metadata__": {MANIFEST_KEY: huge}}), match="beyond 64 bits")
 
 
+@pytest.mark.parametrize("depth", [70, 300, 900])
+def test_manifest_metadata_nested_too_deeply(depth: int) -> None:
+    # deeper metadata than a manifest can be written with is refused up front, not at commit
+    manifest = '{"metadata": {"a": ' + "[" * depth + "]" * depth + "}}"
+    refused(raw({"__metadata__": {MANIFEST_KEY: manifest}}), match="levels deep; at most 64")
+
+
 def test_error_messages_stay_short_for_huge_keys() -> None:
     error = refused(raw({"k" * 100_000: tensor()}, bytes(8)), match="neither a ParamId")
     assert len(str(error)) < 400
