@@ -11,6 +11,7 @@ what was found, naming the parameter::
     │                                                     PyTorch)
     ├── DeviceError (ValueError)              unknown device, or a backend that is not installed
     ├── InvalidParamIdError (ValueError)      text (or an int) that is not a ParamId
+    ├── InvalidUploadError (ValueError)       a safetensors file (an upload) that is malformed
     └── RecorderError                         records, the store and the recorder
         ├── BackendMismatchError              record asked for on another backend
         ├── MissingGradientError (KeyError)   a gradient the caller needs is absent
@@ -22,8 +23,11 @@ what was found, naming the parameter::
         ├── ChecksumMismatchError (ValueError) a stored chunk fails its crc32c
         ├── FormatVersionError (ValueError)   written by an incompatible format version
         ├── SnapshotNotFoundError (KeyError)
+        ├── StoreKeyNotFoundError (KeyError)  no readable store key at that path
         ├── SnapshotBusyError                 a snapshot is in flight and the policy rejects
         ├── InvalidSnapshotIdError (ValueError)
+        ├── InvalidStorePathError (ValueError)  a store path that could leave the readable keys
+        ├── InvalidRangeError (ValueError)    a byte range outside a gradient or a store key
         ├── InvalidFieldError (ValueError)    a name, run, step, tags or metadata it cannot hold
         └── StoreUnavailableError (OSError)   the store cannot be reached or written
 """
@@ -60,6 +64,10 @@ class DeviceError(GradvaultError, ValueError):
 
 class InvalidParamIdError(GradvaultError, ValueError):
     """Text that is not a ParamId (16 lowercase hex digits), or an int outside [0, 2**64)."""
+
+
+class InvalidUploadError(GradvaultError, ValueError):
+    """A safetensors file (an upload) that is malformed: the message says what is wrong."""
 
 
 class RecorderError(GradvaultError):
@@ -106,12 +114,24 @@ class SnapshotNotFoundError(RecorderError, KeyError):
     """No committed snapshot has that id."""
 
 
+class StoreKeyNotFoundError(RecorderError, KeyError):
+    """No key that the store's read-only view serves is at that path."""
+
+
 class SnapshotBusyError(RecorderError):
     """A snapshot is in flight and the backpressure policy is to reject."""
 
 
 class InvalidSnapshotIdError(RecorderError, ValueError):
     """A string that is not a well-formed snapshot id."""
+
+
+class InvalidStorePathError(RecorderError, ValueError):
+    """A store path refused before any I/O: traversal, hidden names, control characters."""
+
+
+class InvalidRangeError(RecorderError, ValueError):
+    """A byte range that is not within the gradient (or store key) it asks for."""
 
 
 class InvalidFieldError(RecorderError, ValueError):
@@ -135,7 +155,10 @@ __all__ = [
     "InplaceModificationError",
     "InvalidFieldError",
     "InvalidParamIdError",
+    "InvalidRangeError",
     "InvalidSnapshotIdError",
+    "InvalidStorePathError",
+    "InvalidUploadError",
     "MissingGradientError",
     "ParamIdMismatchError",
     "RecorderError",
@@ -143,6 +166,7 @@ __all__ = [
     "SizeMismatchError",
     "SnapshotBusyError",
     "SnapshotNotFoundError",
+    "StoreKeyNotFoundError",
     "StoreUnavailableError",
     "UnsupportedOptionError",
 ]

@@ -116,6 +116,13 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    async def size(self, key: str) -> int:
+        """The size of the object at ``key``, without reading it.
+
+        MissingKeyError if absent; UnexpectedObjectError if it is not a regular file.
+        """
+
+    @abstractmethod
     async def object_sizes(self, prefix: str) -> dict[str, int | None]:
         """Everything under the folder ``prefix``: its keys (relative to ``prefix``) and sizes.
 

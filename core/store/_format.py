@@ -150,15 +150,17 @@ def chunk_shape_for(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> 
 
 
 def iter_chunk_spans(
-    shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int
+    shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int, start: int = 0
 ) -> Iterator[ChunkSpan]:
     """Every chunk of an array laid out by :func:`chunk_shape_for`, in C order of keys.
 
     Lazy, so that a reader can stop at the first chunk the store does not hold, however
-    many chunks a damaged manifest claims.
+    many chunks a damaged manifest claims. With ``start``, the chunks from the one that
+    holds byte ``start`` on (found by arithmetic, not by walking the chunks before it).
     """
     if not shape:
-        yield ChunkSpan("c", 0, itemsize, itemsize)
+        if start < itemsize:
+            yield ChunkSpan("c", 0, itemsize, itemsize)
         return
     if 0 in shape:
         return
@@ -170,22 +172,26 @@ def iter_chunk_spans(
         raise ValueError(f"chunk shape {chunk_shape} of shape {shape} is not contiguous")
     inner = itemsize * math.prod(shape[axis + 1 :])
     rows = chunk_shape[axis]
+    row_bytes = shape[axis] * inner  # the bytes of one index of the leading axes
     trailing_zeros = "/0" * (len(shape) - axis - 1)
-    for outer in itertools.product(*map(range, shape[:axis])):
-        prefix = "".join(f"/{i}" for i in outer)
-        base = _c_order_index(outer, shape[:axis]) * shape[axis] * inner
-        for j in range(-(-shape[axis] // rows)):
+    first_outer, within = divmod(start, row_bytes)
+    first_chunk = within // (rows * inner)
+    for flat in range(first_outer, math.prod(shape[:axis])):
+        prefix = "".join(f"/{i}" for i in _c_order_unravel(flat, shape[:axis]))
+        base = flat * row_bytes
+        for j in range(first_chunk if flat == first_outer else 0, -(-shape[axis] // rows)):
             length = min(rows, shape[axis] - j * rows) * inner
             yield ChunkSpan(
                 f"c{prefix}/{j}{trailing_zeros}", base + j * rows * inner, length, rows * inner
             )
 
 
-def _c_order_index(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
-    flat = 0
-    for i, n in zip(index, shape, strict=True):
-        flat = flat * n + i
-    return flat
+def _c_order_unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for n in reversed(shape):
+        flat, i = divmod(flat, n)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 def chunk_spans(
@@ -433,17 +439,24 @@ def gradient_stats(array: np.ndarray) -> dict:
     return _stats_dict(sum_squares, max_abs, 0, 0)
 
 
+#: packed_stats squares this many bytes of the packed buffer at a time, in float64 (up to
+#: 8 MiB for a 1-byte dtype): its memory stays bounded however large the packed array is.
+STATS_WINDOW_BYTES = 2**20
+
+
 @np.errstate(over="ignore", invalid="ignore")
 def packed_stats(
     buffer: bytes, offsets: list[int], sizes: list[int], dtypes: list[str]
 ) -> dict[str, list]:
     """:func:`gradient_stats` of the gradients packed in ``buffer``, as four columns.
 
-    Vectorised per dtype without touching the gradients one by one: the whole buffer is
-    viewed as that dtype (offsets are aligned, so every gradient of the dtype is a run
-    of elements) and ``reduceat`` over interleaved (start, end) indices reduces each
+    Vectorised per dtype without touching the gradients one by one: a window of the
+    buffer is viewed as that dtype (offsets are aligned, so every gradient of the dtype is
+    a run of elements) and ``reduceat`` over interleaved (start, end) indices reduces each
     gradient's run; the even results are the gradients, the odd ones the bytes between
-    them, discarded.
+    them, discarded. Windows hold the gradients starting within ``STATS_WINDOW_BYTES`` of
+    each other (offsets increase in packing order), so the float64 squares never cover
+    the whole buffer at once.
     """
     count = len(offsets)
     sum_squares = np.zeros(count)
@@ -451,25 +464,34 @@ def packed_stats(
     starts_bytes = np.asarray(offsets, dtype=np.intp)
     size_bytes = np.asarray(sizes, dtype=np.intp)
     names = np.asarray(dtypes)
-    for name in np.unique(names).tolist():
-        dtype = np.dtype(name)
-        positions = np.flatnonzero((names == name) & (size_bytes > 0))
-        if not positions.size:
-            continue
-        values = np.frombuffer(
-            buffer,
-            np.uint8 if dtype == np.bool_ else dtype.newbyteorder("<"),
-            count=len(buffer) // dtype.itemsize,
-        )
-        bounds = np.empty(2 * positions.size, dtype=np.intp)
-        bounds[0::2] = starts_bytes[positions] // dtype.itemsize
-        bounds[1::2] = bounds[0::2] + size_bytes[positions] // dtype.itemsize
-        if bounds[-1] >= values.size:  # the last run ends the buffer: reduce to the end
-            bounds = bounds[:-1]
-        sum_squares[positions] = np.add.reduceat(np.square(values, dtype=np.float64), bounds)[0::2]
-        highs = np.maximum.reduceat(values, bounds)[0::2].astype(np.float64)
-        lows = np.minimum.reduceat(values, bounds)[0::2].astype(np.float64)
-        max_abs[positions] = np.maximum(highs, -lows)
+    cuts = (np.flatnonzero(np.diff(starts_bytes // STATS_WINDOW_BYTES)) + 1).tolist()
+    for first, stop in itertools.pairwise([0, *cuts, count] if count else []):
+        low = int(starts_bytes[first])
+        high = int(starts_bytes[stop - 1] + size_bytes[stop - 1])
+        window_names = names[first:stop]
+        for name in np.unique(window_names).tolist():
+            dtype = np.dtype(name)
+            positions = first + np.flatnonzero(
+                (window_names == name) & (size_bytes[first:stop] > 0)
+            )
+            if not positions.size:
+                continue
+            values = np.frombuffer(
+                buffer,
+                np.uint8 if dtype == np.bool_ else dtype.newbyteorder("<"),
+                count=(high - low) // dtype.itemsize,
+                offset=low,
+            )
+            bounds = np.empty(2 * positions.size, dtype=np.intp)
+            bounds[0::2] = (starts_bytes[positions] - low) // dtype.itemsize
+            bounds[1::2] = bounds[0::2] + size_bytes[positions] // dtype.itemsize
+            if bounds[-1] >= values.size:  # the last run ends the window: reduce to the end
+                bounds = bounds[:-1]
+            squares = np.square(values, dtype=np.float64)
+            sum_squares[positions] = np.add.reduceat(squares, bounds)[0::2]
+            highs = np.maximum.reduceat(values, bounds)[0::2].astype(np.float64)
+            lows = np.minimum.reduceat(values, bounds)[0::2].astype(np.float64)
+            max_abs[positions] = np.maximum(highs, -lows)
     columns: dict[str, list] = {
         "l2_norm": np.sqrt(sum_squares).tolist(),
         "max_abs": max_abs.tolist(),

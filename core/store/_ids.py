@@ -54,6 +54,11 @@ def new_snapshot_id() -> str:
     return _encode((now_ms << _RANDOM_BITS) | random_part)
 
 
+def is_snapshot_id(text: object) -> bool:
+    """Whether ``text`` is a well-formed snapshot id."""
+    return isinstance(text, str) and _TEXT.fullmatch(text) is not None
+
+
 def parse_snapshot_id(text: str) -> str:
     """``text`` if it is a well-formed snapshot id; InvalidSnapshotIdError otherwise."""
     if not isinstance(text, str) or not _TEXT.fullmatch(text):

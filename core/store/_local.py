@@ -159,6 +159,13 @@ def _read_file(path: str, max_size: int | None = None) -> memoryview:
         os.close(fd)
 
 
+def _file_size(path: str) -> int:
+    """The size of the regular file at ``path`` (refused as a read would refuse it)."""
+    fd, size = _open_regular(path)
+    os.close(fd)
+    return size
+
+
 def _read_file_into(path: str, buffers: list[memoryview]) -> None:
     """Fill ``buffers`` with the regular file at ``path``, exactly as long as they are."""
     expected = sum(len(view) for view in buffers)
@@ -323,6 +330,12 @@ class LocalBackend(Backend):
     async def read_into(self, key: str, buffers: list[memoryview]) -> None:
         try:
             await self._run(f"reading {key}", _read_file_into, str(self.root / key), buffers)
+        except (FileNotFoundError, NotADirectoryError):
+            raise MissingKeyError(key) from None
+
+    async def size(self, key: str) -> int:
+        try:
+            return await self._run(f"reading {key}", _file_size, str(self.root / key))
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 

@@ -20,7 +20,8 @@ zero padding (an edge chunk's) and crc32c; with zstd, plus the compressed chunks
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import crc32c
@@ -128,20 +129,175 @@ class SnapshotReader:
             return (await self._read_packed([position], objects))[0]
         return await self._read_own(position, objects)
 
-    # --- one array ----------------------------------------------------------------------
+    # --- streaming ----------------------------------------------------------------------
 
-    async def _read_own(self, position: int, objects: ArrayObjects) -> GradientRecordEntry:
+    async def present_objects(self) -> dict[str, ArrayObjects]:
+        """The snapshot's objects by array, once every chunk of every gradient is seen there.
+
+        Raises (ChecksumMismatchError naming the gradient) at the first chunk that is
+        missing or of a size it cannot have; the work is bounded by the objects listed.
+        """
+        manifest = self._manifest
+        objects = _group_by_array(await self._backend.object_sizes(snapshot_key(self._id)))
+        columns = manifest.columns
+        for position in range(manifest.count):
+            array = columns["array"][position]
+            if array == PACKED_ARRAY:
+                continue
+            itemsize = np.dtype(columns["dtype"][position]).itemsize
+            spans = iter_chunk_spans(
+                tuple(columns["shape"][position]),
+                tuple(columns["chunk_shape"][position]),
+                itemsize,
+            )
+            await self._present_chunks(
+                array, spans, objects.get(array, {}), manifest.describe(position)
+            )
+        if manifest.packed is not None:
+            chunk, length = manifest.packed["chunk_bytes"], manifest.packed["nbytes"]
+            spans = (
+                ChunkSpan(f"c/{j}", j * chunk, chunk, chunk) for j in range(-(-length // chunk))
+            )
+            await self._present_chunks(
+                PACKED_ARRAY, spans, objects.get(PACKED_ARRAY, {}), "the packed array"
+            )
+        return objects
+
+    def packed_chunks(self, objects: ArrayObjects | None = None) -> PackedChunks:
+        """A cache of the packed array's chunks for :meth:`stream` (one chunk held at once)."""
+        return PackedChunks(self, objects)
+
+    async def stream(
+        self,
+        position: int,
+        start: int,
+        end: int,
+        *,
+        objects: ArrayObjects | None = None,
+        packed: PackedChunks | None = None,
+    ) -> AsyncIterator[memoryview]:
+        """Bytes ``[start, end)`` of the gradient at ``position``, one chunk at a time.
+
+        Before the first byte: the array's document is checked and every chunk the range
+        needs is seen to be there. Each chunk's crc32c is verified before any of its bytes
+        is yielded; for the whole gradient, its checksum too, before the last piece. At
+        most two chunks are held: the one being yielded and the next, read meanwhile.
+        ``objects`` are the array's objects if already listed; ``packed`` shares packed
+        chunks between the gradients of one stream.
+        """
+        if start >= end:
+            return
+        if self._manifest.columns["array"][position] == PACKED_ARRAY:
+            pieces = self._stream_packed(position, start, end, packed or self.packed_chunks())
+        else:
+            pieces = self._stream_own(position, start, end, objects)
+        async for piece in pieces:
+            yield piece
+
+    def _whole_checksum_failed(self, position: int, found: int) -> ChecksumMismatchError:
+        expected = self._manifest.columns["checksum"][position]
+        return ChecksumMismatchError(
+            f"snapshot {self._id}: {self._manifest.describe(position)} has crc32c "
+            f"{found:08x}; the manifest says {expected}"
+        )
+
+    async def _stream_own(
+        self, position: int, start: int, end: int, objects: ArrayObjects | None
+    ) -> AsyncIterator[memoryview]:
         manifest = self._manifest
         columns = manifest.columns
-        array, dtype = columns["array"][position], columns["dtype"][position]
-        shape, chunk_shape = columns["shape"][position], columns["chunk_shape"][position]
+        array = columns["array"][position]
         who = manifest.describe(position)
-        claim = ArrayClaim(
-            who=who,
-            shape=shape,
-            dtype=dtype,
-            chunk_shape=chunk_shape,
-            compression=manifest.compression,
+        await self._check_document(array, self._own_claim(position))
+        if objects is None:
+            objects = await self._backend.object_sizes(snapshot_key(self._id, array))
+        itemsize = np.dtype(columns["dtype"][position]).itemsize
+        needed = itertools.takewhile(
+            lambda span: span.start < end,
+            iter_chunk_spans(
+                tuple(columns["shape"][position]),
+                tuple(columns["chunk_shape"][position]),
+                itemsize,
+                start,
+            ),
+        )
+        spans = await self._present_chunks(array, needed, objects, who)
+        whole = start == 0 and end == columns["nbytes"][position]
+        expected = parse_checksum(columns["checksum"][position])
+
+        async def fetch(span: ChunkSpan) -> tuple[memoryview, int]:
+            out = _allocate(span.length)
+            return out, await self._read_chunk(array, span, out, who)
+
+        checksum = 0
+        pending = asyncio.ensure_future(fetch(spans[0])) if spans else None
+        try:
+            for index, span in enumerate(spans):
+                data, payload_crc = await pending  # type: ignore[misc]
+                last = index + 1 == len(spans)
+                pending = None if last else asyncio.ensure_future(fetch(spans[index + 1]))
+                if whole:
+                    checksum = crc32c_combine(checksum, payload_crc, span.length)
+                    if last and checksum != expected:
+                        raise self._whole_checksum_failed(position, checksum)
+                yield data[max(start - span.start, 0) : min(end - span.start, span.length)]
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+
+    async def _stream_packed(
+        self, position: int, start: int, end: int, packed: PackedChunks
+    ) -> AsyncIterator[memoryview]:
+        columns = self._manifest.columns
+        chunk = self._manifest.packed["chunk_bytes"]  # type: ignore[index]
+        begin, stop = columns["offset"][position] + start, columns["offset"][position] + end
+        who = f"{self._manifest.describe(position)}, in the packed array"
+        whole = start == 0 and end == columns["nbytes"][position]
+        checksum = 0
+        last_chunk = (stop - 1) // chunk
+        for j in range(begin // chunk, last_chunk + 1):
+            data = await packed.chunk(j, who)
+            piece = data[max(begin - j * chunk, 0) : min(stop - j * chunk, chunk)]
+            if whole:
+                checksum = crc32c.crc32c(piece, value=checksum)
+                if j == last_chunk and checksum != parse_checksum(columns["checksum"][position]):
+                    raise self._whole_checksum_failed(position, checksum)
+            yield piece
+
+    async def _read_packed_chunk(self, cache: PackedChunks, index: int, who: str) -> memoryview:
+        if not cache.checked:
+            await self._check_document(PACKED_ARRAY, self._packed_claim())
+            if cache.objects is None:
+                cache.objects = await self._backend.object_sizes(
+                    snapshot_key(self._id, PACKED_ARRAY)
+                )
+            cache.checked = True
+        chunk = self._manifest.packed["chunk_bytes"]  # type: ignore[index]
+        wanted = [ChunkSpan(f"c/{index}", index * chunk, chunk, chunk)]
+        (span,) = await self._present_chunks(PACKED_ARRAY, wanted, cache.objects, who)
+        out = _allocate(chunk)
+        await self._read_chunk(PACKED_ARRAY, span, out, who)
+        return out
+
+    # --- one array ----------------------------------------------------------------------
+
+    def array_claim(self, array: str) -> ArrayClaim:
+        """What the manifest says of ``array`` (``packed`` or a gradient's own array)."""
+        if array == PACKED_ARRAY:
+            return self._packed_claim()
+        position = self._manifest.position(array)
+        assert position is not None and self._manifest.columns["array"][position] == array
+        return self._own_claim(position)
+
+    def _own_claim(self, position: int) -> ArrayClaim:
+        columns = self._manifest.columns
+        return ArrayClaim(
+            who=self._manifest.describe(position),
+            shape=columns["shape"][position],
+            dtype=columns["dtype"][position],
+            chunk_shape=columns["chunk_shape"][position],
+            compression=self._manifest.compression,
             fields={
                 "data_type": "gradients.dtype",
                 "shape": "gradients.shape",
@@ -150,9 +306,31 @@ class SnapshotReader:
                 "attributes.gradvault.param_id": "gradients.param_id",
                 "attributes.gradvault.name": "gradients.name",
             },
-            attributes={"param_id": array, "name": columns["name"][position]},
+            attributes={"param_id": columns["array"][position], "name": columns["name"][position]},
         )
-        await self._check_document(array, claim)
+
+    def _packed_claim(self) -> ArrayClaim:
+        packed: dict[str, Any] = self._manifest.packed  # type: ignore[assignment]
+        return ArrayClaim(
+            who="the packed array",
+            shape=[packed["nbytes"]],
+            dtype="uint8",
+            chunk_shape=[packed["chunk_bytes"]],
+            compression=self._manifest.compression,
+            fields={
+                "shape": "packed.nbytes",
+                "chunk_grid": "packed.chunk_bytes",
+                "codecs": "compression",
+            },
+        )
+
+    async def _read_own(self, position: int, objects: ArrayObjects) -> GradientRecordEntry:
+        manifest = self._manifest
+        columns = manifest.columns
+        array, dtype = columns["array"][position], columns["dtype"][position]
+        shape, chunk_shape = columns["shape"][position], columns["chunk_shape"][position]
+        who = manifest.describe(position)
+        await self._check_document(array, self._own_claim(position))
         itemsize = np.dtype(dtype).itemsize
         spans = await self._present_chunks(
             array, iter_chunk_spans(tuple(shape), tuple(chunk_shape), itemsize), objects, who
@@ -181,21 +359,8 @@ class SnapshotReader:
         if not positions:
             return []
         manifest = self._manifest
-        packed: dict[str, Any] = manifest.packed  # type: ignore[assignment]
-        chunk, length = packed["chunk_bytes"], packed["nbytes"]
-        claim = ArrayClaim(
-            who="the packed array",
-            shape=[length],
-            dtype="uint8",
-            chunk_shape=[chunk],
-            compression=manifest.compression,
-            fields={
-                "shape": "packed.nbytes",
-                "chunk_grid": "packed.chunk_bytes",
-                "codecs": "compression",
-            },
-        )
-        await self._check_document(PACKED_ARRAY, claim)
+        chunk = manifest.packed["chunk_bytes"]  # type: ignore[index]
+        await self._check_document(PACKED_ARRAY, self._packed_claim())
         offsets, sizes = manifest.columns["offset"], manifest.columns["nbytes"]
         holding = [i for i in positions if sizes[i]]
         if not holding:
@@ -360,3 +525,26 @@ class SnapshotReader:
             raise ChecksumMismatchError(f"{where()} is missing") from None
         except UnexpectedObjectError as error:
             raise ChecksumMismatchError(f"{where()} {error}") from None
+
+
+class PackedChunks:
+    """The packed array's chunks while a stream walks its gradients: one held at a time.
+
+    The array's document is checked and its objects listed once; each chunk is read and
+    verified when first needed, and kept until another one is.
+    """
+
+    def __init__(self, reader: SnapshotReader, objects: ArrayObjects | None) -> None:
+        self._reader = reader
+        self.objects = objects
+        self.checked = False
+        self._held: tuple[int, memoryview] | None = None
+
+    async def chunk(self, index: int, who: str) -> memoryview:
+        """Chunk ``index`` of the packed array (padding included), its crc32c verified."""
+        if self._held is not None and self._held[0] == index:
+            return self._held[1]
+        self._held = None  # let the previous chunk go before the next is read
+        data = await self._reader._read_packed_chunk(self, index, who)
+        self._held = (index, data)
+        return data

@@ -169,6 +169,12 @@ class S3Backend(Backend):
             except Exception as error:
                 raise self._unavailable(f"reading {key}", error) from error
 
+    async def size(self, key: str) -> int:
+        meta = await self._head(key)
+        if meta is None:
+            raise MissingKeyError(key)
+        return int(meta["size"])
+
     async def object_sizes(self, prefix: str) -> dict[str, int | None]:
         start = len(prefix) + 1
         return {meta["path"][start:]: meta["size"] for meta in await self._list(prefix + "/")}

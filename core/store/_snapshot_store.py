@@ -11,7 +11,7 @@ import asyncio
 import copy
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from typing import Any
 
 import orjson
@@ -25,6 +25,7 @@ from ..errors import (
 from ..param_id import ParamId, as_param_id
 from ..record import GradientRecordEntry, GradientsParamsRecord, paused_gc
 from ..record_rules import check_metadata, check_snapshot_fields
+from ..safetensors_file import data_order, encode_header, gradvault_metadata
 from ._backend import (
     MANIFEST_NAME,
     Backend,
@@ -55,12 +56,15 @@ from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, PackedGradients, SnapshotInfo, build_manifest, pack
 from ._reader import SnapshotReader
 from ._retention import RetentionRules
+from ._zarr_view import ZarrView, checked_range
 
 _log = logging.getLogger("gradvault.store")
 
 #: Manifests at least this big are parsed in a thread rather than on the loop.
 _THREAD_DECODE_BYTES = 256 * 1024
 _MANIFEST_CACHE_SIZE = 8
+#: Safetensors headers of more gradients than this are encoded in a thread.
+_THREAD_HEADER_COUNT = 1000
 #: How many times a retention pass decides again when the newest snapshot vanishes under it.
 _RETENTION_ROUNDS = 3
 
@@ -127,6 +131,7 @@ class SnapshotStore:
         self.max_concurrency = max_concurrency
         self._infos: dict[str, SnapshotInfo] = {}
         self._manifests: OrderedDict[str, Manifest] = OrderedDict()
+        self._zarr_view = ZarrView(backend, self._load_manifest, self._recheck, self._reader)
 
     @property
     def location(self) -> str:
@@ -334,14 +339,16 @@ class SnapshotStore:
         with paused_gc():  # the manifest and the entries are many small acyclic objects
             return await self._read_snapshot(snapshot_id)
 
+    async def _recheck(self, snapshot_id: str) -> None:
+        """SnapshotNotFoundError if the snapshot was deleted since its manifest was loaded."""
+        self._forget(snapshot_id)
+        await self._load_manifest(snapshot_id)
+
     def _reader(self, manifest: Manifest) -> SnapshotReader:
         snapshot_id = manifest.snapshot_id
-
-        async def recheck() -> None:  # SnapshotNotFoundError if deleted since it was loaded
-            self._forget(snapshot_id)
-            await self._load_manifest(snapshot_id)
-
-        return SnapshotReader(self._backend, self._threads, manifest, recheck)
+        return SnapshotReader(
+            self._backend, self._threads, manifest, lambda: self._recheck(snapshot_id)
+        )
 
     async def _read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
         manifest = await self._load_manifest(snapshot_id)
@@ -368,6 +375,97 @@ class SnapshotStore:
         if position is None:
             raise MissingGradientError(f"snapshot {snapshot_id} has no gradient for param {pid}")
         return await self._reader(manifest).read_one(position)
+
+    # --- streaming reads --------------------------------------------------------------
+
+    async def iter_gradient(
+        self, snapshot_id: str, param_id: ParamId | str, start: int = 0, end: int | None = None
+    ) -> AsyncIterator[memoryview]:
+        """Bytes ``[start, end)`` of one gradient (little-endian, C order), chunk by chunk.
+
+        Never the whole gradient at once: each piece is (part of) one stored chunk, whose
+        crc32c is verified before any of its bytes is yielded (for the whole gradient, its
+        checksum too, before the last piece); at most two chunks are held. Ids and the
+        range are checked before any I/O (InvalidRangeError unless ``0 <= start <= end <=
+        nbytes``); the array's document and the presence of every chunk needed are checked
+        before the first piece. A damaged chunk raises ChecksumMismatchError naming the
+        snapshot, the param id and the name, ending the stream where it is.
+        """
+        snapshot_id = parse_snapshot_id(snapshot_id)
+        pid = str(as_param_id(param_id))
+        manifest = await self._load_manifest(snapshot_id)
+        position = manifest.position(pid)
+        if position is None:
+            raise MissingGradientError(f"snapshot {snapshot_id} has no gradient for param {pid}")
+        start, end = checked_range(
+            start,
+            end,
+            manifest.columns["nbytes"][position],
+            f"snapshot {snapshot_id}: {manifest.describe(position)}",
+        )
+        async for piece in self._reader(manifest).stream(position, start, end):
+            yield piece
+
+    async def iter_safetensors(
+        self, snapshot_id: str
+    ) -> tuple[int, AsyncIterator[bytes | memoryview]]:
+        """The snapshot as one safetensors file: its length in bytes, and its pieces.
+
+        The header is built from the manifest alone (keys: ParamId texts; names and the
+        manifest's summary in ``__metadata__``; docs/FORMAT.md); then each gradient
+        streams as :meth:`iter_gradient` streams it. Every chunk is seen to be in the
+        store before this returns; a damaged one ends the stream with
+        ChecksumMismatchError.
+        """
+        snapshot_id = parse_snapshot_id(snapshot_id)
+        manifest = await self._load_manifest(snapshot_id)
+        reader = self._reader(manifest)
+        objects = await reader.present_objects()
+        columns = manifest.columns
+        sizes = columns["nbytes"]
+        entries = list(
+            zip(columns["param_id"], columns["dtype"], columns["shape"], sizes, strict=True)
+        )
+        summary = {k: v for k, v in manifest.document.items() if k not in ("gradients", "packed")}
+        names = dict(zip(columns["param_id"], columns["name"], strict=True))
+        metadata = gradvault_metadata(names, summary)
+        if manifest.count > _THREAD_HEADER_COUNT:
+            header = await self._threads.run(encode_header, entries, metadata)
+        else:
+            header = encode_header(entries, metadata)
+
+        async def pieces() -> AsyncIterator[bytes | memoryview]:
+            yield header
+            packed = reader.packed_chunks(objects.get(PACKED_ARRAY, {}))
+            arrays = columns["array"]
+            for position in data_order(entries):
+                async for piece in reader.stream(
+                    position,
+                    0,
+                    sizes[position],
+                    objects=objects.get(arrays[position], {}),
+                    packed=packed,
+                ):
+                    yield piece
+
+        return len(header) + sum(sizes), pieces()
+
+    async def read_key(self, path: str, *, start: int = 0, end: int | None = None) -> memoryview:
+        """The bytes of one key of the store's read-only Zarr view (``[start, end)`` of it).
+
+        ``path`` is checked before any I/O (InvalidStorePathError for ``..``, ``.``, empty
+        segments, backslashes, absolute paths, control characters, hidden names such as
+        ``.staging``, paths over 512 characters). Readable: ``zarr.json``,
+        ``snapshots/zarr.json`` and, for a committed snapshot, its group ``zarr.json``, its
+        arrays' ``zarr.json`` (checked against the manifest) and the chunks in their chunk
+        grids (crc32c verified); anything else is StoreKeyNotFoundError (or
+        SnapshotNotFoundError), a KeyError.
+        """
+        return await self._zarr_view.read(path, start, end)
+
+    async def key_size(self, path: str) -> int:
+        """The stored size of the key ``read_key(path)`` reads, without reading it."""
+        return await self._zarr_view.size(path)
 
     # --- listing and housekeeping -----------------------------------------------------
 
