@@ -17,9 +17,12 @@ from gradvault.core import (
     GradvaultError,
     InvalidParamIdError,
     InvalidSnapshotIdError,
+    InvalidStorePathError,
+    InvalidUploadError,
     MissingGradientError,
     SnapshotBusyError,
     SnapshotNotFoundError,
+    StoreKeyNotFoundError,
     StoreUnavailableError,
 )
 
@@ -39,8 +42,17 @@ _log = logging.getLogger("gradvault.service")
 STATUS_BY_ERROR: list[tuple[type[BaseException] | tuple[type[BaseException], ...], int]] = [
     (AuthenticationError, 401),
     (PermissionDeniedError, 403),
-    ((SnapshotNotFoundError, MissingGradientError), 404),
-    ((InvalidSnapshotIdError, InvalidParamIdError, InvalidCursorError), 400),
+    ((SnapshotNotFoundError, MissingGradientError, StoreKeyNotFoundError), 404),
+    (
+        (
+            InvalidSnapshotIdError,
+            InvalidParamIdError,
+            InvalidCursorError,
+            InvalidUploadError,
+            InvalidStorePathError,
+        ),
+        400,
+    ),
     (SnapshotBusyError, 409),
     (UploadTooLargeError, 413),
     (RangeNotSatisfiableError, 416),

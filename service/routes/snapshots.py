@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
+from starlette.requests import ClientDisconnect
 
+from gradvault.core import InvalidFieldError, InvalidUploadError
+from gradvault.core.record_rules import check_snapshot_fields
 from gradvault.core.store import parse_snapshot_id
 
-from ..deps import IndexDep, MetricsDep, ReadAccess, StoreDep, WriteAccess
+from ..deps import IndexDep, MetricsDep, ReadAccess, SettingsDep, StoreDep, WriteAccess
 from ..error_handlers import error_responses
 from ..schemas import SnapshotDetail, SnapshotPage, SnapshotSummary
+from ..uploads import receive_safetensors, remove_spool
 
 router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
 
@@ -66,6 +71,94 @@ async def get_snapshot(snapshot_id: SnapshotIdPath, store: StoreDep) -> Snapshot
     """The snapshot's manifest: summary, tags, metadata and every gradient with its stats."""
     manifest = await store.info(parse_snapshot_id(snapshot_id))
     return SnapshotDetail.of_manifest(manifest)
+
+
+def _parse_tags(text: str | None) -> dict[str, str]:
+    if text is None:
+        return {}
+    try:
+        tags = json.loads(text)
+    except ValueError:
+        tags = None
+    if not isinstance(tags, dict):
+        raise InvalidFieldError(
+            f'tags is a JSON object of strings, e.g. {{"lr": "0.1"}}; got {text[:200]!r}'
+        )
+    return tags
+
+
+def _content_length(request: Request) -> int | None:
+    text = request.headers.get("content-length")
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise InvalidUploadError(f"Content-Length {text[:40]!r} is not a byte count")
+    return int(text)
+
+
+_SAFETENSORS_BODY = {
+    "required": True,
+    "description": "a safetensors file whose keys are ParamIds (docs/SERVICE.md, Uploads)",
+    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=SnapshotSummary,
+    dependencies=[WriteAccess],
+    responses={
+        201: {
+            "description": "Committed",
+            "headers": {
+                "Location": {
+                    "description": "the new snapshot's URL",
+                    "schema": {"type": "string"},
+                }
+            },
+        },
+        **error_responses(400, *_AUTH_ERRORS, 413, 422, 503, 507),
+    },
+    openapi_extra={"requestBody": _SAFETENSORS_BODY},
+)
+async def upload_snapshot(
+    request: Request,
+    response: Response,
+    store: StoreDep,
+    index: IndexDep,
+    metrics: MetricsDep,
+    settings: SettingsDep,
+    run: Annotated[str, Query(min_length=1, description="the run the snapshot belongs to")],
+    step: Annotated[int, Query(ge=0, le=MAX_STEP, description="the training step")],
+    tags: Annotated[
+        str | None, Query(description='a JSON object of strings, e.g. {"lr": "0.1"}')
+    ] = None,
+) -> SnapshotSummary:
+    """Upload a safetensors file (streamed) as a new snapshot; its summary once committed."""
+    run, step, tag_map = check_snapshot_fields(run, step, _parse_tags(tags))
+    content_length = _content_length(request)
+    try:
+        record, spool = await receive_safetensors(
+            request.stream(),
+            content_length=content_length,
+            max_upload_bytes=settings.max_upload_bytes,
+            max_header_bytes=settings.max_header_bytes,
+            spool_dir=settings.spool_dir,
+        )
+    except ClientDisconnect:
+        raise InvalidUploadError(
+            "safetensors file: the body ends early: the client closed the connection"
+        ) from None
+    try:
+        info = await store.write_snapshot(record, run=run, step=step, tags=tag_map)
+    finally:
+        del record  # maps the spool file
+        await remove_spool(spool)
+    index.added(info)
+    metrics.snapshots_written.inc()
+    response.headers["Location"] = f"/v1/snapshots/{info.id}"
+    return SnapshotSummary.of(info)
 
 
 @router.delete(

@@ -1,0 +1,150 @@
+"""Receiving a safetensors upload: header checked first, body spooled to disk, then a record.
+
+The 8-byte length and the JSON header are read and validated before any byte of data is
+written anywhere, so a malformed upload is refused after at most ``8 + max_header_bytes``
+bytes. The data is then spooled to a temporary file with aiofiles, counting as it goes:
+past ``max_upload_bytes`` or past the end the header declares, the upload is refused at
+once. The spool file is removed whatever happens; the record read from it maps the file
+(no copy) and is written to the store before the file goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import tempfile
+from collections.abc import AsyncIterator
+
+import aiofiles
+import aiofiles.os
+
+from gradvault.core import GradientsParamsRecord, InvalidUploadError
+from gradvault.core.safetensors_file import SafetensorsHeader, record_from_safetensors
+
+from .errors import InsufficientStorageError, UploadTooLargeError
+
+_LENGTH_BYTES = 8
+
+
+class _Body:
+    """The request body as it arrives, with the bytes that were read ahead and not used."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], limit: int) -> None:
+        self._chunks = chunks
+        self._limit = limit
+        self.received = 0
+        self.pending = bytearray()
+        self.finished = False
+
+    def _count(self, chunk: bytes) -> None:
+        self.received += len(chunk)
+        if self.received > self._limit:
+            raise UploadTooLargeError(
+                f"the upload is over the limit of {self._limit} bytes (max_upload_bytes)"
+            )
+
+    async def next_chunk(self) -> bytes | None:
+        async for chunk in self._chunks:
+            if chunk:
+                self._count(chunk)
+                return chunk
+        self.finished = True
+        return None
+
+    async def read_ahead(self, count: int) -> bytes:
+        """At least ``count`` bytes from the start (fewer only if the body ends first)."""
+        while len(self.pending) < count:
+            chunk = await self.next_chunk()
+            if chunk is None:
+                break
+            self.pending += chunk
+        return bytes(self.pending)
+
+
+def _spool_error(error: OSError, path: str) -> Exception:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientStorageError(f"no room to spool the upload to {path}: {error}")
+    return error
+
+
+async def receive_safetensors(
+    chunks: AsyncIterator[bytes],
+    *,
+    content_length: int | None,
+    max_upload_bytes: int,
+    max_header_bytes: int,
+    spool_dir: str | None,
+) -> tuple[GradientsParamsRecord, str]:
+    """The record an uploaded safetensors file holds, and the spool file it maps.
+
+    The caller removes the spool file (:func:`remove_spool`) once done with the record.
+    Raises UploadTooLargeError (413), InvalidUploadError (400) or InsufficientStorageError.
+    """
+    if content_length is not None and content_length > max_upload_bytes:
+        raise UploadTooLargeError(
+            f"the upload is {content_length} bytes (Content-Length); the limit is "
+            f"{max_upload_bytes} bytes (max_upload_bytes)"
+        )
+    body = _Body(chunks, max_upload_bytes)
+    prefix = await body.read_ahead(_LENGTH_BYTES)
+    length = SafetensorsHeader.declared_length(
+        prefix, max_header_bytes=max_header_bytes, body_bytes=content_length
+    )
+    prefix = await body.read_ahead(_LENGTH_BYTES + length)
+    header = SafetensorsHeader.parse(
+        prefix, max_header_bytes=max_header_bytes, body_bytes=content_length
+    )
+    expected = header.file_length
+    if expected > max_upload_bytes:
+        raise UploadTooLargeError(
+            f"the upload's header declares a file of {expected} bytes; the limit is "
+            f"{max_upload_bytes} bytes (max_upload_bytes)"
+        )
+    handle, path = tempfile.mkstemp(
+        prefix="gradvault-upload-", suffix=".safetensors", dir=spool_dir
+    )
+    os.close(handle)
+    try:
+        await _spool(body, path, header)
+        record = await asyncio.to_thread(
+            record_from_safetensors, path, max_header_bytes=max_header_bytes
+        )
+    except BaseException:
+        await remove_spool(path)
+        raise
+    return record, path
+
+
+async def _spool(body: _Body, path: str, header: SafetensorsHeader) -> None:
+    expected = header.file_length
+    try:
+        async with aiofiles.open(path, "wb") as spool:
+            await spool.write(bytes(body.pending))
+            written = len(body.pending)
+            body.pending.clear()
+            while written <= expected:
+                chunk = await body.next_chunk()
+                if chunk is None:
+                    break
+                await spool.write(chunk)
+                written += len(chunk)
+    except OSError as error:
+        raise _spool_error(error, path) from error
+    # the header was checked against a Content-Length; a body without one is checked here
+    if written > expected:
+        raise InvalidUploadError(
+            f"safetensors file: trailing bytes: the tensors end at byte {expected}; more follow"
+        )
+    if written < expected:
+        raise InvalidUploadError(
+            f"safetensors file: the body ends early, after {written} bytes; its tensors end "
+            f"at byte {expected}"
+        )
+
+
+async def remove_spool(path: str) -> None:
+    """Remove a spool file; gone already is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        await aiofiles.os.remove(path)
