@@ -14,7 +14,7 @@ from .access_log import RequestTelemetry
 from .error_handlers import install_error_handlers
 from .index import SnapshotIndex
 from .metrics import ServiceMetrics
-from .routes import health, metrics, snapshots
+from .routes import gradients, health, metrics, snapshots, zarr
 from .settings import Settings
 
 _log = logging.getLogger("gradvault.service")
@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = ServiceMetrics()
     install_error_handlers(app)
-    routers = [module.router for module in (health, snapshots, metrics)]
+    routers = [module.router for module in (health, snapshots, gradients, zarr, metrics)]
     for router in routers:
         app.include_router(router)
     app.state.api_routes = [route for router in routers for route in router.routes]
