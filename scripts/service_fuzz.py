@@ -93,6 +93,8 @@ def main() -> int:
                 sys.executable,
                 "-m",
                 "schemathesis.cli",
+                "--config-file",
+                str(Path(__file__).with_name("schemathesis.toml")),
                 "run",
                 f"{base_url}/openapi.json",
                 "--header",

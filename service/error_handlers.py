@@ -156,8 +156,14 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, object]]:
-    """OpenAPI ``responses`` documenting an ErrorBody for each of ``statuses``."""
+def error_responses(
+    *statuses: int, binary_route: bool = False
+) -> dict[int | str, dict[str, object]]:
+    """OpenAPI ``responses`` documenting an ErrorBody for each of ``statuses``.
+
+    On a route whose own responses are binary, FastAPI would document a model under the
+    route's media type; there the JSON schema is given explicitly instead.
+    """
     descriptions = {
         400: "Malformed id, path, cursor or upload",
         401: "No bearer token, or an unknown one",
@@ -171,6 +177,11 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, object]]:
         503: "The store cannot be reached",
         507: "The store's disk, or the service's spool, is full",
     }
+    if binary_route:
+        content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        return {
+            status: {"content": content, "description": descriptions[status]} for status in statuses
+        }
     return {
         status: {"model": ErrorBody, "description": descriptions[status]} for status in statuses
     }

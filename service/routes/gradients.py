@@ -74,7 +74,7 @@ def _gradient_row(manifest: dict[str, Any], snapshot_id: str, param_id: str) -> 
             "description": "If-None-Match names the ETag",
             "headers": {"ETag": _GRADIENT_HEADERS["ETag"]},
         },
-        **error_responses(400, 401, 403, 404, 416, 500, 503),
+        **error_responses(400, 401, 403, 404, 416, 422, 500, 503, binary_route=True),
     },
 )
 async def get_gradient(
@@ -129,7 +129,7 @@ async def get_gradient(
     dependencies=[ReadAccess],
     responses={
         200: {"content": _BINARY, "description": "The snapshot as one safetensors file"},
-        **error_responses(400, 401, 403, 404, 500, 503),
+        **error_responses(400, 401, 403, 404, 422, 500, 503, binary_route=True),
     },
 )
 async def get_safetensors(

@@ -65,7 +65,7 @@ async def list_snapshots(
     "/{snapshot_id}",
     response_model=SnapshotDetail,
     dependencies=[ReadAccess],
-    responses=error_responses(400, *_AUTH_ERRORS, 404, 500, 503),
+    responses=error_responses(400, *_AUTH_ERRORS, 404, 422, 500, 503),
 )
 async def get_snapshot(snapshot_id: SnapshotIdPath, store: StoreDep) -> SnapshotDetail:
     """The snapshot's manifest: summary, tags, metadata and every gradient with its stats."""
@@ -166,7 +166,7 @@ async def upload_snapshot(
     status_code=204,
     response_class=Response,
     dependencies=[WriteAccess],
-    responses=error_responses(400, *_AUTH_ERRORS, 404, 503),
+    responses=error_responses(400, *_AUTH_ERRORS, 404, 422, 503),
 )
 async def delete_snapshot(
     snapshot_id: SnapshotIdPath, store: StoreDep, index: IndexDep, metrics: MetricsDep

@@ -13,14 +13,15 @@ from ..ranges import select_range
 router = APIRouter(prefix="/v1/zarr", tags=["zarr"])
 
 _METADATA_NAME = "zarr.json"
+#: What a readable key looks like (names without a leading dot, single slashes); the
+#: store checks every path itself before any I/O, this documents the shape
+STORE_PATH_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
 
 
-@router.api_route(
-    "/{path:path}",
-    methods=["GET", "HEAD"],
-    response_class=Response,
-    dependencies=[ReadAccess],
-    responses={
+_KEY_ROUTE: dict = {
+    "response_class": Response,
+    "dependencies": [ReadAccess],
+    "responses": {
         200: {
             "description": "The key's bytes: zarr.json documents as JSON, chunks as bytes",
             "content": {
@@ -34,13 +35,21 @@ _METADATA_NAME = "zarr.json"
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
             },
         },
-        **error_responses(400, 401, 403, 404, 416, 503),
+        **error_responses(400, 401, 403, 404, 416, 422, 503, binary_route=True),
     },
-)
+}
+
+
+@router.head("/{path:path}", operation_id="head_store_key", **_KEY_ROUTE)
+@router.get("/{path:path}", operation_id="get_store_key", **_KEY_ROUTE)
 async def get_key(
     request: Request,
     path: Annotated[
-        str, Path(description="a key under the store root, e.g. snapshots/<id>/zarr.json")
+        str,
+        Path(
+            description="a key under the store root, e.g. snapshots/<id>/zarr.json",
+            json_schema_extra={"pattern": STORE_PATH_PATTERN, "maxLength": 512},
+        ),
     ],
     store: StoreDep,
     range_header: Annotated[str | None, Header(alias="Range")] = None,
