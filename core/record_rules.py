@@ -44,6 +44,9 @@ DTYPE_NAMES: Mapping[np.dtype, str] = {
     **{np.dtype(name): name for name in SUPPORTED_DTYPES},
 }
 
+#: how deep metadata may nest (objects and lists)
+MAX_METADATA_DEPTH = 64
+
 #: the largest step: an int64, which every JSON reader in common use holds exactly
 MAX_STEP = 2**63 - 1
 
@@ -99,8 +102,14 @@ def is_shape(value: object) -> bool:
     return isinstance(value, tuple | list) and all(type(n) is int and n >= 0 for n in value)
 
 
-def json_problem(value: object, where: str = "metadata") -> str | None:
-    """Where and why ``value`` is not JSON the manifest can hold unchanged, or None."""
+def json_problem(value: object, where: str = "metadata", depth: int = 0) -> str | None:
+    """Where and why ``value`` is not JSON the manifest can hold unchanged, or None.
+
+    Containers may nest at most ``MAX_METADATA_DEPTH`` levels: the manifest's JSON encoder
+    stops at 255 and readers' parsers earlier, so deeper metadata could not be written.
+    """
+    if depth > MAX_METADATA_DEPTH:
+        return f"{where} nests more than {MAX_METADATA_DEPTH} levels deep"
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, str):
@@ -115,13 +124,13 @@ def json_problem(value: object, where: str = "metadata") -> str | None:
         for key, item in value.items():
             if not is_text(key):
                 return f"{where} has the key {key!r}, not a string"
-            problem = json_problem(item, f"{where}[{key!r}]")
+            problem = json_problem(item, f"{where}[{key!r}]", depth + 1)
             if problem is not None:
                 return problem
         return None
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            problem = json_problem(item, f"{where}[{i}]")
+            problem = json_problem(item, f"{where}[{i}]", depth + 1)
             if problem is not None:
                 return problem
         return None

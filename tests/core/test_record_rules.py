@@ -130,6 +130,31 @@ def test_a_record_refuses_metadata_that_is_not_json(metadata: Any, named: str) -
     assert named in str(caught.value)
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_metadata_nested_too_deep_is_refused_and_the_deepest_allowed_is_written(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(InvalidFieldError, match="nests more than 64 levels"):
+        GradientsParamsRecord([], metadata={"deep": _nested(300)})
+    record = GradientsParamsRecord([], metadata={"deep": _nested(63)})
+
+    async def round_trip() -> Any:
+        store = open_store(tmp_path / "store")
+        try:
+            info = await store.write_snapshot(record, run="r", step=0)
+            return (await store.read_snapshot(info.id)).metadata["deep"]
+        finally:
+            await store.close()
+
+    assert asyncio.run(round_trip()) == _nested(63)
+
+
 @pytest.mark.parametrize(
     "arguments, field",
     [
