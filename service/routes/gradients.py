@@ -14,7 +14,7 @@ from ..error_handlers import error_responses
 from ..npy import npy_header
 from ..ranges import etag_matches, range_applies, select_range
 from ..streaming import OctetStreamResponse, prefixed, started_stream
-from .snapshots import SNAPSHOT_ID_PATTERN, SnapshotIdPath
+from .snapshots import SnapshotIdPath
 
 router = APIRouter(prefix="/v1/snapshots/{snapshot_id}", tags=["gradients"])
 
@@ -148,6 +148,3 @@ async def get_safetensors(
             "Content-Disposition": f'attachment; filename="{snapshot_id}.safetensors"',
         },
     )
-
-
-__all__ = ["SNAPSHOT_ID_PATTERN", "router"]
