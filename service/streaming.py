@@ -64,14 +64,21 @@ async def started_stream(
         first = None
 
     async def body() -> AsyncIterator[bytes | memoryview]:
+        nonlocal first
         if first is None:
             return
-        for part in _slices(first):
-            yield part
+        # No name may keep a sent chunk alive while the next one is read: slices are
+        # popped as they go out, so a response holds one stored chunk, not two.
+        parts = _slices(first)[::-1]
+        first = None
+        while parts:
+            yield parts.pop()
         try:
             async for piece in pieces:
-                for part in _slices(piece):
-                    yield part
+                parts = _slices(piece)[::-1]
+                del piece
+                while parts:
+                    yield parts.pop()
         except GradvaultError as error:
             name = type(error).__name__
             metrics.errors.labels(name).inc()

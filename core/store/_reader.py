@@ -52,6 +52,9 @@ from ._validation import ArrayClaim, validate_array_document
 
 #: Chunks at least this big are checked and decoded in a thread rather than on the loop.
 THREAD_DECODE_BYTES = 256 * 1024
+#: A stream reads its next chunk ahead only while both chunks fit in this many bytes, so a
+#: download holds at most this much (or one chunk, if chunks are larger) of gradient data.
+READ_AHEAD_BYTES = 32 << 20
 #: An array's ``zarr.json`` is a few hundred bytes; anything this big is not one.
 _ARRAY_DOCUMENT_LIMIT = 16 << 20
 
@@ -180,8 +183,9 @@ class SnapshotReader:
 
         Before the first byte: the array's document is checked and every chunk the range
         needs is seen to be there. Each chunk's crc32c is verified before any of its bytes
-        is yielded; for the whole gradient, its checksum too, before the last piece. At
-        most two chunks are held: the one being yielded and the next, read meanwhile.
+        is yielded; for the whole gradient, its checksum too, before the last piece. The
+        next chunk is read while one is yielded only when both fit ``READ_AHEAD_BYTES``;
+        otherwise one chunk is held at a time.
         ``objects`` are the array's objects if already listed; ``packed`` shares packed
         chunks between the gradients of one stream.
         """
@@ -230,17 +234,23 @@ class SnapshotReader:
             return out, await self._read_chunk(array, span, out, who)
 
         checksum = 0
-        pending = asyncio.ensure_future(fetch(spans[0])) if spans else None
+        pending: asyncio.Future[tuple[memoryview, int]] | None = None
         try:
             for index, span in enumerate(spans):
-                data, payload_crc = await pending  # type: ignore[misc]
+                if pending is None:
+                    pending = asyncio.ensure_future(fetch(span))
+                data, payload_crc = await pending
+                pending = None
                 last = index + 1 == len(spans)
-                pending = None if last else asyncio.ensure_future(fetch(spans[index + 1]))
+                # read the next chunk while this one is sent, if both fit the read-ahead budget
+                if not last and span.length + spans[index + 1].length <= READ_AHEAD_BYTES:
+                    pending = asyncio.ensure_future(fetch(spans[index + 1]))
                 if whole:
                     checksum = crc32c_combine(checksum, payload_crc, span.length)
                     if last and checksum != expected:
                         raise self._whole_checksum_failed(position, checksum)
                 yield data[max(start - span.start, 0) : min(end - span.start, span.length)]
+                del data  # let the sent chunk go before the next one is read
         finally:
             if pending is not None:
                 pending.cancel()

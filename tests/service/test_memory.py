@@ -14,9 +14,6 @@ from .processes import ServiceProcess
 
 GRADIENT_BYTES = 1 << 30
 GROWTH_LIMIT = 64 << 20
-#: A download holds at most two stored chunks (the store reads one ahead) plus one send
-#: slice: with the default 32 MiB chunks that is ~66 MiB, so this snapshot uses 16 MiB.
-CHUNK_BYTES = 16 << 20
 
 
 def _peak_rss(pid: int) -> int:
@@ -32,7 +29,7 @@ def _peak_rss(pid: int) -> int:
 async def test_serving_a_1_gib_gradient_grows_peak_rss_by_under_64_mib(tmp_path):
     store_path = tmp_path / "store"
     param_id = ParamId(0xBEEF)
-    store = open_store(store_path, chunk_bytes=CHUNK_BYTES)
+    store = open_store(store_path)  # the default chunks, 32 MiB
     try:
         gradient = np.full(GRADIENT_BYTES // 4, 0.5, dtype="f4")
         record = GradientsParamsRecord([GradientRecordEntry.from_array(param_id, "huge", gradient)])
