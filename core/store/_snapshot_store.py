@@ -388,8 +388,9 @@ class SnapshotStore:
         checksum too, before the last piece); at most 32 MiB of chunks, or one larger
         chunk, is held. Ids and the range are checked before any I/O (InvalidRangeError
         unless ``0 <= start <= end <= nbytes``); the array's document and the presence of
-        every chunk needed are checked before the first piece. A damaged chunk raises ChecksumMismatchError naming the
-        snapshot, the param id and the name, ending the stream where it is.
+        every chunk needed are checked before the first piece. A damaged chunk raises
+        ChecksumMismatchError naming the snapshot, the param id and the name, ending the
+        stream where it is.
         """
         snapshot_id = parse_snapshot_id(snapshot_id)
         pid = str(as_param_id(param_id))
