@@ -46,6 +46,10 @@ async def test_push_then_fetch_and_restore_are_bit_identical(api: ClientUnderTes
     restored = grads.try_to_record()
     assert [bytes(e.data) for e in restored] == [bytes(e.data) for e in record]
 
+    again = await api.call("push", grads, run="r1", step=6)  # GradientsParams, not a record
+    refetched = await api.call("fetch", again.id)
+    assert [bytes(e.data) for e in refetched] == [bytes(e.data) for e in record]
+
 
 async def test_download_writes_safetensors_and_npz(api: ClientUnderTest, tmp_path: Path) -> None:
     record = make_record(seed=2)
