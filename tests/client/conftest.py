@@ -18,6 +18,7 @@ from gradvault.service import Settings, create_app
 from tests.service.conftest import UvicornThread
 
 WRITE_TOKEN = "client-test-write-token"
+READ_TOKEN = "client-test-read-token"
 
 
 class ClientUnderTest:
@@ -57,12 +58,12 @@ def client_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def service_url(store_url: str, connection_options: dict[str, object]) -> AsyncIterator[str]:
-    """A uvicorn on loopback over this test's store; writes need ``WRITE_TOKEN``."""
+    """A uvicorn on loopback over this test's store; it writes for ``WRITE_TOKEN`` only."""
     settings = Settings(
         store=store_url,
         store_options=dict(connection_options),
         index_refresh_seconds=0,
-        tokens=f"{WRITE_TOKEN}:write",
+        tokens=f"{WRITE_TOKEN}:write,{READ_TOKEN}:read",
     )
     server = UvicornThread(create_app(settings))
     await asyncio.to_thread(server.start)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ from gradvault.core import (
 from gradvault.core.safetensors_file import record_from_safetensors
 from tests.service.conftest import make_record
 
-from .conftest import ClientUnderTest
+from .conftest import READ_TOKEN, ClientUnderTest
 
 MISSING_ID = "0" * 26
 
@@ -102,6 +104,11 @@ async def test_a_wrong_token_is_auth_error(make_api) -> None:  # type: ignore[no
     anonymous = await make_api(token=None)
     with pytest.raises(AuthError):
         await anonymous.call("delete", MISSING_ID)
+    reader = await make_api(token=READ_TOKEN)
+    assert await reader.list() == []
+    with pytest.raises(AuthError, match="HTTP 403") as caught:
+        await reader.call("delete", MISSING_ID)
+    assert caught.value.status == 403  # type: ignore[attr-defined]
 
 
 async def test_a_refused_field_carries_the_server_detail(api: ClientUnderTest) -> None:
@@ -110,3 +117,13 @@ async def test_a_refused_field_carries_the_server_detail(api: ClientUnderTest) -
     error = caught.value
     assert error.status in (400, 422)
     assert error.detail
+
+
+def test_the_client_never_imports_the_service(tmp_path: Path) -> None:
+    code = (
+        "import sys, gradvault.client\n"
+        "bad = [m for m in ('fastapi', 'uvicorn', 'gradvault.service') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True)
+    assert result.returncode == 0, result.stderr
