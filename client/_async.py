@@ -146,15 +146,24 @@ class AsyncClient(BaseClient):
 
     async def _download_to(self, snapshot_id: str, path: Path) -> GradientsParamsRecord:
         manifest = await self.info(snapshot_id)
-        response = await self._send(
-            "GET", self._snapshot_path(snapshot_id) + "/safetensors", stream=True
-        )
-        try:
-            with open(path, "wb") as file:
-                async for chunk in response.aiter_bytes():
-                    await asyncio.to_thread(file.write, chunk)
-        finally:
-            await response.aclose()
+        attempt = 0
+        while True:  # a connection dropped mid-body: the whole file again, as other retries
+            response = await self._send(
+                "GET", self._snapshot_path(snapshot_id) + "/safetensors", stream=True
+            )
+            try:
+                with open(path, "wb") as file:
+                    async for chunk in response.aiter_bytes():
+                        await asyncio.to_thread(file.write, chunk)
+                break
+            except httpx.TransportError as error:
+                delay = self._retry_delay(attempt, "GET", None, None)
+                if delay is None:
+                    raise self._unreachable(response.request, error) from error
+            finally:
+                await response.aclose()
+            await self._sleep(delay)
+            attempt += 1
         record = await asyncio.to_thread(record_from_safetensors, path)
         await asyncio.to_thread(self._verify, snapshot_id, record, manifest)
         return record

@@ -141,13 +141,24 @@ class Client(BaseClient):
 
     def _download_to(self, snapshot_id: str, path: Path) -> GradientsParamsRecord:
         manifest = self.info(snapshot_id)
-        response = self._send("GET", self._snapshot_path(snapshot_id) + "/safetensors", stream=True)
-        try:
-            with open(path, "wb") as file:
-                for chunk in response.iter_bytes():
-                    file.write(chunk)
-        finally:
-            response.close()
+        attempt = 0
+        while True:  # a connection dropped mid-body: the whole file again, as other retries
+            response = self._send(
+                "GET", self._snapshot_path(snapshot_id) + "/safetensors", stream=True
+            )
+            try:
+                with open(path, "wb") as file:
+                    for chunk in response.iter_bytes():
+                        file.write(chunk)
+                break
+            except httpx.TransportError as error:
+                delay = self._retry_delay(attempt, "GET", None, None)
+                if delay is None:
+                    raise self._unreachable(response.request, error) from error
+            finally:
+                response.close()
+            self._sleep(delay)
+            attempt += 1
         record = record_from_safetensors(path)
         self._verify(snapshot_id, record, manifest)
         return record

@@ -162,3 +162,46 @@ async def test_a_404_is_snapshot_not_found_and_not_retried(kind: str) -> None:
 
 def _crc(data: memoryview) -> str:
     return f"crc32c:{crc32c.crc32c(data):08x}"
+
+
+class DroppedBody(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A body whose connection drops after its first ``keep`` bytes."""
+
+    def __init__(self, body: bytes, keep: int) -> None:
+        self.body, self.keep = body, keep
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield self.body[: self.keep]
+        raise httpx.ReadError("connection reset by peer")
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        yield self.body[: self.keep]
+        raise httpx.ReadError("connection reset by peer")
+
+
+async def test_a_download_dropped_mid_body_is_fetched_again(kind: str) -> None:
+    record = make_record(seed=5)
+    body = b"".join(bytes(chunk) for chunk in safetensors_chunks(record))
+    manifest = {
+        "gradients": [{"param_id": str(e.param_id), "checksum": _crc(e.data)} for e in record]
+    }
+    script = Script(
+        [
+            status(200, body=manifest),
+            lambda request: httpx.Response(200, stream=DroppedBody(body, len(body) // 2)),
+            lambda request: httpx.Response(200, content=body),
+        ]
+    )
+    fetched = await call(script, kind, "fetch", SNAPSHOT_ID)
+    assert [bytes(e.data) for e in fetched] == [bytes(e.data) for e in record]
+    assert len(script.sleeps) == 1
+
+
+async def test_a_download_that_keeps_dropping_is_reported(kind: str) -> None:
+    body = b"x" * 64
+    script = Script(
+        [status(200, body={"gradients": []})]
+        + [lambda request: httpx.Response(200, stream=DroppedBody(body, 8))] * 2
+    )
+    with pytest.raises(ClientRequestError, match="ReadError"):
+        await call(script, kind, "fetch", SNAPSHOT_ID, client_options={"retries": 1})
