@@ -1,1 +1,8 @@
-"""gradvault.client."""
+"""gradvault.client: the service over HTTP, blocking (:class:`Client`) or asyncio
+(:class:`AsyncClient`). docs/CLIENT.md says how to use them."""
+
+from ._async import AsyncClient
+from ._base import SnapshotSummary
+from ._sync import Client
+
+__all__ = ["AsyncClient", "Client", "SnapshotSummary"]

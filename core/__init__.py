@@ -7,9 +7,11 @@ from .accumulator import GradientsAccumulator
 from .autograd import Gradients, enable_grad, inference_mode, no_grad, set_grad_enabled
 from .backend import Device, cuda_available, device
 from .errors import (
+    AuthError,
     AutogradError,
     BackendMismatchError,
     ChecksumMismatchError,
+    ClientRequestError,
     ConflictingOptionsError,
     DeviceError,
     DtypeMismatchError,
@@ -128,9 +130,11 @@ __all__ = [
     "SyncRecorder",
     "Tanh",
     "open_store",
+    "AuthError",
     "AutogradError",
     "BackendMismatchError",
     "ChecksumMismatchError",
+    "ClientRequestError",
     "ConflictingOptionsError",
     "Device",
     "DeviceError",

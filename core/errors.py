@@ -12,6 +12,8 @@ what was found, naming the parameter::
     ├── DeviceError (ValueError)              unknown device, or a backend that is not installed
     ├── InvalidParamIdError (ValueError)      text (or an int) that is not a ParamId
     ├── InvalidUploadError (ValueError)       a safetensors file (an upload) that is malformed
+    ├── AuthError (PermissionError)           the service refused the token (HTTP 401 or 403)
+    ├── ClientRequestError                    the service answered another error, or none
     └── RecorderError                         records, the store and the recorder
         ├── BackendMismatchError              record asked for on another backend
         ├── MissingGradientError (KeyError)   a gradient the caller needs is absent
@@ -68,6 +70,28 @@ class InvalidParamIdError(GradvaultError, ValueError):
 
 class InvalidUploadError(GradvaultError, ValueError):
     """A safetensors file (an upload) that is malformed: the message says what is wrong."""
+
+
+class AuthError(GradvaultError, PermissionError):
+    """The service refused the request's token: missing, wrong, or without the scope (401/403).
+
+    Raised by the client; ``status``, ``request`` and ``response`` say what was refused.
+    """
+
+
+class ClientRequestError(GradvaultError):
+    """The service answered an error status the client has no narrower error for, or could
+    not be reached (``status`` is then None).
+
+    ``status``, ``request`` and ``response`` (None without one) and the server's ``detail``
+    and ``error`` (its JSON error body; None when the body is not one) say what happened.
+    """
+
+    status: int | None = None
+    detail: str | None = None
+    error: str | None = None
+    request: object = None
+    response: object = None
 
 
 class RecorderError(GradvaultError):
@@ -143,9 +167,11 @@ class StoreUnavailableError(RecorderError, OSError):
 
 
 __all__ = [
+    "AuthError",
     "AutogradError",
     "BackendMismatchError",
     "ChecksumMismatchError",
+    "ClientRequestError",
     "ConflictingOptionsError",
     "DeviceError",
     "DtypeMismatchError",

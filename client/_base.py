@@ -1,0 +1,225 @@
+"""Everything the two clients share except I/O: requests, retries, answers and errors.
+
+:class:`Client` and :class:`AsyncClient` build their requests and read their answers
+here; they only send them (httpx's own split between ``BaseClient`` and its two clients).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import httpx
+
+from gradvault.core import (
+    AuthError,
+    ChecksumMismatchError,
+    ClientRequestError,
+    GradientsParams,
+    GradientsParamsRecord,
+    GradvaultError,
+    ParamIdMismatchError,
+    SnapshotNotFoundError,
+)
+from gradvault.core.safetensors_file import record_header, safetensors_chunks
+
+#: Statuses worth another try: the service or a proxy in front of it is briefly unable.
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: Methods sent again after a failure; a POST is too, when its body can be made again.
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "DELETE"})
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+SNAPSHOTS = "/v1/snapshots"
+
+
+@dataclass(frozen=True)
+class SnapshotSummary:
+    """One snapshot as a listing shows it."""
+
+    id: str
+    run: str
+    step: int
+    created_at: str
+    nbytes: int
+    num_params: int
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> SnapshotSummary:
+        return cls(
+            id=body["id"],
+            run=body["run"],
+            step=body["step"],
+            created_at=body["created_at"],
+            nbytes=body["nbytes"],
+            num_params=body["num_params"],
+        )
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A record as a safetensors request body that can be generated again for a retry."""
+
+    record: GradientsParamsRecord
+
+    @property
+    def length(self) -> int:
+        return len(record_header(self.record)) + self.record.nbytes
+
+    def chunks(self) -> Iterator[bytes | memoryview]:
+        return safetensors_chunks(self.record)
+
+
+class BaseClient:
+    """Request building, retry decisions, answer parsing and error mapping (no I/O)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        retries: int = 3,
+        backoff_seconds: float = 0.5,
+        max_backoff_seconds: float = 30.0,
+    ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries is a count >= 0; got {retries}")
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff_seconds = backoff_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+        self._timeout = timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+
+    # ------------------------------------------------------------------ requests
+    @staticmethod
+    def _list_params(
+        run: str | None, step_min: int | None, step_max: int | None, page_size: int
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": page_size}
+        for key, value in (("run", run), ("step_min", step_min), ("step_max", step_max)):
+            if value is not None:
+                params[key] = value
+        return params
+
+    @staticmethod
+    def _push_params(run: str, step: int, tags: Mapping[str, str] | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"run": run, "step": step}
+        if tags:
+            params["tags"] = json.dumps(dict(tags), separators=(",", ":"))
+        return params
+
+    @staticmethod
+    def _snapshot_path(snapshot_id: str) -> str:
+        return f"{SNAPSHOTS}/{snapshot_id}"
+
+    # ------------------------------------------------------------------ retries
+    def _retry_delay(
+        self, attempt: int, method: str, upload: Upload | None, response: httpx.Response | None
+    ) -> float | None:
+        """Seconds to wait before sending again, or None to stop (``attempt`` counts from 0).
+
+        ``response`` is None after a connection error. Exponential backoff with full
+        jitter; a 429's ``Retry-After`` seconds are honoured, up to the backoff cap.
+        """
+        if attempt >= self.retries:
+            return None
+        if method not in IDEMPOTENT_METHODS and upload is None:
+            return None
+        if response is not None and response.status_code not in RETRY_STATUSES:
+            return None
+        if response is not None and response.status_code == 429:
+            retry_after = _retry_after_seconds(response)
+            if retry_after is not None:
+                return min(retry_after, self.max_backoff_seconds)
+        ceiling = min(self.max_backoff_seconds, self.backoff_seconds * 2**attempt)
+        return random.uniform(0, ceiling)
+
+    # ------------------------------------------------------------------ answers
+    @staticmethod
+    def _error(response: httpx.Response) -> GradvaultError:
+        """The core error for an error answer (its body read), naming the request."""
+        request = response.request
+        detail, error_name = _error_body(response)
+        what = f"{request.method} {request.url}: HTTP {response.status_code}"
+        message = f"{what}: {detail}" if detail else what
+        error: GradvaultError
+        if response.status_code == 404:
+            error = SnapshotNotFoundError(message)
+        elif response.status_code in (401, 403):
+            error = AuthError(message)
+        else:
+            error = ClientRequestError(message)
+        error.status = response.status_code  # type: ignore[attr-defined]
+        error.detail = detail  # type: ignore[attr-defined]
+        error.error = error_name  # type: ignore[attr-defined]
+        error.request = request  # type: ignore[attr-defined]
+        error.response = response  # type: ignore[attr-defined]
+        return error
+
+    @staticmethod
+    def _unreachable(request: httpx.Request, cause: httpx.TransportError) -> ClientRequestError:
+        error = ClientRequestError(
+            f"{request.method} {request.url}: no answer from the service: "
+            f"{type(cause).__name__}: {cause}"
+        )
+        error.request = request
+        return error
+
+    @staticmethod
+    def _page(body: Mapping[str, Any]) -> tuple[list[SnapshotSummary], str | None]:
+        return [SnapshotSummary.from_json(item) for item in body["data"]], body["next_cursor"]
+
+    @staticmethod
+    def _verify(
+        snapshot_id: str, record: GradientsParamsRecord, manifest: Mapping[str, Any]
+    ) -> None:
+        """Every gradient of ``record`` has the manifest's crc32c, and none is missing."""
+        expected = {g["param_id"]: g for g in manifest["gradients"]}
+        found = {str(entry.param_id) for entry in record}
+        if found != set(expected):
+            raise ParamIdMismatchError(
+                f"snapshot {snapshot_id}: the download holds ParamIds {sorted(found)}; "
+                f"its manifest lists {sorted(expected)}"
+            )
+        for entry in record:
+            want = expected[str(entry.param_id)]["checksum"]
+            got = f"crc32c:{crc32c.crc32c(entry.data):08x}"
+            if got != want:
+                raise ChecksumMismatchError(
+                    f"snapshot {snapshot_id}, gradient {entry.param_id} ({entry.name!r}): "
+                    f"the downloaded bytes have {got}; the manifest says {want}"
+                )
+
+    @staticmethod
+    def _restored(
+        record: GradientsParamsRecord, device: str, module: Any, match: str
+    ) -> GradientsParams:
+        return GradientsParams.from_record(record, device, module=module, match=match)
+
+
+def _retry_after_seconds(response: httpx.Response) -> float | None:
+    text = response.headers.get("retry-after", "").strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        return None  # an HTTP date, or nothing: the backoff decides
+    return max(seconds, 0.0)
+
+
+def _error_body(response: httpx.Response) -> tuple[str | None, str | None]:
+    try:
+        body = response.json()
+    except (ValueError, UnicodeDecodeError):
+        text = response.text.strip()[:200] if response.content else ""
+        return (text or None), None
+    if not isinstance(body, dict):
+        return None, None
+    detail, error = body.get("detail"), body.get("error")
+    return (
+        detail if isinstance(detail, str) else (json.dumps(detail) if detail else None),
+        error if isinstance(error, str) else None,
+    )

@@ -1,0 +1,193 @@
+"""The blocking client: :class:`BaseClient` plus httpx's ``Client`` for I/O."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gradvault.core import GradientsParams, GradientsParamsRecord
+from gradvault.core.safetensors_file import record_from_safetensors
+
+from ._base import BaseClient, SnapshotSummary, Upload
+from ._files import part_beside, place
+
+
+class Client(BaseClient):
+    """The service at ``base_url`` (``http://host:8000``), with a bearer ``token`` if given.
+
+    ``retries`` more tries after a connection error, 429, 502, 503 or 504 (never after
+    another error status). Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(base_url, token, **options)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=self._headers,
+            timeout=self._timeout,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        upload: Upload | None = None,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """The first answer that is not an error, after retries; the core error otherwise."""
+        attempt = 0
+        while True:
+            headers = None
+            content = None
+            if upload is not None:  # a fresh generator each try: the body is made again
+                headers = {
+                    "Content-Length": str(upload.length),
+                    "Content-Type": "application/octet-stream",
+                }
+                content = upload.chunks()
+            request = self._http.build_request(
+                method, path, params=params, headers=headers, content=content
+            )
+            try:
+                response = self._http.send(request, stream=stream)
+            except httpx.TransportError as error:
+                delay = self._retry_delay(attempt, method, upload, None)
+                if delay is None:
+                    raise self._unreachable(request, error) from error
+            else:
+                if not response.is_error:
+                    return response
+                delay = self._retry_delay(attempt, method, upload, response)
+                response.read()
+                response.close()
+                if delay is None:
+                    raise self._error(response)
+            self._sleep(delay)
+            attempt += 1
+
+    def _json(self, method: str, path: str, **options: Any) -> Any:
+        return self._send(method, path, **options).json()
+
+    # ------------------------------------------------------------------ the API
+    def list(
+        self,
+        run: str | None = None,
+        step_min: int | None = None,
+        step_max: int | None = None,
+        page_size: int = 100,
+    ) -> Iterator[SnapshotSummary]:
+        """Every snapshot matching the filters, newest first, one page request at a time."""
+        params = self._list_params(run, step_min, step_max, page_size)
+        while True:
+            page, cursor = self._page(self._json("GET", "/v1/snapshots", params=params))
+            yield from page
+            if cursor is None:
+                return
+            params = {**params, "cursor": cursor}
+
+    def info(self, snapshot_id: str) -> dict[str, Any]:
+        """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict."""
+        return self._json("GET", self._snapshot_path(snapshot_id))
+
+    def push(
+        self,
+        grads_or_record: GradientsParams | GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+    ) -> SnapshotSummary:
+        """Upload gradients as a new snapshot, streamed as safetensors; its summary."""
+        record = (
+            grads_or_record.try_to_record()
+            if isinstance(grads_or_record, GradientsParams)
+            else grads_or_record
+        )
+        body = self._json(
+            "POST",
+            "/v1/snapshots",
+            params=self._push_params(run, step, tags),
+            upload=Upload(record),
+        )
+        return SnapshotSummary.from_json(body)
+
+    def _download_to(self, snapshot_id: str, path: Path) -> GradientsParamsRecord:
+        manifest = self.info(snapshot_id)
+        attempt = 0
+        while True:  # a connection dropped mid-body: the whole file again, as other retries
+            response = self._send(
+                "GET", self._snapshot_path(snapshot_id) + "/safetensors", stream=True
+            )
+            try:
+                with open(path, "wb") as file:
+                    for chunk in response.iter_bytes():
+                        file.write(chunk)
+                break
+            except httpx.TransportError as error:
+                delay = self._retry_delay(attempt, "GET", None, None)
+                if delay is None:
+                    raise self._unreachable(response.request, error) from error
+            finally:
+                response.close()
+            self._sleep(delay)
+            attempt += 1
+        record = record_from_safetensors(path)
+        self._verify(snapshot_id, record, manifest)
+        return record
+
+    def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
+        """The snapshot as a record, every gradient checked against the manifest's crc32c."""
+        descriptor, name = tempfile.mkstemp(suffix=".safetensors")
+        os.close(descriptor)
+        try:  # the record maps the file; the mapping outlives its name
+            return self._download_to(snapshot_id, Path(name))
+        finally:
+            os.unlink(name)
+
+    def restore(
+        self, snapshot_id: str, device: str = "cpu", *, module: Any = None, match: str = "id"
+    ) -> GradientsParams:
+        """The snapshot as gradients on ``device`` (``GradientsParams.from_record``)."""
+        return self._restored(self.fetch(snapshot_id), device, module, match)
+
+    def download(self, snapshot_id: str, path: str | os.PathLike[str]) -> Path:
+        """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors."""
+        path = Path(path)
+        part = part_beside(path)
+        try:
+            place(path, part, self._download_to(snapshot_id, part))
+        finally:
+            part.unlink(missing_ok=True)
+        return path
+
+    def delete(self, snapshot_id: str) -> None:
+        """Delete the snapshot; SnapshotNotFoundError if there is none by that id."""
+        self._send("DELETE", self._snapshot_path(snapshot_id))
