@@ -142,7 +142,7 @@ class AsyncClient(BaseClient):
             params=self._push_params(run, step, tags),
             upload=Upload(record),
         )
-        return SnapshotSummary.from_json(body)
+        return SnapshotSummary.from_manifest(body)
 
     async def _download_to(self, snapshot_id: str, path: Path) -> GradientsParamsRecord:
         manifest = await self.info(snapshot_id)

@@ -26,6 +26,7 @@ from gradvault.core import (
     SnapshotNotFoundError,
 )
 from gradvault.core.safetensors_file import record_header, safetensors_chunks
+from gradvault.core.store import SnapshotInfo
 
 #: Statuses worth another try: the service or a proxy in front of it is briefly unable.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -35,27 +36,8 @@ DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 SNAPSHOTS = "/v1/snapshots"
 
 
-@dataclass(frozen=True)
-class SnapshotSummary:
-    """One snapshot as a listing shows it."""
-
-    id: str
-    run: str
-    step: int
-    created_at: str
-    nbytes: int
-    num_params: int
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> SnapshotSummary:
-        return cls(
-            id=body["id"],
-            run=body["run"],
-            step=body["step"],
-            created_at=body["created_at"],
-            nbytes=body["nbytes"],
-            num_params=body["num_params"],
-        )
+#: One snapshot as a listing shows it: the core's summary, read from the service's JSON.
+SnapshotSummary = SnapshotInfo
 
 
 @dataclass(frozen=True)
@@ -171,7 +153,7 @@ class BaseClient:
 
     @staticmethod
     def _page(body: Mapping[str, Any]) -> tuple[list[SnapshotSummary], str | None]:
-        return [SnapshotSummary.from_json(item) for item in body["data"]], body["next_cursor"]
+        return [SnapshotSummary.from_manifest(item) for item in body["data"]], body["next_cursor"]
 
     @staticmethod
     def _verify(

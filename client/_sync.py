@@ -137,7 +137,7 @@ class Client(BaseClient):
             params=self._push_params(run, step, tags),
             upload=Upload(record),
         )
-        return SnapshotSummary.from_json(body)
+        return SnapshotSummary.from_manifest(body)
 
     def _download_to(self, snapshot_id: str, path: Path) -> GradientsParamsRecord:
         manifest = self.info(snapshot_id)
