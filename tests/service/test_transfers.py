@@ -159,6 +159,43 @@ class TestOverHTTP:
         for key, array in arrays.items():
             assert found[key].dtype == array.dtype and found[key].tobytes() == array.tobytes()
 
+    async def test_tensorstore_reads_own_arrays_by_url(self, service, stored):
+        """A second Zarr v3 implementation, tensorstore, through its http kvstore."""
+        import tensorstore
+
+        info, arrays = stored
+        base = f"{service.base_url}/v1/zarr/snapshots/{info.id}/"
+        manifest = (await _get_json(base + "zarr.json"))["attributes"]["gradvault"]
+        table = manifest["gradients"]
+        own = [
+            (param_id, array)
+            for param_id, array in zip(table["param_id"], table["array"], strict=True)
+            if array != "packed"
+        ]
+        assert own, "the stored record has no gradient in an array of its own"
+
+        def read() -> dict[str, np.ndarray]:
+            found = {}
+            for param_id, array in own:
+                spec = {
+                    "driver": "zarr3",
+                    "kvstore": {"driver": "http", "base_url": base, "path": f"{array}/"},
+                }
+                found[param_id] = tensorstore.open(spec, read=True).result().read().result()
+            return found
+
+        found = await asyncio.to_thread(read)
+        for param_id, array in found.items():
+            expected = arrays[param_id]
+            assert array.dtype == expected.dtype and array.tobytes() == expected.tobytes()
+
+
+async def _get_json(url: str) -> dict:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(url)
+        response.raise_for_status()
+        return response.json()
+
 
 def _chunk_files(store_url: str, snapshot_id: str, param_id: str) -> list[Path]:
     array = Path(store_url) / "snapshots" / snapshot_id / param_id
