@@ -69,14 +69,9 @@ class AsyncClient(BaseClient):
         """The first answer that is not an error, after retries; the core error otherwise."""
         attempt = 0
         while True:
-            headers = None
-            content = None
+            headers = content = None
             if upload is not None:  # a fresh generator each try: the body is made again
-                headers = {
-                    "Content-Length": str(upload.length),
-                    "Content-Type": "application/octet-stream",
-                }
-                content = _async_chunks(upload.chunks())
+                headers, content = upload.headers, _async_chunks(upload.chunks())
             request = self._http.build_request(
                 method, path, params=params, headers=headers, content=content
             )

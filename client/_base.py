@@ -10,6 +10,7 @@ import json
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import crc32c
@@ -46,9 +47,14 @@ class Upload:
 
     record: GradientsParamsRecord
 
-    @property
+    @cached_property
     def length(self) -> int:
         return len(record_header(self.record)) + self.record.nbytes
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The request headers of the body: its length is known before any byte is made."""
+        return {"Content-Length": str(self.length), "Content-Type": "application/octet-stream"}
 
     def chunks(self) -> Iterator[bytes | memoryview]:
         return safetensors_chunks(self.record)

@@ -65,14 +65,9 @@ class Client(BaseClient):
         """The first answer that is not an error, after retries; the core error otherwise."""
         attempt = 0
         while True:
-            headers = None
-            content = None
+            headers = content = None
             if upload is not None:  # a fresh generator each try: the body is made again
-                headers = {
-                    "Content-Length": str(upload.length),
-                    "Content-Type": "application/octet-stream",
-                }
-                content = upload.chunks()
+                headers, content = upload.headers, upload.chunks()
             request = self._http.build_request(
                 method, path, params=params, headers=headers, content=content
             )

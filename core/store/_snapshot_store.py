@@ -368,13 +368,18 @@ class SnapshotStore:
 
     async def read_gradient(self, snapshot_id: str, param_id: ParamId | str) -> GradientRecordEntry:
         """One gradient of a snapshot (only its chunks are read and verified)."""
+        manifest, position = await self._locate(snapshot_id, param_id)
+        return await self._reader(manifest).read_one(position)
+
+    async def _locate(self, snapshot_id: str, param_id: ParamId | str) -> tuple[Manifest, int]:
+        """The snapshot's manifest and the gradient's position in it; ids checked before I/O."""
         snapshot_id = parse_snapshot_id(snapshot_id)
         pid = str(as_param_id(param_id))
         manifest = await self._load_manifest(snapshot_id)
         position = manifest.position(pid)
         if position is None:
             raise MissingGradientError(f"snapshot {snapshot_id} has no gradient for param {pid}")
-        return await self._reader(manifest).read_one(position)
+        return manifest, position
 
     # --- streaming reads --------------------------------------------------------------
 
@@ -392,12 +397,7 @@ class SnapshotStore:
         ChecksumMismatchError naming the snapshot, the param id and the name, ending the
         stream where it is.
         """
-        snapshot_id = parse_snapshot_id(snapshot_id)
-        pid = str(as_param_id(param_id))
-        manifest = await self._load_manifest(snapshot_id)
-        position = manifest.position(pid)
-        if position is None:
-            raise MissingGradientError(f"snapshot {snapshot_id} has no gradient for param {pid}")
+        manifest, position = await self._locate(snapshot_id, param_id)
         start, end = checked_range(
             start,
             end,
