@@ -1,47 +1,174 @@
-"""Timing helpers: best-of-N wall time of a callable, and the report table."""
+"""Timing helpers and the one report table: figure, gradvault, peer, ratio, target, met/missed.
+
+The machine the benchmarks run on is shared, so one timing says little: gradvault and
+its peer are run interleaved (ours, peer, ours, peer, ...), and a row reports the median
+of each side, the median of the per-pair ratios and their spread (lowest-highest).
+"""
 
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall time of one run of ``fn`` in seconds (after a garbage collection)."""
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(
+    sides: dict[str, Callable[[], float]], repeat: int, warmup: int = 0
+) -> dict[str, list[float]]:
+    """Run each side's measurement ``repeat`` times, round-robin; the samples per side.
+
+    A side is a callable returning the seconds of one measured run (it may prepare and
+    clean up outside the timed part).
+    """
+    for _ in range(warmup):
+        for measure in sides.values():
+            measure()
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeat):
+        for name, measure in sides.items():
+            samples[name].append(measure())
+    return samples
 
 
 def best_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
     """The fastest of ``repeat`` runs of ``fn`` in seconds, after ``warmup`` runs."""
     for _ in range(warmup):
         fn()
-    best = float("inf")
-    for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return min(timed(fn) for _ in range(repeat))
 
 
-@dataclass(frozen=True)
+@dataclass
 class Row:
-    """One comparison: gradvault's time against a peer's, and the ratio with its target."""
+    """One figure: gradvault's samples against a peer's, the target and whether it is met.
 
-    name: str
-    ours: float
+    ``limit`` is the most the ratio ours/peer may be (for a figure compared with a peer);
+    ``absolute`` the most gradvault's median may be, in seconds (for a figure with no
+    peer, such as a latency). ``unit`` is how times print ("ms" or "s"); figures that
+    are rates (steps/s, MB/s) put the rate in ``ours``/``peer`` and set ``higher_better``.
+    """
+
+    figure: str
+    ours: list[float]
     peer_name: str
-    peer: float
+    peer: list[float] = field(default_factory=list)
     target: str = ""
+    limit: float | None = None
+    absolute: float | None = None
+    higher_better: bool = False
+    unit: str = "ms"
+    note: str = ""
 
     @property
-    def ratio(self) -> float:
-        """ours / peer: below 1 means gradvault is faster."""
-        return self.ours / self.peer if self.peer else float("inf")
+    def ours_median(self) -> float:
+        return statistics.median(self.ours)
+
+    @property
+    def peer_median(self) -> float | None:
+        return statistics.median(self.peer) if self.peer else None
+
+    def _ratios(self) -> list[float]:
+        if not self.peer:
+            return []
+        if len(self.ours) == len(self.peer):
+            pairs = zip(self.ours, self.peer, strict=True)
+        else:
+            pairs = iter([(self.ours_median, self.peer_median or 0.0)])
+        if self.higher_better:  # a rate: peer/ours, so that below 1 still means "ours faster"
+            return [p / o if o else float("inf") for o, p in pairs]
+        return [o / p if p else float("inf") for o, p in pairs]
+
+    @property
+    def ratio(self) -> float | None:
+        """Median of the per-pair ratios; below 1 means gradvault is faster."""
+        ratios = self._ratios()
+        return statistics.median(ratios) if ratios else None
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        ratios = self._ratios()
+        return (min(ratios), max(ratios)) if ratios else None
+
+    @property
+    def met(self) -> bool | None:
+        """Whether the target holds (None: the figure has no target)."""
+        if self.limit is not None and self.ratio is not None:
+            return self.ratio <= self.limit
+        if self.absolute is not None:
+            return self.ours_median <= self.absolute
+        return None
+
+    def _show(self, value: float | None) -> str:
+        if value is None:
+            return "-"
+        if self.higher_better:
+            return f"{value:.1f} {self.unit}"
+        return f"{value * 1e3:.2f} ms" if self.unit == "ms" else f"{value:.3f} s"
+
+    def cells(self) -> list[str]:
+        spread = self.spread
+        ratio = "-" if self.ratio is None else f"{self.ratio:.3f}"
+        if spread is not None and len(self.ours) > 1:
+            ratio += f" ({spread[0]:.2f}-{spread[1]:.2f})"
+        verdict = {True: "met", False: "MISSED", None: ""}[self.met]
+        return [
+            self.figure,
+            self._show(self.ours_median),
+            f"{self.peer_name} {self._show(self.peer_median)}".strip(),
+            ratio,
+            self.target,
+            verdict,
+        ]
+
+    def ratio_text(self) -> str:
+        """The ratio against the target, for the list of missed targets."""
+        if self.limit is not None and self.ratio is not None:
+            return f"ratio {self.ratio:.3f}, target {self.target}"
+        return f"{self._show(self.ours_median)}, target {self.target}"
+
+    def as_json(self) -> dict:
+        data = asdict(self)
+        data.update(
+            ours_median=self.ours_median,
+            peer_median=self.peer_median,
+            ratio=self.ratio,
+            spread=self.spread,
+            met=self.met,
+        )
+        return data
+
+
+HEADER = ["figure", "gradvault (median)", "peer (median)", "ratio (spread)", "target", "met"]
+
+
+def markdown_table(rows: list[Row]) -> str:
+    """The rows as a Markdown table."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for row in rows:
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in row.cells()) + " |")
+    return "\n".join(lines)
+
+
+def text_table(rows: list[Row]) -> str:
+    """The rows as one plain-text table for a terminal."""
+    table = [HEADER, *(row.cells() for row in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in table
+    )
 
 
 def print_rows(title: str, rows: list[Row]) -> None:
-    print(f"\n## {title}")
-    print(f"{'measurement':44s} {'gradvault':>11s} {'peer':>28s} {'ours/peer':>10s}  target")
-    for r in rows:
-        print(
-            f"{r.name:44s} {r.ours * 1e3:9.3f}ms {r.peer_name:>18s} {r.peer * 1e3:7.3f}ms "
-            f"{r.ratio:10.4f}  {r.target}"
-        )
+    """Progress while ``make bench`` runs: a section's rows as they are measured."""
+    print(f"\n## {title}", flush=True)
+    if rows:
+        print(text_table(rows), flush=True)

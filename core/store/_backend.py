@@ -14,9 +14,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import crc32c
+
 T = TypeVar("T")
 
 #: An encoded chunk: its key under the array (``c/0/1``) and the buffers to write, in order.
+#: The last buffer may be a ``Crc32cTrailer`` (``_checksums``): the writer computes it
+#: from the buffers before it as it writes them, before taking the next chunk.
 EncodedChunk = tuple[str, list[Any]]
 
 SNAPSHOTS_PREFIX = "snapshots"
@@ -51,6 +55,16 @@ class ThreadRunner:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+
+
+def running_crc32c(buffers: list[memoryview]) -> list[int]:
+    """The crc32c of ``buffers[0..i]`` together, for each ``i``."""
+    crcs = []
+    crc = 0
+    for buffer in buffers:
+        crc = crc32c.crc32c(buffer, value=crc)
+        crcs.append(crc)
+    return crcs
 
 
 class MissingKeyError(KeyError):
@@ -88,6 +102,8 @@ class Backend(ABC):
 
     #: How messages name this store (a path or a URL).
     location: str
+    #: The store's pool for blocking work.
+    _threads: ThreadRunner
 
     @abstractmethod
     async def prepare(self) -> None:
@@ -114,6 +130,15 @@ class Backend(ABC):
         otherwise, checked before a byte is read (and again if it changes meanwhile), and
         if it is not a regular file; MissingKeyError if absent.
         """
+
+    async def read_into_checked(self, key: str, buffers: list[memoryview]) -> list[int]:
+        """:meth:`read_into`, and the running crc32c of the bytes read after each buffer.
+
+        ``result[i]`` is the crc32c of buffers ``0..i`` together. A backend that can
+        checksum each piece as it lands (while in cache) overrides this.
+        """
+        await self.read_into(key, buffers)
+        return await self._threads.run(running_crc32c, buffers)
 
     @abstractmethod
     async def size(self, key: str) -> int:

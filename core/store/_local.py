@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import crc32c
+
 from ..errors import StoreUnavailableError
 from ._backend import (
     MANIFEST_NAME,
@@ -42,8 +44,9 @@ from ._backend import (
     ThreadRunner,
     UnexpectedObjectError,
 )
-from ._format import dump_json, group_metadata
+from ._checksums import SLICE_BYTES, Crc32cTrailer
 from ._ids import parse_snapshot_id
+from ._zarr_format import dump_json, group_metadata
 
 STAGING_FOLDER = ".staging"
 #: Names under ``.staging/`` of folders being removed (see the module docstring).
@@ -61,18 +64,39 @@ _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC"
 T = TypeVar("T")
 
 
+def _write_all(fd: int, views: list[memoryview]) -> None:
+    """Write ``views`` back to back at the file's offset, however the kernel splits it."""
+    views = [view for view in views if len(view)]
+    while views:
+        written = os.writev(fd, views[:1024])
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if written:
+            views[0] = views[0][written:]
+
+
 def _write_file(path: str, buffers: list[Any]) -> None:
-    """Create ``path`` holding ``buffers`` back to back, and fsync it."""
+    """Create ``path`` holding ``buffers`` back to back, and fsync it.
+
+    A final Crc32cTrailer is computed as the buffers before it are written: each slice of
+    SLICE_BYTES is checksummed and then written at once, while it is still in cache.
+    """
     fd = os.open(path, _NEW_FILE_FLAGS, 0o644)
     try:
-        views = [view for view in (memoryview(b).cast("B") for b in buffers) if len(view)]
-        while views:
-            written = os.writev(fd, views[:1024])
-            while views and written >= len(views[0]):
-                written -= len(views[0])
-                views.pop(0)
-            if written:
-                views[0] = views[0][written:]
+        trailer = buffers[-1] if buffers and isinstance(buffers[-1], Crc32cTrailer) else None
+        views = [memoryview(b).cast("B") for b in (buffers[:-1] if trailer else buffers)]
+        if trailer is None:
+            _write_all(fd, views)
+        else:
+            crc = 0
+            for view in views:
+                for start in range(0, len(view), SLICE_BYTES):
+                    piece = view[start : start + SLICE_BYTES]
+                    crc = crc32c.crc32c(piece, value=crc)
+                    _write_all(fd, [piece])
+                trailer.add(crc)
+            _write_all(fd, [memoryview(trailer.value())])
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -123,22 +147,34 @@ def _open_regular(path: str) -> tuple[int, int]:
     return fd, status.st_size
 
 
-def _fill(fd: int, buffers: list[memoryview], size: int) -> None:
-    """Read exactly ``size`` bytes into ``buffers``; refuse a file that changed length."""
-    views = [view for view in buffers if len(view)]
+def _fill(fd: int, buffers: list[memoryview], size: int, checksum: bool = False) -> list[int]:
+    """Read exactly ``size`` bytes into ``buffers``; refuse a file that changed length.
+
+    With ``checksum``, the running crc32c after each buffer, each slice of SLICE_BYTES
+    checksummed as soon as it is read (while in cache); else an empty list.
+    """
+    crcs: list[int] = []
+    crc = 0
     filled = 0
-    while views:
-        count = os.readv(fd, views[:1024])
-        if not count:
-            raise UnexpectedObjectError(f"shrank to {filled} bytes while read; it had {size}")
-        filled += count
-        while views and count >= len(views[0]):
-            count -= len(views[0])
-            views.pop(0)
-        if count:
-            views[0] = views[0][count:]
+    for buffer in buffers:
+        for start in range(0, len(buffer), SLICE_BYTES):
+            piece = buffer[start : start + SLICE_BYTES]
+            view = piece
+            while len(view):
+                count = os.readv(fd, [view])
+                if not count:
+                    raise UnexpectedObjectError(
+                        f"shrank to {filled} bytes while read; it had {size}"
+                    )
+                filled += count
+                view = view[count:]
+            if checksum:
+                crc = crc32c.crc32c(piece, value=crc)
+        if checksum:
+            crcs.append(crc)
     if os.read(fd, 1):
         raise UnexpectedObjectError(f"grew while read; it had {size} bytes")
+    return crcs
 
 
 def _read_file(path: str, max_size: int | None = None) -> memoryview:
@@ -166,14 +202,17 @@ def _file_size(path: str) -> int:
     return size
 
 
-def _read_file_into(path: str, buffers: list[memoryview]) -> None:
-    """Fill ``buffers`` with the regular file at ``path``, exactly as long as they are."""
+def _read_file_into(path: str, buffers: list[memoryview], checksum: bool = False) -> list[int]:
+    """Fill ``buffers`` with the regular file at ``path``, exactly as long as they are.
+
+    With ``checksum``, the running crc32c after each buffer (see :func:`_fill`).
+    """
     expected = sum(len(view) for view in buffers)
     fd, size = _open_regular(path)
     try:
         if size != expected:
             raise UnexpectedObjectError(f"is {size} bytes; expected {expected}")
-        _fill(fd, buffers, size)
+        return _fill(fd, buffers, size, checksum)
     finally:
         os.close(fd)
 
@@ -330,6 +369,15 @@ class LocalBackend(Backend):
     async def read_into(self, key: str, buffers: list[memoryview]) -> None:
         try:
             await self._run(f"reading {key}", _read_file_into, str(self.root / key), buffers)
+        except (FileNotFoundError, NotADirectoryError):
+            raise MissingKeyError(key) from None
+
+    async def read_into_checked(self, key: str, buffers: list[memoryview]) -> list[int]:
+        """Each slice is checksummed as it is read, in the reading thread (one pass)."""
+        try:
+            return await self._run(
+                f"reading {key}", _read_file_into, str(self.root / key), buffers, True
+            )
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 

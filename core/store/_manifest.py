@@ -19,18 +19,17 @@ import numpy as np
 from ..errors import ChecksumMismatchError, FormatVersionError
 from ..param_id import ParamId
 from ..record import SUPPORTED_DTYPES, GradientRecordEntry, GradientsParamsRecord
-from ._format import (
+from ._checksums import format_checksum, parse_checksum
+from ._ids import iso_utc, snapshot_id_time_ms
+from ._validation import GRADIENT_COLUMNS, STATS_COLUMNS, validate_manifest
+from ._zarr_format import (
     PACK_ALIGNMENT,
     PACKED_ARRAY,
     STORE_FORMAT_VERSION,
     Compression,
-    format_checksum,
     packed_layout,
-    parse_checksum,
     parse_compression,
 )
-from ._ids import iso_utc, snapshot_id_time_ms
-from ._validation import GRADIENT_COLUMNS, STATS_COLUMNS, validate_manifest
 
 
 @dataclass(frozen=True)

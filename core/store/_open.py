@@ -12,10 +12,10 @@ from urllib.request import url2pathname
 from obstore.store import S3Store
 
 from ._backend import ThreadRunner
-from ._format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD
 from ._local import LocalBackend
 from ._s3 import S3Backend
 from ._snapshot_store import SnapshotStore
+from ._zarr_format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD
 
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _S3_OPTIONS = (

@@ -37,18 +37,11 @@ from ._backend import (
     UnexpectedObjectError,
     snapshot_key,
 )
-from ._format import (
-    PACKED_ARRAY,
-    ChunkSpan,
-    crc32c_combine,
-    decompress_into,
-    encoded_size_bounds,
-    iter_chunk_spans,
-    parse_checksum,
-    split_crc,
-)
+from ._checksums import crc32c_combine, parse_checksum
+from ._codecs import decompress_into, encoded_size_bounds, split_crc
 from ._manifest import Manifest
 from ._validation import ArrayClaim, validate_array_document
+from ._zarr_format import PACKED_ARRAY, ChunkSpan, iter_chunk_spans
 
 #: Chunks at least this big are checked and decoded in a thread rather than on the loop.
 THREAD_DECODE_BYTES = 256 * 1024
@@ -485,47 +478,43 @@ class SnapshotReader:
         try:
             if compression is None:
                 tail = memoryview(bytearray(padding + 4))  # the zero padding and the crc32c
-                await self._backend.read_into(key, [out, tail])
+                # each piece is checksummed as it is read: one pass over the bytes
+                payload_crc = (await self._backend.read_into_checked(key, [out, tail]))[0]
+                computed = crc32c.crc32c(tail[:-4], value=payload_crc)
+                stored = int.from_bytes(tail[-4:], "little")
+                if computed != stored:
+                    raise ChecksumMismatchError(
+                        f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
+                        f"computed {computed:08x}"
+                    )
+                return payload_crc
+            _, most = encoded_size_bounds(span.padded_length, compression)
+            raw = await self._backend.read(key, most)
 
-                def check() -> int:
-                    payload_crc = crc32c.crc32c(out)
-                    computed = crc32c.crc32c(tail[:-4], value=payload_crc)
-                    stored = int.from_bytes(tail[-4:], "little")
-                    if computed != stored:
-                        raise ChecksumMismatchError(
-                            f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
-                            f"computed {computed:08x}"
-                        )
-                    return payload_crc
-
-            else:
-                _, most = encoded_size_bounds(span.padded_length, compression)
-                raw = await self._backend.read(key, most)
-
-                def check() -> int:
-                    try:
-                        body, stored = split_crc(raw)
-                    except ValueError as error:
-                        raise ChecksumMismatchError(f"{where()}: {error}") from None
-                    computed = crc32c.crc32c(body)
-                    if computed != stored:
-                        raise ChecksumMismatchError(
-                            f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
-                            f"computed {computed:08x}"
-                        )
-                    try:
-                        if padding:
-                            whole = memoryview(bytearray(span.padded_length))
-                            decompress_into(body, whole)
-                            out[:] = whole[: span.length]
-                        else:
-                            decompress_into(body, out)
-                    except ValueError as error:
-                        raise ChecksumMismatchError(
-                            f"{where()} does not decode as the snapshot's compression "
-                            f"({compression.codec['name']}) says: {error}"
-                        ) from None
-                    return crc32c.crc32c(out)
+            def check() -> int:
+                try:
+                    body, stored = split_crc(raw)
+                except ValueError as error:
+                    raise ChecksumMismatchError(f"{where()}: {error}") from None
+                computed = crc32c.crc32c(body)
+                if computed != stored:
+                    raise ChecksumMismatchError(
+                        f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
+                        f"computed {computed:08x}"
+                    )
+                try:
+                    if padding:
+                        whole = memoryview(bytearray(span.padded_length))
+                        decompress_into(body, whole)
+                        out[:] = whole[: span.length]
+                    else:
+                        decompress_into(body, out)
+                except ValueError as error:
+                    raise ChecksumMismatchError(
+                        f"{where()} does not decode as the snapshot's compression "
+                        f"({compression.codec['name']}) says: {error}"
+                    ) from None
+                return crc32c.crc32c(out)
 
             if span.padded_length >= THREAD_DECODE_BYTES:
                 return await self._threads.run(check)

@@ -42,8 +42,9 @@ from ._backend import (
     UnexpectedObjectError,
     snapshot_key,
 )
-from ._format import dump_json, group_metadata
+from ._checksums import resolved
 from ._ids import parse_snapshot_id, snapshot_id_time_ms
+from ._zarr_format import dump_json, group_metadata
 
 _log = logging.getLogger("gradvault.store")
 _DELETE_BATCH = 1000
@@ -56,12 +57,15 @@ _STREAM_PIECE = 1 << 20
 
 
 def _next_joined(chunks: Iterator[EncodedChunk]) -> tuple[str, bytes] | None:
-    """The next chunk as one bytes object (an object-store PUT takes one body)."""
+    """The next chunk as one bytes object (an object-store PUT takes one body).
+
+    Its crc32c trailer, if the writer is to compute it, is computed here.
+    """
     item = next(chunks, None)
     if item is None:
         return None
     key, buffers = item
-    return key, b"".join(buffers)
+    return key, b"".join(resolved(buffers))
 
 
 class S3Backend(Backend):

@@ -11,7 +11,7 @@ import asyncio
 import copy
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import orjson
@@ -20,7 +20,6 @@ from ..errors import (
     FormatVersionError,
     MissingGradientError,
     SnapshotNotFoundError,
-    StoreUnavailableError,
 )
 from ..param_id import ParamId, as_param_id
 from ..record import GradientRecordEntry, GradientsParamsRecord, paused_gc
@@ -29,33 +28,21 @@ from ..safetensors_file import data_order, encode_header, gradvault_metadata
 from ._backend import (
     MANIFEST_NAME,
     Backend,
-    EncodedChunk,
     MissingKeyError,
     ThreadRunner,
     UnexpectedObjectError,
     snapshot_key,
 )
-from ._format import (
-    PACKED_ARRAY,
-    STORE_FORMAT_VERSION,
-    ChunkSpan,
-    Compression,
-    array_metadata,
-    chunk_shape_for,
-    chunk_spans,
-    crc32c_combine,
-    dump_json,
-    encode_chunk,
-    format_checksum,
-    gradient_stats,
-    group_metadata,
-    packed_stats,
-    parse_compression,
-)
 from ._ids import new_snapshot_id, parse_snapshot_id
-from ._manifest import Manifest, PackedGradients, SnapshotInfo, build_manifest, pack
+from ._manifest import Manifest, SnapshotInfo
 from ._reader import SnapshotReader
 from ._retention import RetentionRules
+from ._write import SnapshotWrite
+from ._zarr_format import (
+    PACKED_ARRAY,
+    STORE_FORMAT_VERSION,
+    parse_compression,
+)
 from ._zarr_view import ZarrView, checked_range
 
 _log = logging.getLogger("gradvault.store")
@@ -67,45 +54,6 @@ _MANIFEST_CACHE_SIZE = 8
 _THREAD_HEADER_COUNT = 1000
 #: How many times a retention pass decides again when the newest snapshot vanishes under it.
 _RETENTION_ROUNDS = 3
-
-
-class _Abandoned(Exception):
-    """Another array of the same snapshot failed; stop writing this one."""
-
-
-class _WriteState:
-    def __init__(self) -> None:
-        self.failed = False
-
-
-class _GradientChunks:
-    """The encoded chunks of one gradient; once iterated, ``checksum`` is its crc32c."""
-
-    def __init__(
-        self,
-        data: memoryview,
-        spans: list[ChunkSpan],
-        compression: Compression | None,
-        state: _WriteState,
-    ) -> None:
-        self._data = data
-        self._spans = spans
-        self._compression = compression
-        self._state = state
-        self.checksum = 0
-
-    def __iter__(self) -> Iterator[EncodedChunk]:
-        checksum = 0
-        for span in self._spans:
-            if self._state.failed:
-                raise _Abandoned
-            payload = self._data[span.start : span.start + span.length]
-            parts, payload_crc = encode_chunk(
-                payload, span.padded_length - span.length, self._compression
-            )
-            checksum = crc32c_combine(checksum, payload_crc, span.length)
-            yield span.key, parts
-        self.checksum = checksum
 
 
 class SnapshotStore:
@@ -179,104 +127,16 @@ class SnapshotStore:
         check_metadata(record.metadata)  # the dict may have changed since the record was built
 
         snapshot_id = new_snapshot_id()
-        await self._backend.prepare()
-        writer = await self._backend.begin(snapshot_id)
-        state = _WriteState()
-        slots = asyncio.Semaphore(self.max_concurrency)
-        entries = record.entries
-        packed_positions = [
-            i for i, entry in enumerate(entries) if entry.array.nbytes < self.pack_threshold
-        ]
-        own_positions = [
-            i for i, entry in enumerate(entries) if entry.array.nbytes >= self.pack_threshold
-        ]
-
-        async def guarded(job: Callable[[], Awaitable[Any]]) -> Any:
-            async with slots:
-                if state.failed:
-                    raise _Abandoned
-                try:
-                    return await job()
-                except BaseException:
-                    state.failed = True
-                    raise
-
-        async def write_own(entry: GradientRecordEntry) -> dict[str, Any]:
-            itemsize = entry.array.dtype.itemsize
-            chunk_shape = chunk_shape_for(entry.shape, itemsize, self.chunk_bytes)
-            spans = chunk_spans(entry.shape, chunk_shape, itemsize)
-            chunks = _GradientChunks(entry.data, spans, codec, state)
-            attributes = {"gradvault": {"param_id": str(entry.param_id), "name": entry.name}}
-            document = array_metadata(entry.shape, entry.dtype, chunk_shape, codec, attributes)
-            _, stats = await asyncio.gather(
-                writer.write_array(str(entry.param_id), dump_json(document), iter(chunks)),
-                self._threads.run(gradient_stats, entry.array),
-            )
-            return {
-                "array": str(entry.param_id),
-                "chunk_shape": list(chunk_shape),
-                "checksum": format_checksum(chunks.checksum),
-                "stats": stats,
-            }
-
-        # Writes still in flight once their gradients' checksums and stats are known: the
-        # manifest is built and encoded while they finish.
-        in_flight: list[asyncio.Future[None]] = []
-
-        async def write_packed() -> PackedGradients:
-            small = [entries[i] for i in packed_positions]
-            packed = await self._threads.run(pack, small, self.chunk_bytes)
-            spans = chunk_spans((packed.length,), (packed.chunk_bytes,), 1)
-            chunks = _GradientChunks(memoryview(packed.buffer), spans, codec, state)
-            document = array_metadata((packed.length,), "uint8", (packed.chunk_bytes,), codec)
-            in_flight.append(
-                asyncio.ensure_future(
-                    writer.write_array(PACKED_ARRAY, dump_json(document), iter(chunks))
-                )
-            )
-            packed.stats = await self._threads.run(
-                packed_stats,
-                packed.buffer,
-                packed.offsets,
-                [entry.array.nbytes for entry in small],
-                [entry.dtype for entry in small],
-            )
-            return packed
-
-        jobs = [guarded(lambda entry=entries[i]: write_own(entry)) for i in own_positions]
-        if packed_positions:
-            jobs.append(guarded(write_packed))
-        try:
-            results = await asyncio.gather(*jobs, return_exceptions=True)
-            failures = [r for r in results if isinstance(r, BaseException)]
-            if failures:
-                raise next((f for f in failures if not isinstance(f, _Abandoned)), failures[0])
-            manifest = build_manifest(
-                record,
-                snapshot_id=snapshot_id,
-                run=run,
-                step=step,
-                tags=tags,
-                device=device,
-                compression=codec,
-                packed_positions=packed_positions,
-                packed=results[-1] if packed_positions else None,
-                own_arrays=dict(zip(own_positions, results, strict=False)),
-            )
-            group_document = await self._threads.run(
-                lambda: dump_json(group_metadata({"gradvault": manifest}), compact=True)
-            )
-            await asyncio.gather(*in_flight)
-            await writer.commit(group_document)
-        except BaseException as error:
-            state.failed = True
-            await asyncio.gather(*in_flight, return_exceptions=True)
-            await asyncio.shield(writer.abort())
-            if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):
-                raise StoreUnavailableError(
-                    f"store {self.location}: writing snapshot {snapshot_id} failed: {error}"
-                ) from error
-            raise
+        write = SnapshotWrite(
+            self._backend,
+            self._threads,
+            snapshot_id=snapshot_id,
+            pack_threshold=self.pack_threshold,
+            chunk_bytes=self.chunk_bytes,
+            max_concurrency=self.max_concurrency,
+            compression=codec,
+        )
+        manifest = await write.run(record, run=run, step=step, tags=tags, device=device)
         info = SnapshotInfo.from_manifest(manifest)
         self._infos[snapshot_id] = info
         return info

@@ -29,12 +29,8 @@ from ..record_rules import (
     first_invalid_name,
     first_invalid_shape,
 )
-from ._format import (
-    PACKED_ARRAY,
-    Compression,
-    format_checksum,
-    parse_compression,
-)
+from ._checksums import format_checksum
+from ._zarr_format import PACKED_ARRAY, Compression, parse_compression
 
 #: Per-gradient columns of ``manifest["gradients"]`` (``stats`` holds four more).
 GRADIENT_COLUMNS = (

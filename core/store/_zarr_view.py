@@ -35,11 +35,12 @@ from ._backend import (
     MissingKeyError,
     UnexpectedObjectError,
 )
-from ._format import PACKED_ARRAY, ChunkSpan, encoded_size_bounds, split_crc
+from ._codecs import encoded_size_bounds, split_crc
 from ._ids import is_snapshot_id
 from ._manifest import Manifest
 from ._reader import SnapshotReader
 from ._validation import validate_array_document
+from ._zarr_format import PACKED_ARRAY, ChunkSpan
 
 #: The longest store path read; every real key is far shorter.
 MAX_STORE_PATH = 512

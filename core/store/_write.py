@@ -1,0 +1,223 @@
+"""The write pipeline: one snapshot's arrays written in parallel, its manifest, its commit.
+
+Each gradient of at least ``pack_threshold`` bytes gets its own array; the smaller ones
+are packed into one (``_manifest.pack``). Per array, the chunks are checksummed as they
+are written (the backend fills each chunk's crc32c trailer slice by slice, so every byte
+goes through memory once for both) while the gradient's stats are computed in another
+thread; the gradient's checksum is combined from its chunks' crc32c, never a second
+pass. The manifest is encoded while the last writes finish; nothing is visible to a
+reader before the backend's commit, and a failure anywhere aborts the whole write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from ..errors import StoreUnavailableError
+from ..record import GradientRecordEntry, GradientsParamsRecord
+from ._backend import Backend, EncodedChunk, SnapshotWriter, ThreadRunner
+from ._checksums import crc32c_combine, format_checksum
+from ._codecs import encode_chunk
+from ._manifest import PackedGradients, build_manifest, pack
+from ._stats import gradient_stats, packed_stats
+from ._zarr_format import (
+    PACKED_ARRAY,
+    ChunkSpan,
+    Compression,
+    array_metadata,
+    chunk_shape_for,
+    chunk_spans,
+    dump_json,
+    group_metadata,
+)
+
+
+class _Abandoned(Exception):
+    """Another array of the same snapshot failed; stop writing this one."""
+
+
+class _GradientChunks:
+    """The encoded chunks of one array; once iterated, ``checksum`` is its data's crc32c.
+
+    The payload crc32c of each chunk is taken once the backend has written the chunk
+    (before it asks for the next one), and combined into the array's checksum.
+    """
+
+    def __init__(
+        self,
+        data: memoryview,
+        spans: list[ChunkSpan],
+        compression: Compression | None,
+        write: SnapshotWrite,
+    ) -> None:
+        self._data = data
+        self._spans = spans
+        self._compression = compression
+        self._write = write
+        self.checksum = 0
+
+    def __iter__(self) -> Iterator[EncodedChunk]:
+        checksum = 0
+        for span in self._spans:
+            if self._write.failed:
+                raise _Abandoned
+            payload = self._data[span.start : span.start + span.length]
+            parts, payload_crc = encode_chunk(
+                payload, span.padded_length - span.length, self._compression
+            )
+            yield span.key, parts
+            checksum = crc32c_combine(checksum, payload_crc(), span.length)
+        self.checksum = checksum
+
+
+class SnapshotWrite:
+    """Writes one record as snapshot ``snapshot_id``; :meth:`run` returns its manifest."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        threads: ThreadRunner,
+        *,
+        snapshot_id: str,
+        pack_threshold: int,
+        chunk_bytes: int,
+        max_concurrency: int,
+        compression: Compression | None,
+    ) -> None:
+        self._backend = backend
+        self._threads = threads
+        self._id = snapshot_id
+        self._pack_threshold = pack_threshold
+        self._chunk_bytes = chunk_bytes
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._compression = compression
+        #: set once any array fails: the others stop at their next chunk
+        self.failed = False
+        #: writes still in flight once their arrays' checksums and stats are known
+        self._in_flight: list[asyncio.Future[None]] = []
+
+    async def run(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: dict[str, str],
+        device: str,
+    ) -> dict[str, Any]:
+        """Write every array, then commit the manifest; the manifest once durable.
+
+        On any failure nothing becomes visible and the partial write is removed where
+        possible; OSError becomes StoreUnavailableError naming the store and the snapshot.
+        """
+        entries = record.entries
+        packed_positions = [
+            i for i, entry in enumerate(entries) if entry.array.nbytes < self._pack_threshold
+        ]
+        own_positions = [
+            i for i, entry in enumerate(entries) if entry.array.nbytes >= self._pack_threshold
+        ]
+        await self._backend.prepare()
+        writer = await self._backend.begin(self._id)
+        jobs = [self._guarded(self._write_own, writer, entries[i]) for i in own_positions]
+        if packed_positions:
+            small = [entries[i] for i in packed_positions]
+            jobs.append(self._guarded(self._write_packed, writer, small))
+        try:
+            results = await asyncio.gather(*jobs, return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                raise next((f for f in failures if not isinstance(f, _Abandoned)), failures[0])
+            manifest = build_manifest(
+                record,
+                snapshot_id=self._id,
+                run=run,
+                step=step,
+                tags=tags,
+                device=device,
+                compression=self._compression,
+                packed_positions=packed_positions,
+                packed=results[-1] if packed_positions else None,
+                own_arrays=dict(zip(own_positions, results, strict=False)),
+            )
+            group_document = await self._threads.run(_manifest_document, manifest)
+            await asyncio.gather(*self._in_flight)
+            await writer.commit(group_document)
+        except BaseException as error:
+            self.failed = True
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+            await asyncio.shield(writer.abort())
+            if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):
+                raise StoreUnavailableError(
+                    f"store {self._backend.location}: writing snapshot {self._id} failed: {error}"
+                ) from error
+            raise
+        return manifest
+
+    async def _guarded(self, job: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """Run ``job`` within the concurrency bound; a failure stops the other arrays."""
+        async with self._slots:
+            if self.failed:
+                raise _Abandoned
+            try:
+                return await job(*args)
+            except BaseException:
+                self.failed = True
+                raise
+
+    async def _write_own(
+        self, writer: SnapshotWriter, entry: GradientRecordEntry
+    ) -> dict[str, Any]:
+        """Write one gradient's own array; its manifest columns (checksum, stats, ...)."""
+        itemsize = entry.array.dtype.itemsize
+        chunk_shape = chunk_shape_for(entry.shape, itemsize, self._chunk_bytes)
+        spans = chunk_spans(entry.shape, chunk_shape, itemsize)
+        chunks = _GradientChunks(entry.data, spans, self._compression, self)
+        attributes = {"gradvault": {"param_id": str(entry.param_id), "name": entry.name}}
+        document = array_metadata(
+            entry.shape, entry.dtype, chunk_shape, self._compression, attributes
+        )
+        _, stats = await asyncio.gather(
+            writer.write_array(str(entry.param_id), dump_json(document), iter(chunks)),
+            self._threads.run(gradient_stats, entry.array),
+        )
+        return {
+            "array": str(entry.param_id),
+            "chunk_shape": list(chunk_shape),
+            "checksum": format_checksum(chunks.checksum),
+            "stats": stats,
+        }
+
+    async def _write_packed(
+        self, writer: SnapshotWriter, small: list[GradientRecordEntry]
+    ) -> PackedGradients:
+        """Pack the small gradients into one array and start writing it; their columns.
+
+        The write goes on while the manifest is built (it is awaited before the commit).
+        """
+        packed = await self._threads.run(pack, small, self._chunk_bytes)
+        spans = chunk_spans((packed.length,), (packed.chunk_bytes,), 1)
+        chunks = _GradientChunks(memoryview(packed.buffer), spans, self._compression, self)
+        document = array_metadata(
+            (packed.length,), "uint8", (packed.chunk_bytes,), self._compression
+        )
+        self._in_flight.append(
+            asyncio.ensure_future(
+                writer.write_array(PACKED_ARRAY, dump_json(document), iter(chunks))
+            )
+        )
+        packed.stats = await self._threads.run(
+            packed_stats,
+            packed.buffer,
+            packed.offsets,
+            [entry.array.nbytes for entry in small],
+            [entry.dtype for entry in small],
+        )
+        return packed
+
+
+def _manifest_document(manifest: dict[str, Any]) -> bytes:
+    """The snapshot group's ``zarr.json``: the manifest in its attributes."""
+    return dump_json(group_metadata({"gradvault": manifest}), compact=True)
