@@ -155,9 +155,10 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
         assert len(restored) == count
 
     def raw_read() -> None:
-        buffer = bytearray(os.path.getsize(keep / "raw.bin"))
+        # into memory that is not zero-filled first, as the restore's own buffers
+        buffer = np.empty(os.path.getsize(keep / "raw.bin"), dtype=np.uint8)
         with open(keep / "raw.bin", "rb", buffering=0) as f:
-            f.readinto(buffer)
+            f.readinto(memoryview(buffer))
 
     def safetensors_read() -> None:
         safetensors.numpy.load_file(keep / "g.safetensors")

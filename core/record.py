@@ -208,22 +208,32 @@ class GradientsParamsRecord:
                 f"{FORMAT_VERSION}"
             )
         self._entries = tuple(entries)
-        self._by_id: dict[ParamId, GradientRecordEntry] = {}
-        for entry in self._entries:
-            if not _validated and not isinstance(entry, GradientRecordEntry):
-                raise TypeError(
-                    f"a record holds GradientRecordEntry objects; got {type(entry).__name__}"
-                )
-            if entry.param_id in self._by_id:
-                raise DuplicateParamError(
-                    f"param {entry.param_id} ({entry.name!r}) appears twice in the record "
-                    f"(first as {self._by_id[entry.param_id].name!r})"
-                )
-            if not _validated:
+        # A validated record's ids are unique by construction (dict keys, a validated
+        # manifest): its index is built on first lookup, not while a trainer waits.
+        self._index: dict[ParamId, GradientRecordEntry] | None = None
+        if not _validated:
+            by_id: dict[ParamId, GradientRecordEntry] = {}
+            for entry in self._entries:
+                if not isinstance(entry, GradientRecordEntry):
+                    raise TypeError(
+                        f"a record holds GradientRecordEntry objects; got {type(entry).__name__}"
+                    )
+                if entry.param_id in by_id:
+                    raise DuplicateParamError(
+                        f"param {entry.param_id} ({entry.name!r}) appears twice in the record "
+                        f"(first as {by_id[entry.param_id].name!r})"
+                    )
                 entry.validate()
-            self._by_id[entry.param_id] = entry
+                by_id[entry.param_id] = entry
+            self._index = by_id
         self.metadata: dict[str, Any] = check_metadata(metadata)
         self.format_version = format_version
+
+    @property
+    def _by_id(self) -> dict[ParamId, GradientRecordEntry]:
+        if self._index is None:
+            self._index = {entry.param_id: entry for entry in self._entries}
+        return self._index
 
     @property
     def entries(self) -> tuple[GradientRecordEntry, ...]:

@@ -10,3 +10,5 @@ if ! "$PY" -c "import cupy" 2>/dev/null; then
 fi
 "$PY" -c "import cupy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount())"
 "$PY" -m pytest -q -m gpu -rs
+# GPU figures: streamed device-to-host throughput against CuPy's copy, and the capture stall
+timeout 300 "$PY" -m bench.gpu_stream

@@ -1,0 +1,171 @@
+"""Streamed device-to-host reads: a gradient on a GPU, copied chunk by chunk into a ring.
+
+A device buffer is not read to host whole. Its bytes are copied in chunks of at most
+``slot_bytes`` into a small ring of reusable pinned host buffers, on a side stream, and
+each chunk is handed to the consumer (checksums, a write) as soon as its copy is done,
+while the copies of the next chunks proceed. Host memory is bounded by the ring
+(``slots * slot_bytes``), however large the gradient or the snapshot.
+
+The ordering rules, which :class:`RingStreamer` keeps and the tests check:
+
+- a slot is given a new copy only once the consumer has returned from the chunk it
+  held (the consumer is done with its bytes);
+- a chunk is handed over only after its copy's completion was waited for;
+- chunks are handed over in order of their offset, and together cover every byte once.
+
+The device side is behind :class:`DeviceCopier`, so the logic runs on the CPU with a
+fake device in the tests; :class:`CupyCopier` is the CUDA one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+#: Ring defaults: 4 slots of 16 MiB (64 MiB of pinned host memory).
+DEFAULT_SLOTS = 4
+DEFAULT_SLOT_BYTES = 16 << 20
+
+
+class DeviceCopier(Protocol):
+    """What the streamer needs from a device: pinned buffers, async copies, their events."""
+
+    def pinned(self, nbytes: int) -> memoryview:
+        """A page-locked host buffer of ``nbytes`` (allocated once per ring slot)."""
+
+    def copy_async(self, source: Any, offset: int, length: int, target: memoryview) -> Any:
+        """Start copying ``length`` bytes of ``source`` from ``offset`` into ``target``.
+
+        Returns an event that :meth:`wait` takes; the copy runs on a side stream.
+        """
+
+    def wait(self, event: Any) -> None:
+        """Block until the copy of ``event`` is complete."""
+
+
+@dataclass(frozen=True)
+class ChunkCopy:
+    """One chunk in flight: its byte range in the source, its ring slot and its event."""
+
+    offset: int
+    length: int
+    slot: int
+    event: Any
+
+
+class RingStreamer:
+    """Streams device buffers through a ring of ``slots`` pinned buffers of ``slot_bytes``.
+
+    The ring's buffers are allocated once, when the streamer is made, and reused for
+    every chunk of every buffer streamed through it.
+    """
+
+    def __init__(
+        self,
+        copier: DeviceCopier,
+        *,
+        slots: int = DEFAULT_SLOTS,
+        slot_bytes: int = DEFAULT_SLOT_BYTES,
+    ) -> None:
+        if type(slots) is not int or slots < 1:
+            raise ValueError(f"slots must be an int >= 1; got {slots!r}")
+        if type(slot_bytes) is not int or slot_bytes < 1:
+            raise ValueError(f"slot_bytes must be an int >= 1; got {slot_bytes!r}")
+        self._copier = copier
+        self.slot_bytes = slot_bytes
+        self._buffers = [copier.pinned(slot_bytes) for _ in range(slots)]
+
+    @property
+    def host_bytes(self) -> int:
+        """The pinned host memory the ring holds: its bound on host memory."""
+        return len(self._buffers) * self.slot_bytes
+
+    def stream(
+        self, source: Any, nbytes: int, chunk_bytes: int | None = None
+    ) -> Iterator[memoryview]:
+        """The ``nbytes`` of ``source`` in order, as views of the ring's buffers.
+
+        Each view is valid until the consumer asks for the next one (its slot is then
+        given a new copy). ``chunk_bytes`` (at most ``slot_bytes``) sets the piece size,
+        so that pieces can match a store's chunk layout.
+        """
+        piece = self.slot_bytes if chunk_bytes is None else chunk_bytes
+        if type(piece) is not int or not 1 <= piece <= self.slot_bytes:
+            raise ValueError(
+                f"chunk_bytes must be an int in [1, {self.slot_bytes}]; got {chunk_bytes!r}"
+            )
+        if type(nbytes) is not int or nbytes < 0:
+            raise ValueError(f"nbytes must be an int >= 0; got {nbytes!r}")
+        free = deque(range(len(self._buffers)))
+        pending: deque[ChunkCopy] = deque()
+        next_offset = 0
+
+        def issue() -> None:
+            nonlocal next_offset
+            while free and next_offset < nbytes:
+                slot = free.popleft()
+                length = min(piece, nbytes - next_offset)
+                target = self._buffers[slot][:length]
+                event = self._copier.copy_async(source, next_offset, length, target)
+                pending.append(ChunkCopy(next_offset, length, slot, event))
+                next_offset += length
+
+        try:
+            issue()
+            while pending:
+                chunk = pending.popleft()
+                self._copier.wait(chunk.event)
+                yield self._buffers[chunk.slot][: chunk.length]
+                # the consumer is done with this slot: it takes the next copy
+                free.append(chunk.slot)
+                issue()
+        finally:
+            # never leave a copy running into a buffer the next stream will hand out
+            for chunk in pending:
+                self._copier.wait(chunk.event)
+
+
+class CupyCopier:
+    """DeviceCopier on CUDA through CuPy: pinned memory, one non-blocking side stream."""
+
+    def __init__(self, device: int = 0) -> None:
+        import cupy  # noqa: PLC0415 - optional dependency, only where a GPU is used
+
+        self._cupy = cupy
+        self._device = device
+        with cupy.cuda.Device(device):
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._keep: list[Any] = []  # the pinned allocations behind the views
+
+    def pinned(self, nbytes: int) -> memoryview:
+        memory = self._cupy.cuda.alloc_pinned_memory(nbytes)
+        self._keep.append(memory)
+        return memoryview(np.frombuffer(memory, np.uint8, nbytes))
+
+    def copy_async(self, source: Any, offset: int, length: int, target: memoryview) -> Any:
+        cupy = self._cupy
+        runtime = cupy.cuda.runtime
+        host = _address_of(target)
+        with cupy.cuda.Device(self._device):
+            # the side stream must see the source complete on the stream that wrote it
+            self._stream.wait_event(cupy.cuda.get_current_stream().record())
+            runtime.memcpyAsync(
+                host,
+                source.data.ptr + offset,
+                length,
+                runtime.memcpyDeviceToHost,
+                self._stream.ptr,
+            )
+            return self._stream.record()
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+
+def _address_of(view: memoryview) -> int:
+    """The address of a buffer's first byte."""
+    return int(np.frombuffer(view, np.uint8).ctypes.data)
