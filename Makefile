@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: run test bench lint gpu-check clean
+.PHONY: run test bench load lint gpu-check clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,13 @@ run: $(VENV)/.installed
 test: lint
 	$(PY) -m pytest -q
 
+# every figure in one table; bench/results/latest.{json,md} and README.md's table
 bench: $(VENV)/.installed-test
-	$(PY) -m bench
+	$(PY) -m bench --readme
+
+# 32 clients pushing and restoring 64 MiB snapshots for 2 minutes against one uvicorn
+load: $(VENV)/.installed-test
+	$(PY) -m bench.load
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
