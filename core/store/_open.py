@@ -3,32 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
-from obstore.store import S3Store
-
 from ._backend import ThreadRunner
 from ._local import LocalBackend
-from ._s3 import S3Backend
 from ._snapshot_store import SnapshotStore
 from ._zarr_format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD
-
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
-_S3_OPTIONS = (
-    "endpoint",
-    "region",
-    "access_key_id",
-    "secret_access_key",
-    "session_token",
-    "allow_http",
-    "client_options",
-    "retry_config",
-)
-_TRUE = {"1", "true", "yes", "on"}
 
 
 def _local_root(url_or_path: str | os.PathLike[str]) -> Path:
@@ -41,52 +24,6 @@ def _local_root(url_or_path: str | os.PathLike[str]) -> Path:
     if not text:
         raise ValueError("the store path is empty")
     return Path(text).expanduser().absolute()
-
-
-def _s3_backend(url: str, options: dict[str, Any], threads: ThreadRunner, concurrency: int):
-    parsed = urlparse(url)
-    bucket = parsed.netloc
-    if not _BUCKET.fullmatch(bucket):
-        raise ValueError(f"an S3 URL is s3://<bucket>/<prefix>; bucket {bucket!r} is not valid")
-    parts = [part for part in parsed.path.split("/") if part]
-    if any(part in (".", "..") for part in parts):
-        raise ValueError(f"an S3 prefix may not contain '.' or '..' segments; got {url!r}")
-    environ = os.environ
-    endpoint = (
-        options.get("endpoint")
-        or environ.get("AWS_ENDPOINT_URL_S3")
-        or environ.get("AWS_ENDPOINT_URL")
-    )
-    config: dict[str, Any] = {}
-    settings = {
-        "endpoint": endpoint,
-        "region": options.get("region")
-        or environ.get("AWS_REGION")
-        or environ.get("AWS_DEFAULT_REGION")
-        or "us-east-1",
-        "access_key_id": options.get("access_key_id") or environ.get("AWS_ACCESS_KEY_ID"),
-        "secret_access_key": options.get("secret_access_key")
-        or environ.get("AWS_SECRET_ACCESS_KEY"),
-        "session_token": options.get("session_token") or environ.get("AWS_SESSION_TOKEN"),
-    }
-    config.update({key: value for key, value in settings.items() if value})
-    allow_http = options.get("allow_http")
-    if allow_http is None:
-        if "AWS_ALLOW_HTTP" in environ:
-            allow_http = environ["AWS_ALLOW_HTTP"].strip().lower() in _TRUE
-        else:  # an explicit http:// endpoint is a request for plain HTTP
-            allow_http = bool(endpoint and endpoint.startswith("http://"))
-    client_options = dict(options.get("client_options") or {})
-    client_options.setdefault("allow_http", allow_http)
-    store = S3Store(
-        bucket,
-        prefix="/".join(parts) or None,
-        config=config,  # type: ignore[arg-type]
-        client_options=client_options,  # type: ignore[arg-type]
-        retry_config=options.get("retry_config"),
-    )
-    location = f"s3://{bucket}/{'/'.join(parts)}".rstrip("/")
-    return S3Backend(store, location, threads, concurrency)
 
 
 def open_store(
@@ -118,10 +55,10 @@ def open_store(
     threads = ThreadRunner(max_concurrency)
     scheme = urlparse(text).scheme if "://" in text else ""
     if scheme == "s3":
-        unknown = sorted(set(options) - set(_S3_OPTIONS))
-        if unknown:
-            raise TypeError(f"unknown S3 store options {unknown}; known: {list(_S3_OPTIONS)}")
-        backend: Any = _s3_backend(text, options, threads, max_concurrency)
+        # obstore (the s3 extra) is imported only for an S3 store
+        from ._s3 import S3Backend  # noqa: PLC0415
+
+        backend: Any = S3Backend.from_url(text, options, threads, max_concurrency)
     elif scheme in ("", "file"):
         if options:
             raise TypeError(f"a local store takes no options {sorted(options)}")

@@ -9,10 +9,20 @@ that committed before it; the pass that runs after its own commit still keeps it
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
+from ..errors import FormatVersionError, SnapshotNotFoundError
 from ._manifest import SnapshotInfo
+
+if TYPE_CHECKING:
+    from ._snapshot_store import SnapshotStore
+
+_log = logging.getLogger("gradvault.store")
+#: How many times a retention pass decides again when the newest snapshot vanishes under it.
+RETENTION_ROUNDS = 3
 
 
 def _count(name: str, value: object, least: int) -> int | None:
@@ -65,3 +75,72 @@ class RetentionRules:
             if not kept:
                 doomed.append(info.id)
         return doomed
+
+
+class RetentionPass:
+    """One ``apply_retention`` over a store: decide from a fresh listing, then delete.
+
+    The pass decides from a fresh listing (every manifest checked now, no cache; the
+    newest one read and validated again), and before each deletion checks that the
+    newest snapshot it keeps is still there; if someone else deleted it meanwhile, it
+    decides again (RETENTION_ROUNDS times at most) rather than leave the store without it.
+    """
+
+    def __init__(self, store: SnapshotStore, rules: RetentionRules, protected: set[str]) -> None:
+        self._store = store
+        self._rules = rules
+        self._protected = protected
+
+    async def run(self, run: str | None) -> list[str]:
+        """Delete what no rule keeps among the snapshots of ``run`` (or all); the ids."""
+        store = self._store
+        deleted: list[str] = []
+        for _ in range(RETENTION_ROUNDS):
+            infos = await self._readable_newest_first(run)
+            for snapshot_id in self._rules.doomed(infos, self._protected):
+                if not await store._backend.is_committed(infos[0].id):
+                    break  # the newest we keep is gone: decide again from a new listing
+                try:
+                    await store.delete(snapshot_id)
+                except SnapshotNotFoundError:
+                    pass  # deleted by someone else meanwhile
+                deleted.append(snapshot_id)
+            else:
+                return deleted
+        _log.warning(
+            "store %s: retention stopped: in each of %d rounds the newest snapshot it "
+            "kept was deleted by someone else before it was done; it deleted %s",
+            store.location,
+            RETENTION_ROUNDS,
+            deleted,
+        )
+        return deleted
+
+    async def _readable_newest_first(self, run: str | None) -> list[SnapshotInfo]:
+        """A fresh listing whose first snapshot's manifest was just read and validated.
+
+        The snapshots this store wrote are listed from what it wrote, not from what a
+        reader would parse; retention must not keep one that readers refuse as "the
+        newest" and delete the newest good one for it. Snapshots found unreadable here
+        are left out (and left alone).
+        """
+        store = self._store
+        infos = await store._listing(run=run, fresh=True)
+        while infos:
+            newest = infos[0].id
+            store._forget(newest)
+            try:
+                await store._load_manifest(newest)
+            except SnapshotNotFoundError:
+                pass  # deleted since the listing
+            except FormatVersionError as error:
+                _log.warning(
+                    "store %s: retention leaves snapshot %s alone, readers refuse it: %s",
+                    store.location,
+                    newest,
+                    error,
+                )
+            else:
+                return infos
+            infos = infos[1:]
+        return infos

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlparse
 
 import obstore
 from obstore.exceptions import NotFoundError
@@ -47,6 +50,20 @@ from ._ids import parse_snapshot_id, snapshot_id_time_ms
 from ._zarr_format import dump_json, group_metadata
 
 _log = logging.getLogger("gradvault.store")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+S3_OPTIONS = (
+    "endpoint",
+    "region",
+    "access_key_id",
+    "secret_access_key",
+    "session_token",
+    "allow_http",
+    "client_options",
+    "retry_config",
+)
+_TRUE = {"1", "true", "yes", "on"}
+
+
 _DELETE_BATCH = 1000
 #: The object gc writes into a prefix it removes; a commit that finds it fails.
 COLLECTED_MARKER = "gc-collected"
@@ -70,6 +87,60 @@ def _next_joined(chunks: Iterator[EncodedChunk]) -> tuple[str, bytes] | None:
 
 class S3Backend(Backend):
     """Snapshots under ``s3://bucket/prefix`` (see the module docstring)."""
+
+    @classmethod
+    def from_url(
+        cls, url: str, options: dict[str, Any], threads: ThreadRunner, concurrency: int
+    ) -> S3Backend:
+        """The backend of ``s3://bucket/prefix``, its settings from ``options`` and the
+        environment (see :func:`open_store`); TypeError for an unknown option, ValueError
+        for a bad bucket or prefix."""
+        unknown = sorted(set(options) - set(S3_OPTIONS))
+        if unknown:
+            raise TypeError(f"unknown S3 store options {unknown}; known: {list(S3_OPTIONS)}")
+        parsed = urlparse(url)
+        bucket = parsed.netloc
+        if not _BUCKET.fullmatch(bucket):
+            raise ValueError(f"an S3 URL is s3://<bucket>/<prefix>; bucket {bucket!r} is not valid")
+        parts = [part for part in parsed.path.split("/") if part]
+        if any(part in (".", "..") for part in parts):
+            raise ValueError(f"an S3 prefix may not contain '.' or '..' segments; got {url!r}")
+        environ = os.environ
+        endpoint = (
+            options.get("endpoint")
+            or environ.get("AWS_ENDPOINT_URL_S3")
+            or environ.get("AWS_ENDPOINT_URL")
+        )
+        config: dict[str, Any] = {}
+        settings = {
+            "endpoint": endpoint,
+            "region": options.get("region")
+            or environ.get("AWS_REGION")
+            or environ.get("AWS_DEFAULT_REGION")
+            or "us-east-1",
+            "access_key_id": options.get("access_key_id") or environ.get("AWS_ACCESS_KEY_ID"),
+            "secret_access_key": options.get("secret_access_key")
+            or environ.get("AWS_SECRET_ACCESS_KEY"),
+            "session_token": options.get("session_token") or environ.get("AWS_SESSION_TOKEN"),
+        }
+        config.update({key: value for key, value in settings.items() if value})
+        allow_http = options.get("allow_http")
+        if allow_http is None:
+            if "AWS_ALLOW_HTTP" in environ:
+                allow_http = environ["AWS_ALLOW_HTTP"].strip().lower() in _TRUE
+            else:  # an explicit http:// endpoint is a request for plain HTTP
+                allow_http = bool(endpoint and endpoint.startswith("http://"))
+        client_options = dict(options.get("client_options") or {})
+        client_options.setdefault("allow_http", allow_http)
+        store = S3Store(
+            bucket,
+            prefix="/".join(parts) or None,
+            config=config,  # type: ignore[arg-type]
+            client_options=client_options,  # type: ignore[arg-type]
+            retry_config=options.get("retry_config"),
+        )
+        location = f"s3://{bucket}/{'/'.join(parts)}".rstrip("/")
+        return cls(store, location, threads, concurrency)
 
     def __init__(self, store: S3Store, location: str, threads: ThreadRunner, max_concurrency: int):
         self._store = store

@@ -36,7 +36,7 @@ from ._backend import (
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, SnapshotInfo
 from ._reader import SnapshotReader
-from ._retention import RetentionRules
+from ._retention import RetentionPass, RetentionRules
 from ._write import SnapshotWrite
 from ._zarr_format import (
     PACKED_ARRAY,
@@ -52,8 +52,6 @@ _THREAD_DECODE_BYTES = 256 * 1024
 _MANIFEST_CACHE_SIZE = 8
 #: Safetensors headers of more gradients than this are encoded in a thread.
 _THREAD_HEADER_COUNT = 1000
-#: How many times a retention pass decides again when the newest snapshot vanishes under it.
-_RETENTION_ROUNDS = 3
 
 
 class SnapshotStore:
@@ -404,34 +402,6 @@ class SnapshotStore:
             raise ValueError(f"grace_seconds must be a number >= 0; got {grace_seconds!r}")
         return await self._backend.collect_garbage(grace_seconds)
 
-    async def _readable_newest_first(self, run: str | None) -> list[SnapshotInfo]:
-        """A fresh listing whose first snapshot's manifest was just read and validated.
-
-        The snapshots this store wrote are listed from what it wrote, not from what a
-        reader would parse; retention must not keep one that readers refuse as "the
-        newest" and delete the newest good one for it. Snapshots found unreadable here
-        are left out (and left alone).
-        """
-        infos = await self._listing(run=run, fresh=True)
-        while infos:
-            newest = infos[0].id
-            self._forget(newest)
-            try:
-                await self._load_manifest(newest)
-            except SnapshotNotFoundError:
-                pass  # deleted since the listing
-            except FormatVersionError as error:
-                _log.warning(
-                    "store %s: retention leaves snapshot %s alone, readers refuse it: %s",
-                    self.location,
-                    newest,
-                    error,
-                )
-            else:
-                return infos
-            infos = infos[1:]
-        return infos
-
     async def apply_retention(
         self,
         keep_last: int | None = None,
@@ -454,27 +424,6 @@ class SnapshotStore:
         if isinstance(keep, str):
             raise ValueError(f"keep must be a collection of snapshot ids; got one string {keep!r}")
         protected = {parse_snapshot_id(snapshot_id) for snapshot_id in keep}
-        deleted: list[str] = []
         if rules.keeps_everything:
-            return deleted
-        for _ in range(_RETENTION_ROUNDS):
-            infos = await self._readable_newest_first(run)
-            doomed = rules.doomed(infos, protected)
-            for snapshot_id in doomed:
-                if not await self._backend.is_committed(infos[0].id):
-                    break  # the newest we keep is gone: decide again from a new listing
-                try:
-                    await self.delete(snapshot_id)
-                except SnapshotNotFoundError:
-                    pass  # deleted by someone else meanwhile
-                deleted.append(snapshot_id)
-            else:
-                return deleted
-        _log.warning(
-            "store %s: retention stopped: in each of %d rounds the newest snapshot it "
-            "kept was deleted by someone else before it was done; it deleted %s",
-            self.location,
-            _RETENTION_ROUNDS,
-            deleted,
-        )
-        return deleted
+            return []
+        return await RetentionPass(self, rules, protected).run(run)
