@@ -1,7 +1,7 @@
 """HTTP throughput: the service against nginx serving the same bytes from a file.
 
 One uvicorn (the service, default settings) and Debian's nginx (``sendfile on``, its own
-config in a temporary folder), both on loopback, both warm (each file read once first).
+config in a temporary folder), both on loopback, both warm (every file was just written or read).
 Downloads: one 1 GiB gradient (``GET .../grads/{id}``) against nginx serving the
 gradient's raw bytes, and a whole 1 GiB snapshot in 256 gradients as safetensors
 (``GET .../safetensors``) against nginx serving the same safetensors file. The same
@@ -28,7 +28,9 @@ import numpy as np
 from bench._timing import Row, interleaved, print_rows
 from bench.service_list import _free_port, _wait_ready
 
-GIB = 1 << 30
+#: The bytes of the gradient and of the snapshot (GRADVAULT_BENCH_HTTP_BYTES for a quick run).
+GIB = int(os.environ.get("GRADVAULT_BENCH_HTTP_BYTES", 1 << 30))
+SIZE = f"{GIB / 2**30:g} GiB"
 
 _SERVER = """
 import sys, uvicorn
@@ -160,12 +162,11 @@ def run() -> list[Row]:
                         client, f"{nginx_url}/snapshot.safetensors", st_size
                     ),
                 },
-                repeat=3,
-                warmup=1,
+                repeat=2,
             )
             rows += [
                 Row(
-                    "HTTP download, one 1 GiB gradient (MiB/s)",
+                    f"HTTP download, one {SIZE} gradient (MiB/s)",
                     rate(downloads["grad"], GIB),
                     "nginx, same bytes",
                     rate(downloads["grad nginx"], GIB),
@@ -175,7 +176,7 @@ def run() -> list[Row]:
                     unit="MiB/s",
                 ),
                 Row(
-                    "HTTP download, 1 GiB snapshot as safetensors (MiB/s)",
+                    f"HTTP download, {SIZE} snapshot as safetensors (MiB/s)",
                     rate(downloads["st"], st_size),
                     "nginx, same file",
                     rate(downloads["st nginx"], st_size),
@@ -198,10 +199,10 @@ def run() -> list[Row]:
 
                 return asyncio.run(read())
 
-            local = [local_read() for _ in range(3)]
+            local = [local_read() for _ in range(2)]
             rows.append(
                 Row(
-                    "HTTP download vs local verified restore, 1 GiB gradient (MiB/s)",
+                    f"HTTP download vs local verified restore, {SIZE} gradient (MiB/s)",
                     rate(downloads["grad"], GIB),
                     "local restore",
                     rate(local, GIB),
@@ -225,10 +226,10 @@ def run() -> list[Row]:
                     client.put(f"{nginx_url}/upload/snapshot.safetensors", content=payload)
                     return time.perf_counter() - start
 
-                uploads = interleaved({"push": push, "put": put}, repeat=3)
+                uploads = interleaved({"push": push, "put": put}, repeat=2)
             rows.append(
                 Row(
-                    "HTTP upload, 1 GiB snapshot (MiB/s; ours committed and fsynced)",
+                    f"HTTP upload, {SIZE} snapshot (MiB/s; ours committed and fsynced)",
                     rate(uploads["push"], len(payload)),
                     "nginx WebDAV PUT",
                     rate(uploads["put"], len(payload)),

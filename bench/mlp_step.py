@@ -19,7 +19,7 @@ import numpy as np
 from bench._timing import Row, interleaved, print_rows, timed
 
 WIDTH, BATCH, CLASSES = 1024, 256, 10
-LOOP_STEPS = 40
+LOOP_STEPS = 30
 
 
 def _gradvault_model() -> tuple[object, object]:
@@ -75,6 +75,16 @@ def blas_config() -> list[dict]:
     return [{k: pool.get(k) for k in keys} for pool in threadpool_info()]
 
 
+def _torch_blas(torch: object) -> str:
+    """PyTorch's BLAS (statically linked, so threadpoolctl sees only its OpenMP pool)."""
+    settings = torch.__config__.show()  # type: ignore[attr-defined]
+    blas = next((part for part in settings.split(", ") if "BLAS_INFO=" in part), "BLAS_INFO=?")
+    return (
+        f"{blas.split('BLAS_INFO=')[-1]} (static), {torch.get_num_threads()} threads "  # type: ignore[attr-defined]
+        f"(OpenMP, libgomp)"
+    )
+
+
 def _loop(every: int | None, root: Path) -> float:
     """Seconds for LOOP_STEPS training steps, snapshotting every ``every`` steps."""
     import gradvault.core as gv
@@ -117,7 +127,7 @@ def run() -> list[Row]:
             steps["torch"],
             "<= 1.2",
             1.2,
-            note=f"BLAS: {blas}; torch threads {torch.get_num_threads()}",
+            note=f"numpy side: {blas}; torch side: {_torch_blas(torch)}",
         )
     ]
     root = Path(tempfile.mkdtemp(prefix="gv-bench-loop-"))
