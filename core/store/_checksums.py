@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import crc32c
 
 _CHECKSUM_PREFIX = "crc32c:"
+_CHECKSUM_TEXT = re.compile(r"crc32c:[0-9a-fA-F]{8}")
 
 
 def format_checksum(value: int) -> str:
     return f"{_CHECKSUM_PREFIX}{value:08x}"
 
 
-def parse_checksum(text: str) -> int:
-    if not text.startswith(_CHECKSUM_PREFIX):
+def parse_checksum(text: object) -> int:
+    """The crc32c a manifest's ``"crc32c:<8 hex digits>"`` names; ValueError otherwise.
+
+    The one rule for checksum text: manifest validation checks every entry with it.
+    """
+    if type(text) is not str or not _CHECKSUM_TEXT.fullmatch(text):
         raise ValueError(f"checksum is 'crc32c:<8 hex digits>'; got {text!r}")
     return int(text[len(_CHECKSUM_PREFIX) :], 16)
 

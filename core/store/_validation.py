@@ -10,8 +10,8 @@ has failed, so that a 10,000-gradient manifest is checked in a few milliseconds.
 from __future__ import annotations
 
 import math
-import re
 import sys
+from collections.abc import Callable
 from itertools import chain, compress, repeat
 from operator import add, eq, mul, ne, not_, or_
 from typing import Any, NoReturn
@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from ..errors import FormatVersionError
+from ..param_id import ParamId
 from ..record import SUPPORTED_DTYPES
 from ..record_rules import (
     DTYPE_EXPECTED,
@@ -29,7 +30,7 @@ from ..record_rules import (
     first_invalid_name,
     first_invalid_shape,
 )
-from ._checksums import format_checksum
+from ._checksums import format_checksum, parse_checksum
 from ._zarr_format import PACKED_ARRAY, Compression, parse_compression
 
 #: Per-gradient columns of ``manifest["gradients"]`` (``stats`` holds four more).
@@ -50,11 +51,9 @@ STATS_COLUMNS = ("l2_norm", "max_abs", "nan_count", "inf_count")
 _ITEMSIZE = {name: np.dtype(name).itemsize for name in SUPPORTED_DTYPES}
 # Whole columns are checked at once: joined into one string (a TypeError if any entry is
 # not a string), checked by one regex or one bytes.translate, entry lengths by one set.
-_HEX_RUN = re.compile(r"[0-9a-f]*")
 _HEX_DIGITS = b"0123456789abcdef"
 _HEX_DIGITS_ANY_CASE = b"0123456789abcdefABCDEF"
 _CHECKSUM_PREFIX = "crc32c:"
-_CHECKSUM_RUN = re.compile(r"(?:crc32c:[0-9a-fA-F]{8})*")
 _PARAM_ID_LENGTH = 16
 _CHECKSUM_LENGTH = len(format_checksum(0))
 _MISSING = object()
@@ -85,8 +84,21 @@ def _joined(values: list) -> str | None:
         return None
 
 
+def _parses(parser: Callable[[Any], object], text: object) -> bool:
+    """Whether ``parser`` (ParamId.parse, parse_checksum: the one rule) accepts ``text``."""
+    try:
+        parser(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _all_checksums(checksums: list) -> bool:
-    """Whether every entry is ``crc32c:<8 hex digits>`` (C-speed slices, no loop)."""
+    """Whether every entry is ``crc32c:<8 hex digits>`` (C-speed slices, no loop).
+
+    The bulk form of :func:`parse_checksum`'s rule, for 10,000 entries at once; the entry
+    that fails is then found with the parser itself.
+    """
     joined = _joined(checksums)
     if joined is None or not set(map(len, checksums)) <= {_CHECKSUM_LENGTH}:
         return False
@@ -105,6 +117,8 @@ def _all_checksums(checksums: list) -> bool:
 
 
 def _all_param_ids(ids: list) -> bool:
+    """Whether every entry is a ParamId's text: the bulk form of ``ParamId.parse``'s rule
+    (the entry that fails is then found with the parser itself)."""
     joined = _joined(ids)
     return (
         joined is not None
@@ -138,7 +152,7 @@ class _ManifestCheck:
         ids, names = self.columns.get("param_id"), self.columns.get("name")
         pid = ids[position] if isinstance(ids, list) and position < len(ids) else None
         name = names[position] if isinstance(names, list) and position < len(names) else None
-        if isinstance(pid, str) and len(pid) == _PARAM_ID_LENGTH and _HEX_RUN.fullmatch(pid):
+        if _parses(ParamId.parse, pid):
             label = f"param {pid}"
         else:
             label = f"gradient #{position}"
@@ -219,15 +233,8 @@ class _ManifestCheck:
         ids, names, dtypes = columns["param_id"], columns["name"], columns["dtype"]
         shapes, sizes, checksums = columns["shape"], columns["nbytes"], columns["checksum"]
 
-        def is_id(text: object) -> bool:
-            return (
-                type(text) is str
-                and len(text) == _PARAM_ID_LENGTH
-                and bool(_HEX_RUN.fullmatch(text))
-            )
-
         if not _all_param_ids(ids):
-            i = self.first(ids, is_id)
+            i = self.first(ids, lambda text: _parses(ParamId.parse, text))
             self.fail("gradients.param_id", "a ParamId (16 lowercase hex digits)", ids[i], i)
         if len(set(ids)) != count:
             seen: dict[str, int] = {}
@@ -270,14 +277,7 @@ class _ManifestCheck:
                 i,
             )
         if not _all_checksums(checksums):
-            i = self.first(
-                checksums,
-                lambda text: (
-                    type(text) is str
-                    and len(text) == _CHECKSUM_LENGTH
-                    and bool(_CHECKSUM_RUN.fullmatch(text))
-                ),
-            )
+            i = self.first(checksums, lambda text: _parses(parse_checksum, text))
             self.fail("gradients.checksum", "'crc32c:<8 hex digits>'", checksums[i], i)
         arrays = columns["array"]
         self.packed_rows, self.own_rows = list(range(count)), []
