@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import autograd
+from . import autograd, backend, record_rules
 from .accumulator import GradientsAccumulator
 from .autograd import Gradients, enable_grad, inference_mode, no_grad, set_grad_enabled
 from .backend import Device, cuda_available, device
@@ -19,6 +19,8 @@ from .errors import (
     FormatVersionError,
     GradvaultError,
     InplaceModificationError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     InvalidFieldError,
     InvalidParamIdError,
     InvalidRangeError,
@@ -33,6 +35,7 @@ from .errors import (
     SnapshotBusyError,
     SnapshotNotFoundError,
     StoreKeyNotFoundError,
+    StoreNotFoundError,
     StoreUnavailableError,
     UnsupportedOptionError,
 )
@@ -146,6 +149,8 @@ __all__ = [
     "GradientsParamsRecord",
     "GradvaultError",
     "InplaceModificationError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvalidFieldError",
     "InvalidParamIdError",
     "InvalidRangeError",
@@ -161,6 +166,7 @@ __all__ = [
     "SnapshotBusyError",
     "SnapshotNotFoundError",
     "StoreKeyNotFoundError",
+    "StoreNotFoundError",
     "StoreUnavailableError",
     "UnsupportedOptionError",
     "Tensor",
@@ -168,6 +174,7 @@ __all__ = [
     "arange",
     "argmax",
     "autograd",
+    "backend",
     "bool_",
     "cat",
     "clamp",
@@ -204,6 +211,7 @@ __all__ = [
     "rand_like",
     "randn",
     "randn_like",
+    "record_rules",
     "relu",
     "reshape",
     "set_grad_enabled",

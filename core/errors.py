@@ -9,7 +9,10 @@ what was found, naming the parameter::
     │   ├── ConflictingOptionsError (ValueError)  options that cannot be used together
     │   └── UnsupportedOptionError (NotImplementedError)  options not implemented (as in
     │                                                     PyTorch)
-    ├── DeviceError (ValueError)              unknown device, or a backend that is not installed
+    ├── InvalidArgumentError (ValueError)     an argument with a value the call cannot take
+    ├── InvalidArgumentTypeError (TypeError)  an argument of a type the call cannot take
+    ├── DeviceError (ValueError)              unknown device, a backend that is not installed,
+    │                                         or CuPy without a usable CUDA device
     ├── InvalidParamIdError (ValueError)      text (or an int) that is not a ParamId
     ├── InvalidUploadError (ValueError)       a safetensors file (an upload) that is malformed
     ├── AuthError (PermissionError)           the service refused the token (HTTP 401 or 403)
@@ -26,6 +29,8 @@ what was found, naming the parameter::
         ├── FormatVersionError (ValueError)   written by an incompatible format version
         ├── SnapshotNotFoundError (KeyError)
         ├── StoreKeyNotFoundError (KeyError)  no readable store key at that path
+        ├── StoreNotFoundError (FileNotFoundError)  a read of a local store folder that does
+        │                                           not exist
         ├── SnapshotBusyError                 a snapshot is in flight and the policy rejects
         ├── InvalidSnapshotIdError (ValueError)
         ├── InvalidStorePathError (ValueError)  a store path that could leave the readable keys
@@ -58,6 +63,14 @@ class ConflictingOptionsError(AutogradError, ValueError):
 
 class UnsupportedOptionError(AutogradError, NotImplementedError):
     """An option or combination of options that is not implemented (as in PyTorch)."""
+
+
+class InvalidArgumentError(GradvaultError, ValueError):
+    """An argument whose value the call cannot take (``on_busy="later"``, ``p=2.0``)."""
+
+
+class InvalidArgumentTypeError(GradvaultError, TypeError):
+    """An argument whose type the call cannot take (a NumPy array where a Tensor goes)."""
 
 
 class DeviceError(GradvaultError, ValueError):
@@ -142,6 +155,14 @@ class StoreKeyNotFoundError(RecorderError, KeyError):
     """No key that the store's read-only view serves is at that path."""
 
 
+class StoreNotFoundError(RecorderError, FileNotFoundError):
+    """A read (``list``, ``info``, ...) of a local store folder that does not exist.
+
+    Only a snapshot creates the folder: a read of a mistyped path says so instead of
+    answering "no snapshots".
+    """
+
+
 class SnapshotBusyError(RecorderError):
     """A snapshot is in flight and the backpressure policy is to reject."""
 
@@ -179,6 +200,8 @@ __all__ = [
     "FormatVersionError",
     "GradvaultError",
     "InplaceModificationError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvalidFieldError",
     "InvalidParamIdError",
     "InvalidRangeError",
@@ -193,6 +216,7 @@ __all__ = [
     "SnapshotBusyError",
     "SnapshotNotFoundError",
     "StoreKeyNotFoundError",
+    "StoreNotFoundError",
     "StoreUnavailableError",
     "UnsupportedOptionError",
 ]

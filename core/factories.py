@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
+from .errors import InvalidArgumentTypeError
 from .tensor import DEFAULT_FLOAT, DeviceLike, DTypeLike, Tensor, as_dtype, bool_, int64
 
 _generator = np.random.default_rng()
@@ -63,7 +64,7 @@ def tensor(
         elif dtype is None and array.dtype.kind in "iu":
             array = array.astype(int64)
     if array.dtype.kind not in "fiub":
-        raise TypeError(f"can't make a tensor from data of dtype {array.dtype}")
+        raise InvalidArgumentTypeError(f"can't make a tensor from data of dtype {array.dtype}")
     return _finish(array, dtype, device, requires_grad)
 
 

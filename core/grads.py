@@ -21,6 +21,8 @@ from .errors import (
     BackendMismatchError,
     DtypeMismatchError,
     DuplicateParamError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     ParamIdMismatchError,
     ShapeMismatchError,
 )
@@ -125,7 +127,9 @@ class GradientsParams:
         (``record_rules``): InvalidFieldError or DtypeMismatchError otherwise.
         """
         if not isinstance(tensor, Tensor):
-            raise TypeError(f"a gradient must be a Tensor; got {type(tensor).__name__}")
+            raise InvalidArgumentTypeError(
+                f"a gradient must be a Tensor; got {type(tensor).__name__}"
+            )
         pid = as_param_id(param_id)
         # refused here, not when a snapshot is written or, worse, read back
         if name is not None:
@@ -269,7 +273,7 @@ class GradientsParams:
         must not be used afterwards); the recorder's restore does this.
         """
         if match not in ("id", "name"):
-            raise ValueError(f"match must be 'id' or 'name'; got {match!r}")
+            raise InvalidArgumentError(f"match must be 'id' or 'name'; got {match!r}")
         dev = backend.device(device)
         targets = _match_targets(record, module, match) if module is not None else {}
         out = cls()

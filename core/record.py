@@ -19,6 +19,7 @@ from .errors import (
     DtypeMismatchError,
     DuplicateParamError,
     FormatVersionError,
+    InvalidArgumentTypeError,
     InvalidFieldError,
     MissingGradientError,
     ShapeMismatchError,
@@ -211,7 +212,7 @@ class GradientsParamsRecord:
         self._by_id: dict[ParamId, GradientRecordEntry] = {}
         for entry in self._entries:
             if not _validated and not isinstance(entry, GradientRecordEntry):
-                raise TypeError(
+                raise InvalidArgumentTypeError(
                     f"a record holds GradientRecordEntry objects; got {type(entry).__name__}"
                 )
             if entry.param_id in self._by_id:

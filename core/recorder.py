@@ -19,11 +19,17 @@ from collections.abc import Coroutine, Generator, Mapping
 from typing import Any, Literal, TypeVar
 
 from . import backend
-from .errors import RecorderError, SnapshotBusyError
+from .errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    RecorderError,
+    SnapshotBusyError,
+    StoreNotFoundError,
+)
 from .grads import GradientsParams
 from .record import GradientsParamsRecord
 from .record_rules import check_snapshot_fields
-from .store import RetentionRules, SnapshotInfo, SnapshotStore, open_store
+from .store import RetentionRules, SnapshotInfo, SnapshotStore, open_store, parse_compression
 
 T = TypeVar("T")
 _log = logging.getLogger("gradvault.recorder")
@@ -76,12 +82,17 @@ class Recorder:
         **store_options: Any,
     ) -> None:
         if on_busy not in ("wait", "reject"):
-            raise ValueError(f"on_busy must be 'wait' or 'reject'; got {on_busy!r}")
-        self._store_arg = store
-        self._store_options = store_options
-        self._store: SnapshotStore | None = store if isinstance(store, SnapshotStore) else None
-        self.on_busy = on_busy
+            raise InvalidArgumentError(f"on_busy must be 'wait' or 'reject'; got {on_busy!r}")
+        try:
+            parse_compression(compression)
+        except ValueError as error:
+            raise InvalidArgumentError(str(error)) from None
         self._retention = RetentionRules(keep_last, keep_every)
+        # opening reads and creates nothing; it refuses a malformed URL or option here
+        self._store = (
+            store if isinstance(store, SnapshotStore) else open_store(store, **store_options)
+        )
+        self.on_busy = on_busy
         self.keep_last, self.keep_every = self._retention.keep_last, self._retention.keep_every
         self.compression = compression
         self._loop = asyncio.new_event_loop()
@@ -96,8 +107,20 @@ class Recorder:
 
     # ------------------------------------------------------------------ plumbing
     def _get_store(self) -> SnapshotStore:
-        if self._store is None:
-            self._store = open_store(self._store_arg, **self._store_options)
+        return self._store
+
+    def _existing_store(self) -> SnapshotStore:
+        """The store, for a read: a local store folder that does not exist is an error.
+
+        Only a snapshot creates the folder, so a mistyped path raises StoreNotFoundError
+        instead of reading as a store without snapshots.
+        """
+        location = self._store.location
+        if "://" not in location and not os.path.isdir(location):
+            raise StoreNotFoundError(
+                f"no store folder at {location}; a snapshot creates it, a read does not "
+                "(is the path right?)"
+            )
         return self._store
 
     def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -268,7 +291,7 @@ class Recorder:
         )
 
     async def _get_store_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await getattr(self._get_store(), method)(*args, **kwargs)
+        return await getattr(self._existing_store(), method)(*args, **kwargs)
 
     # ------------------------------------------------------------------ lifetime
     async def aclose(self) -> None:
@@ -283,8 +306,7 @@ class Recorder:
             self._closed = True
             pending = list(self._inflight)
         concurrent.futures.wait(pending)
-        if self._store is not None:
-            asyncio.run_coroutine_threadsafe(self._store.close(), self._loop).result()
+        asyncio.run_coroutine_threadsafe(self._store.close(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
@@ -309,7 +331,9 @@ def _capture(
     if isinstance(grads, GradientsParamsRecord):
         return grads, {"device": str(grads.metadata.get("device", "cpu"))}
     if not isinstance(grads, GradientsParams):
-        raise TypeError(f"expected GradientsParams or a record; got {type(grads).__name__}")
+        raise InvalidArgumentTypeError(
+            f"expected GradientsParams or a record; got {type(grads).__name__}"
+        )
     return grads._capture()
 
 

@@ -12,7 +12,7 @@ from . import backend
 from .autograd.function import AccumulateGrad, Node, RemovableHandle
 from .autograd.grad_mode import _state, no_grad
 from .backend import Device
-from .errors import AutogradError
+from .errors import AutogradError, InvalidArgumentError, InvalidArgumentTypeError
 
 float16 = np.dtype("float16")
 float32 = np.dtype("float32")
@@ -40,7 +40,7 @@ def as_dtype(dtype: DTypeLike) -> np.dtype | None:
     try:
         return np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"unknown dtype {dtype!r}") from exc
+        raise InvalidArgumentTypeError(f"unknown dtype {dtype!r}") from exc
 
 
 def _is_floating(dtype: np.dtype) -> bool:
@@ -180,7 +180,9 @@ class Tensor:
     def grad(self, value: Tensor | None) -> None:
         if value is not None:
             if not isinstance(value, Tensor):
-                raise TypeError(f"grad must be a Tensor or None; got {type(value).__name__}")
+                raise InvalidArgumentTypeError(
+                    f"grad must be a Tensor or None; got {type(value).__name__}"
+                )
             if value is self:
                 raise AutogradError("a tensor cannot be assigned as its own grad")
             for what, found, expected in (
@@ -211,7 +213,7 @@ class Tensor:
         grad only takes floating data.
         """
         if not isinstance(value, Tensor):
-            raise TypeError(f"data must be a Tensor; got {type(value).__name__}")
+            raise InvalidArgumentTypeError(f"data must be a Tensor; got {type(value).__name__}")
         if self.requires_grad and not _is_floating(value.dtype):
             raise AutogradError(
                 f"data of a tensor that requires grad must be floating point; got {value.dtype}"
@@ -290,7 +292,9 @@ class Tensor:
     def item(self) -> Any:
         """The value of a one-element tensor as a Python number."""
         if self.numel() != 1:
-            raise ValueError(f"only one-element tensors can be converted; shape is {self.shape}")
+            raise InvalidArgumentError(
+                f"only one-element tensors can be converted; shape is {self.shape}"
+            )
         return backend.to_host(self._data).reshape(()).item()
 
     def tolist(self) -> Any:
@@ -304,7 +308,9 @@ class Tensor:
         converts = dtype is not None and np.dtype(dtype) != self.dtype
         if copy or converts:
             if copy is False:
-                raise ValueError(f"a {self.dtype} tensor cannot be read as {dtype} without a copy")
+                raise InvalidArgumentError(
+                    f"a {self.dtype} tensor cannot be read as {dtype} without a copy"
+                )
             return np.array(self._data, dtype=dtype, copy=True)
         return self._alias_array()
 
@@ -343,7 +349,7 @@ class Tensor:
 
     def __len__(self) -> int:
         if self.ndim == 0:
-            raise TypeError("len() of a 0-d tensor")
+            raise InvalidArgumentTypeError("len() of a 0-d tensor")
         return self.shape[0]
 
     def __iter__(self):  # noqa: ANN204
@@ -364,7 +370,9 @@ class Tensor:
 
     def __index__(self) -> int:
         if self.dtype.kind not in "iub":
-            raise TypeError("only integer tensors of a single element can be an index")
+            raise InvalidArgumentTypeError(
+                "only integer tensors of a single element can be an index"
+            )
         return int(self.item())
 
     __hash__ = object.__hash__

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import backend
-from ..errors import AutogradError
+from ..errors import AutogradError, InvalidArgumentTypeError
 from .function import AccumulateGrad, Context, Function, Hook, Node
 from .grad_mode import _state
 
@@ -171,7 +171,7 @@ def _call_hooks(hooks: dict[int, Hook], grad: Tensor) -> Tensor:
             continue
         name = getattr(hook, "__qualname__", None) or repr(hook)
         if not isinstance(replaced, Tensor):
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"hook {name!r} returned a {type(replaced).__name__}; expected a Tensor "
                 f"(shape {tuple(grad.shape)}, dtype {grad.dtype}) or None"
             )

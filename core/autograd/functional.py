@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import AutogradError, UnsupportedOptionError
+from ..errors import (
+    AutogradError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    UnsupportedOptionError,
+)
 from .grad_mode import enable_grad
 
 
@@ -29,7 +34,7 @@ def _prepare_inputs(inputs: tuple[Any, ...], create_graph: bool) -> tuple[Any, .
     out = []
     for t in inputs:
         if not isinstance(t, Tensor):
-            raise TypeError(f"inputs must be tensors; got {type(t).__name__}")
+            raise InvalidArgumentTypeError(f"inputs must be tensors; got {type(t).__name__}")
         if create_graph and t.requires_grad:
             out.append(t.view_as(t) if t.grad_fn is None else t)
         else:
@@ -180,7 +185,9 @@ def jacobian(
     from ..ops import reshape, stack  # noqa: PLC0415
 
     if strategy not in ("reverse-mode", "forward-mode"):
-        raise ValueError(f"strategy must be 'reverse-mode' or 'forward-mode'; got {strategy!r}")
+        raise InvalidArgumentError(
+            f"strategy must be 'reverse-mode' or 'forward-mode'; got {strategy!r}"
+        )
     if strategy == "forward-mode":
         # PyTorch's limits for forward mode; the values themselves come from reverse mode
         if create_graph:

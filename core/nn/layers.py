@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..factories import generator, ones, zeros
 from ..ops._common import constant
 from ..tensor import DeviceLike, DTypeLike, Tensor, as_dtype
@@ -68,7 +69,7 @@ class Embedding(Module):
 
     def forward(self, indices: Tensor) -> Tensor:
         if indices.dtype.kind not in "iu":
-            raise TypeError(f"Embedding needs integer indices; got {indices.dtype}")
+            raise InvalidArgumentTypeError(f"Embedding needs integer indices; got {indices.dtype}")
         return self.weight[indices]
 
     def extra_repr(self) -> str:
@@ -116,7 +117,7 @@ class Dropout(Module):
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
         if not 0 <= p <= 1:
-            raise ValueError(f"dropout probability must be in [0, 1]; got {p}")
+            raise InvalidArgumentError(f"dropout probability must be in [0, 1]; got {p}")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd.function import Context, Function
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..tensor import DEFAULT_FLOAT, Tensor
 from ._common import as_tensor_like, constant, xp
 
@@ -403,13 +404,13 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     if approximate == "tanh":
         c = math.sqrt(2 / math.pi)
         return a * 0.5 * (1 + tanh((a + a * a * a * 0.044715) * c))
-    raise ValueError(f"approximate must be 'none' or 'tanh'; got {approximate!r}")
+    raise InvalidArgumentError(f"approximate must be 'none' or 'tanh'; got {approximate!r}")
 
 
 def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
     """Values limited to [min, max]; the gradient passes where min <= a <= max."""
     if min is None and max is None:
-        raise ValueError("clamp needs at least one of min and max")
+        raise InvalidArgumentError("clamp needs at least one of min and max")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
         out = a
         if min is not None:
@@ -424,7 +425,7 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
     """Elements of ``a`` where ``condition`` holds, else of ``b``."""
     like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else condition
     if not isinstance(like, Tensor):
-        raise TypeError("where needs at least one tensor argument")
+        raise InvalidArgumentTypeError("where needs at least one tensor argument")
     cond = condition if isinstance(condition, Tensor) else as_tensor_like(condition, like)
     if cond.dtype != np.dtype(bool):
         cond = constant(cond._data.astype(bool))

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..autograd.engine import sum_to_shape
 from ..autograd.function import Context, Function
+from ..errors import InvalidArgumentError
 from ..tensor import Tensor
 from ._common import constant, xp
 from .reduction import mean, sum
@@ -118,19 +119,21 @@ class LogSoftmax(Function):
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product, batched over leading dims."""
     if a.ndim == 0 or b.ndim == 0:
-        raise ValueError("matmul needs tensors of at least one dimension; use * for scalars")
+        raise InvalidArgumentError(
+            "matmul needs tensors of at least one dimension; use * for scalars"
+        )
     return Matmul.apply(a, b)
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
     """``input @ weight.T + bias`` (PyTorch's ``F.linear``)."""
     if input.ndim == 0 or weight.ndim != 2:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"linear needs an input of at least 1 dim and a 2-d weight; got {input.shape} and "
             f"{weight.shape}"
         )
     if input.shape[-1] != weight.shape[1]:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"linear: input has {input.shape[-1]} features; weight expects {weight.shape[1]}"
         )
     if bias is None:
@@ -157,7 +160,7 @@ def _reduce(loss: Tensor, reduction: str, count: Any = None) -> Tensor:
         if count == 0:  # every target ignored: the loss is NaN, the gradient zero (PyTorch)
             return sum(loss) * 0 + float("nan")
         return mean(loss) if count is None else sum(loss) / count
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none'; got {reduction!r}")
+    raise InvalidArgumentError(f"reduction must be 'mean', 'sum' or 'none'; got {reduction!r}")
 
 
 def cross_entropy(
@@ -176,7 +179,7 @@ def cross_entropy(
     logp = log_softmax(input, 1 if input.ndim > 1 else 0)
     if target.dtype.kind == "f":
         if target.shape != input.shape:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"probability targets must have the input's shape {input.shape}; got {target.shape}"
             )
         class_dim = 1 if input.ndim > 1 else 0

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..autograd.engine import sum_to_shape
 from ..autograd.function import Context, Function
+from ..errors import InvalidArgumentError
 from ..tensor import Tensor
 from ._common import as_tensor_like, xp
 
@@ -180,7 +181,7 @@ def permute(a: Tensor, *dims: Any) -> Tensor:
         dims = tuple(dims[0])
     dims = tuple(int(d) % max(a.ndim, 1) for d in dims)
     if sorted(dims) != list(range(a.ndim)):
-        raise ValueError(f"permute dims {dims} are not a permutation of {a.ndim} dims")
+        raise InvalidArgumentError(f"permute dims {dims} are not a permutation of {a.ndim} dims")
     a._unshare()
     return _as_view(Permute.apply(a, dims), a)
 
@@ -265,7 +266,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along ``dim``."""
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("cat needs at least one tensor")
+        raise InvalidArgumentError("cat needs at least one tensor")
     dim = dim % max(tensors[0].ndim, 1)
     return Cat.apply(*tensors, dim)
 
@@ -274,6 +275,6 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along a new dim ``dim``."""
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("stack needs at least one tensor")
+        raise InvalidArgumentError("stack needs at least one tensor")
     dim = dim % (tensors[0].ndim + 1)
     return cat([unsqueeze(t, dim) for t in tensors], dim)

@@ -3,7 +3,12 @@
 ``open_store(url_or_path)`` gives a :class:`SnapshotStore`; docs/FORMAT.md is the layout.
 """
 
-from ._format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD, STORE_FORMAT_VERSION
+from ._format import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_PACK_THRESHOLD,
+    STORE_FORMAT_VERSION,
+    parse_compression,
+)
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import SnapshotInfo
 from ._open import open_store
@@ -19,5 +24,6 @@ __all__ = [
     "SnapshotStore",
     "new_snapshot_id",
     "open_store",
+    "parse_compression",
     "parse_snapshot_id",
 ]

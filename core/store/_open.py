@@ -11,6 +11,7 @@ from urllib.request import url2pathname
 
 from obstore.store import S3Store
 
+from ..errors import InvalidArgumentError
 from ._backend import ThreadRunner
 from ._format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD
 from ._local import LocalBackend
@@ -116,7 +117,12 @@ def open_store(
         raise ValueError(f"max_concurrency must be an int >= 1; got {max_concurrency!r}")
     text = os.fspath(url_or_path)
     threads = ThreadRunner(max_concurrency)
-    scheme = urlparse(text).scheme if "://" in text else ""
+    scheme = urlparse(text).scheme
+    if scheme not in ("", "file") and "://" not in text:
+        raise InvalidArgumentError(
+            f"store {text!r} looks like a URL missing its '//': an S3 store is "
+            "s3://<bucket>/<prefix>; a folder whose name has a ':' is written ./<name>"
+        )
     if scheme == "s3":
         unknown = sorted(set(options) - set(_S3_OPTIONS))
         if unknown:

@@ -53,8 +53,7 @@ def test_a_name_that_is_not_a_string_is_refused_before_anything_is_written(
     with gv.Recorder(tmp_path / "store") as recorder:
         with pytest.raises(InvalidFieldError, match=str(pid)):
             recorder.start_snapshot(GradientsParamsRecord([entry]), run="r", step=0)
-        assert recorder.sync.list() == []
-    assert not list((tmp_path / "store").glob("snapshots/*"))
+    assert not (tmp_path / "store").exists()  # nothing was written, not even the folder
 
 
 @pytest.mark.parametrize("name", [7, None, b"fc.weight", "fc\ud800"])
@@ -173,7 +172,7 @@ def test_the_recorder_refuses_snapshot_fields_before_capture(
     with gv.Recorder(tmp_path / "store") as recorder:
         with pytest.raises(InvalidFieldError, match=field):
             recorder.start_snapshot(grads, **arguments)
-        assert recorder.sync.list() == []
+    assert not (tmp_path / "store").exists()  # nothing was written, not even the folder
 
 
 def test_from_record_with_a_module_refuses_another_dtype() -> None:
