@@ -44,7 +44,7 @@ def _backend_name(spec: Any) -> str:
         return text
     try:
         return backend.device(text).backend
-    except Exception:  # noqa: BLE001
+    except Exception:
         raise BackendMismatchError(
             f"unknown backend {spec!r}; expected 'numpy', 'cupy' or a device such as 'cpu'"
         ) from None

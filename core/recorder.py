@@ -198,7 +198,7 @@ class Recorder:
                 await store.apply_retention(
                     self.keep_last, self.keep_every, run=run, keep=[info.id]
                 )
-            except Exception as error:  # noqa: BLE001 - the snapshot itself is committed
+            except Exception as error:  # the snapshot itself is committed
                 _log.warning(
                     "snapshot %s committed; retention failed: %s: %s",
                     info.id,

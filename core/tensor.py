@@ -89,7 +89,7 @@ class Tensor:
         device: DeviceLike = None,
         requires_grad: bool = False,
     ) -> None:
-        from .factories import tensor  # noqa: PLC0415
+        from .factories import tensor
 
         made = tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
         for name in Tensor.__slots__[:-1]:
@@ -274,7 +274,7 @@ class Tensor:
         The returned ``Gradients`` maps each leaf reached to the gradient of this pass alone
         (Burn's ``B::Gradients``); ``GradientsParams.from_grads`` consumes it.
         """
-        from .autograd import backward  # noqa: PLC0415
+        from .autograd import backward
 
         return backward(self, gradient, retain_graph, create_graph, inputs)
 
@@ -316,7 +316,7 @@ class Tensor:
 
     def to(self, device: DeviceLike | DTypeLike = None, dtype: DTypeLike = None) -> Tensor:
         """This tensor on ``device`` and/or as ``dtype``; itself when nothing changes."""
-        from . import ops  # noqa: PLC0415
+        from . import ops
 
         if device is not None and not isinstance(device, Device | str):
             device, dtype = None, device
@@ -352,7 +352,7 @@ class Tensor:
             raise InvalidArgumentTypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return (self[i] for i in range(len(self)))
 
     def __bool__(self) -> bool:
@@ -571,7 +571,7 @@ class Tensor:
     def pow_(self, exponent: Any) -> Tensor:
         return self._inplace("pow_", lambda s: s**exponent, (exponent,))
 
-    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:
         return self._inplace("clamp_", lambda s: s.clamp(min, max))
 
     def zero_(self) -> Tensor:
@@ -592,14 +592,14 @@ class Tensor:
 
     def copy_(self, src: Any) -> Tensor:
         if not isinstance(src, Tensor):
-            from .factories import tensor  # noqa: PLC0415
+            from .factories import tensor
 
             src = tensor(src, dtype=self.dtype, device=self.device)
         src = src.to(self.device)
         return self._inplace("copy_", lambda s: (s * 0 + src).to(dtype=self.dtype), (src,))
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        from . import ops  # noqa: PLC0415
+        from . import ops
 
         self._inplace("__setitem__", lambda s: ops.index_put(s, index, value), (value,))
 

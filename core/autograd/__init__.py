@@ -24,8 +24,8 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
 
 def _seeds(outputs: tuple[Any, ...], given: Any, name: str) -> list[Any]:
     """The gradient to start from at each output: ``given``, or ones for scalar outputs."""
-    from ..factories import ones_like  # noqa: PLC0415
-    from ..tensor import Tensor  # noqa: PLC0415
+    from ..factories import ones_like
+    from ..tensor import Tensor
 
     seeds = _as_tuple(given) if given is not None else (None,) * len(outputs)
     if len(seeds) != len(outputs):
@@ -64,7 +64,7 @@ def grad(
     None with ``allow_unused=True`` (zeros with ``materialize_grads=True``) and raises
     otherwise.
     """
-    from ..factories import zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like
 
     if materialize_grads and allow_unused is False:
         raise ConflictingOptionsError(
@@ -86,7 +86,7 @@ def grad(
         capture=list(inputs),
         accumulate=False,
     )
-    from ..tensor import _leaf_node  # noqa: PLC0415
+    from ..tensor import _leaf_node
 
     result = []
     for index, t in enumerate(inputs):

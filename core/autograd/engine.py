@@ -39,7 +39,7 @@ def sum_to_shape(grad: Tensor, shape: tuple[int, ...]) -> Tensor:
 
 
 def _root_node(tensor: Tensor, index: int) -> Node:
-    from ..tensor import _leaf_node  # noqa: PLC0415
+    from ..tensor import _leaf_node
 
     if not tensor.requires_grad:
         raise AutogradError(
@@ -163,7 +163,7 @@ def run_backward(
 
 def _call_hooks(hooks: dict[int, Hook], grad: Tensor) -> Tensor:
     """Run the tensor hooks in order; each may return a replacement of the same kind."""
-    from ..tensor import Tensor  # noqa: PLC0415
+    from ..tensor import Tensor
 
     for hook in tuple(hooks.values()):  # a hook may remove itself
         replaced = hook(grad)

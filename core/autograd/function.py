@@ -186,7 +186,7 @@ class Function:
         for an integer or bool result: as in PyTorch, such results never require grad.
         Like PyTorch, ops produce inf and nan silently (NumPy's warnings are off inside).
         """
-        from ..tensor import Tensor, _leaf_node  # noqa: PLC0415 - circular at import time
+        from ..tensor import Tensor, _leaf_node  # circular at import time
 
         tensor_inputs = [a for a in args if isinstance(a, Tensor)]
         record = (

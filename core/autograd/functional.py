@@ -29,7 +29,7 @@ def _shape_like(values: tuple[Any, ...], was_tuple: bool) -> Any:
 
 
 def _prepare_inputs(inputs: tuple[Any, ...], create_graph: bool) -> tuple[Any, ...]:
-    from ..tensor import Tensor  # noqa: PLC0415
+    from ..tensor import Tensor
 
     out = []
     for t in inputs:
@@ -52,7 +52,7 @@ def _grad(
     grad_outputs: tuple[Any, ...],
     create_graph: bool,
 ) -> tuple[Any, ...]:
-    from . import grad  # noqa: PLC0415
+    from . import grad
 
     kept = [(o, g) for o, g in zip(outputs, grad_outputs, strict=True) if o.requires_grad]
     if not kept:
@@ -70,7 +70,7 @@ def _grad(
 def _fill_unused(
     grads: tuple[Any, ...], like: tuple[Any, ...], strict: bool, what: str
 ) -> tuple[Any, ...]:
-    from ..factories import zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like
 
     out = []
     for i, (g, t) in enumerate(zip(grads, like, strict=True)):
@@ -86,8 +86,8 @@ def _fill_unused(
 
 
 def _check_v(v: Any, like: tuple[Any, ...], name: str) -> tuple[Any, ...]:
-    from ..factories import ones_like  # noqa: PLC0415
-    from ..tensor import Tensor  # noqa: PLC0415
+    from ..factories import ones_like
+    from ..tensor import Tensor
 
     if v is None:
         for t in like:
@@ -140,7 +140,7 @@ def jvp(
     strict: bool = False,
 ) -> tuple[Any, Any]:
     """``(func(inputs), J v)``, by the double-vjp trick."""
-    from ..factories import zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like
 
     with enable_grad():
         inp = _prepare_inputs(_as_tuple(inputs), create_graph)
@@ -181,8 +181,8 @@ def jacobian(
     strategy: str = "reverse-mode",
 ) -> Any:
     """The Jacobian: ``J[i][j]`` has shape ``outputs[i].shape + inputs[j].shape``."""
-    from ..factories import zeros  # noqa: PLC0415
-    from ..ops import reshape, stack  # noqa: PLC0415
+    from ..factories import zeros
+    from ..ops import reshape, stack
 
     if strategy not in ("reverse-mode", "forward-mode"):
         raise InvalidArgumentError(
@@ -244,7 +244,7 @@ def jacobian(
 
 
 def _one(t: Any) -> Any:
-    from ..factories import ones_like  # noqa: PLC0415
+    from ..factories import ones_like
 
     return ones_like(t)
 
@@ -269,7 +269,7 @@ def hessian(
 
 
 def _check_scalar(out: Any, name: str) -> None:
-    from ..tensor import Tensor  # noqa: PLC0415
+    from ..tensor import Tensor
 
     if not isinstance(out, Tensor) or out.numel() != 1:
         raise AutogradError(
@@ -305,7 +305,7 @@ def hvp(
     strict: bool = False,
 ) -> tuple[Any, Any]:
     """``(func(inputs), H v)`` for a scalar function, by the double-backward trick."""
-    from ..factories import zeros_like  # noqa: PLC0415
+    from ..factories import zeros_like
 
     was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():

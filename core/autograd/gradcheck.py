@@ -20,8 +20,8 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
 
 
 def _prepare(inputs: Any) -> tuple[Any, ...]:
-    from .. import backend  # noqa: PLC0415
-    from ..tensor import Tensor, float64  # noqa: PLC0415
+    from .. import backend
+    from ..tensor import Tensor, float64
 
     prepared = []
     for t in _as_tuple(inputs):
@@ -37,7 +37,7 @@ def _prepare(inputs: Any) -> tuple[Any, ...]:
 
 
 def _flat_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> list[Any]:
-    from ..tensor import Tensor  # noqa: PLC0415
+    from ..tensor import Tensor
 
     return [o for o in _as_tuple(fn(*inputs)) if isinstance(o, Tensor) and o.dtype.kind == "f"]
 
@@ -45,7 +45,7 @@ def _flat_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> list[Any]:
 def _numerical(
     fn: Callable[..., Any], inputs: tuple[Any, ...], index: int, eps: float, out_sizes: list[int]
 ) -> np.ndarray:
-    from .. import backend  # noqa: PLC0415
+    from .. import backend
 
     t = inputs[index]
     flat = t._data.reshape(-1)
@@ -71,9 +71,9 @@ def _numerical(
 def _analytic(
     fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: list[int]
 ) -> tuple[list[np.ndarray], list[int]]:
-    from .. import backend  # noqa: PLC0415
-    from ..factories import zeros_like  # noqa: PLC0415
-    from . import grad  # noqa: PLC0415
+    from .. import backend
+    from ..factories import zeros_like
+    from . import grad
 
     with enable_grad():
         outs = _flat_outputs(fn, inputs)
@@ -148,9 +148,9 @@ def gradgradcheck(
     seed: int = 0,
 ) -> bool:
     """``gradcheck`` of the vector-Jacobian product of ``fn`` (second-order gradients)."""
-    from ..factories import zeros_like  # noqa: PLC0415
-    from ..tensor import Tensor  # noqa: PLC0415
-    from . import grad  # noqa: PLC0415
+    from ..factories import zeros_like
+    from ..tensor import Tensor
+    from . import grad
 
     inputs = _prepare(inputs)
     diff = [t for t in inputs if getattr(t, "requires_grad", False)]

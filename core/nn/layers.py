@@ -162,15 +162,15 @@ class _Activation(Module):
         return f"{self.name.upper() if self.name == 'relu' else self.name.capitalize()}()"
 
 
-def ReLU() -> Module:  # noqa: N802 - PyTorch's class name
+def ReLU() -> Module:  # PyTorch's class name
     return _Activation("relu")
 
 
-def GELU() -> Module:  # noqa: N802
+def GELU() -> Module:
     return _Activation("gelu")
 
 
-def Tanh() -> Module:  # noqa: N802
+def Tanh() -> Module:
     return _Activation("tanh")
 
 

@@ -27,7 +27,7 @@ class Param(Tensor):
         self,
         data: Any,
         *,
-        id: ParamId | None = None,  # noqa: A002
+        id: ParamId | None = None,
         requires_grad: bool = True,
     ) -> None:
         source = data if isinstance(data, Tensor) else tensor(data)

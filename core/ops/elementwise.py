@@ -208,7 +208,7 @@ class Relu(Function):
 def _erf_array(x: Any) -> Any:
     m = np if isinstance(x, np.ndarray | np.generic) else None
     if m is None:
-        from cupyx.scipy.special import erf  # noqa: PLC0415 - only on the CUDA path
+        from cupyx.scipy.special import erf  # only on the CUDA path
 
         return erf(x)
     return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
@@ -352,7 +352,7 @@ def neg(a: Tensor) -> Tensor:
     return Neg.apply(a)
 
 
-def pow(a: Any, exponent: Any) -> Tensor:  # noqa: A001 - PyTorch's name
+def pow(a: Any, exponent: Any) -> Tensor:  # PyTorch's name
     """``a ** exponent``; a Python-number exponent keeps the graph small."""
     if (
         isinstance(a, Tensor)
@@ -377,7 +377,7 @@ def sqrt(a: Tensor) -> Tensor:
     return Sqrt.apply(a)
 
 
-def abs(a: Tensor) -> Tensor:  # noqa: A001 - PyTorch's name
+def abs(a: Tensor) -> Tensor:  # PyTorch's name
     return Abs.apply(a)
 
 
@@ -407,7 +407,7 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     raise InvalidArgumentError(f"approximate must be 'none' or 'tanh'; got {approximate!r}")
 
 
-def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:
     """Values limited to [min, max]; the gradient passes where min <= a <= max."""
     if min is None and max is None:
         raise InvalidArgumentError("clamp needs at least one of min and max")

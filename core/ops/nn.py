@@ -125,7 +125,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return Matmul.apply(a, b)
 
 
-def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` (PyTorch's ``F.linear``)."""
     if input.ndim == 0 or weight.ndim != 2:
         raise InvalidArgumentError(
@@ -167,7 +167,7 @@ def cross_entropy(
     input: Tensor,
     target: Tensor,
     *,
-    reduction: str = "mean",  # noqa: A002
+    reduction: str = "mean",
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
 ) -> Tensor:
@@ -216,7 +216,7 @@ def cross_entropy(
     return _reduce(nll, reduction, int(keep.sum()))
 
 
-def mse_loss(input: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:  # noqa: A002
+def mse_loss(input: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
     """Mean squared error."""
     diff = input - target
     return _reduce(diff * diff, reduction)

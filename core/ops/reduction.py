@@ -73,7 +73,7 @@ class ValuesIndices(NamedTuple):
     indices: Tensor
 
 
-def sum(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:  # noqa: A001
+def sum(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Sum over ``dim`` (all dims when None)."""
     return Sum.apply(a, normalize_dims(dim, a.ndim), keepdim)
 
@@ -100,12 +100,12 @@ def _extreme(a: Tensor, dim: int | None, keepdim: bool, largest: bool) -> Any:
     return ValuesIndices(values, constant(indices.astype("int64")))
 
 
-def max(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:  # noqa: A001
+def max(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """Largest element, or ``(values, indices)`` along ``dim``."""
     return _extreme(a, dim, keepdim, True)
 
 
-def min(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:  # noqa: A001
+def min(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """Smallest element, or ``(values, indices)`` along ``dim``."""
     return _extreme(a, dim, keepdim, False)
 

@@ -110,7 +110,7 @@ class IndexScatter(Function):
         elif m is np:
             np.add.at(out, index, g._data)
         else:  # pragma: no cover - CUDA path
-            import cupyx  # noqa: PLC0415
+            import cupyx
 
             cupyx.scatter_add(out, index, g._data)
         return out

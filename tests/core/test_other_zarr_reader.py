@@ -12,7 +12,7 @@ import gradvault.core as gv
 ts = pytest.importorskip("tensorstore")
 
 
-def _open(path: Path):  # noqa: ANN202
+def _open(path: Path):
     return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}).result()
 
 

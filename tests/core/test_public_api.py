@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import gradvault.core as gv
+
+ROOT = Path(__file__).resolve().parents[2]
 
 DESIGN_NAMES = {
     "Tensor",
@@ -188,3 +193,26 @@ def test_error_tree_has_one_root() -> None:
         value = getattr(gv, name)
         if isinstance(value, type) and issubclass(value, Exception):
             assert issubclass(value, gv.GradvaultError), name
+
+
+def _runtime_imports() -> set[str]:
+    """The top-level modules the core imports (anywhere in a file: optional ones too)."""
+    found: set[str] = set()
+    for path in (ROOT / "core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def test_runtime_dependencies_are_the_ones_the_core_imports() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~\[ ;]", spec)[0] for spec in project["dependencies"]]
+    assert len(names) == len(set(names))
+    assert set(names) <= _runtime_imports(), "a runtime dependency the core never imports"
+    for extra, specs in project["optional-dependencies"].items():
+        if extra != "dev":  # dev repeats what the tests need
+            extra_names = {re.split(r"[<>=!~\[ ;]", spec)[0] for spec in specs}
+            assert not extra_names & set(names), f"extra {extra!r} repeats a dependency"
