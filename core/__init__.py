@@ -17,6 +17,7 @@ from .errors import (
     DtypeMismatchError,
     DuplicateParamError,
     FormatVersionError,
+    GradcheckError,
     GradvaultError,
     InplaceModificationError,
     InvalidArgumentError,
@@ -27,6 +28,7 @@ from .errors import (
     InvalidSnapshotIdError,
     InvalidStorePathError,
     InvalidUploadError,
+    ManifestError,
     MissingGradientError,
     ParamIdMismatchError,
     RecorderError,
@@ -54,7 +56,7 @@ from .factories import (
     zeros,
     zeros_like,
 )
-from .grads import GradientsParams
+from .grads import GradientsCapture, GradientsParams
 from .nn import (
     GELU,
     MLP,
@@ -116,6 +118,7 @@ __all__ = [
     "Dropout",
     "Embedding",
     "GradientsAccumulator",
+    "GradientsCapture",
     "GradientsParams",
     "LayerNorm",
     "Linear",
@@ -147,6 +150,7 @@ __all__ = [
     "GradientRecordEntry",
     "Gradients",
     "GradientsParamsRecord",
+    "GradcheckError",
     "GradvaultError",
     "InplaceModificationError",
     "InvalidArgumentError",
@@ -157,6 +161,7 @@ __all__ = [
     "InvalidSnapshotIdError",
     "InvalidStorePathError",
     "InvalidUploadError",
+    "ManifestError",
     "MissingGradientError",
     "ParamId",
     "ParamIdMismatchError",

@@ -6,6 +6,8 @@ what was found, naming the parameter::
     GradvaultError
     ├── AutogradError (RuntimeError)          misuse of the autodiff engine
     │   ├── InplaceModificationError          a saved tensor was changed in place
+    │   ├── GradcheckError                    an analytic gradient disagrees with finite
+    │   │                                     differences (gradcheck)
     │   ├── ConflictingOptionsError (ValueError)  options that cannot be used together
     │   └── UnsupportedOptionError (NotImplementedError)  options not implemented (as in
     │                                                     PyTorch)
@@ -27,6 +29,8 @@ what was found, naming the parameter::
         ├── ParamIdMismatchError (KeyError)   record's ids are not the module's ids
         ├── ChecksumMismatchError (ValueError) a stored chunk fails its crc32c
         ├── FormatVersionError (ValueError)   written by an incompatible format version
+        ├── ManifestError (ValueError)        a snapshot's manifest or array document is
+        │                                     malformed (its version is fine)
         ├── SnapshotNotFoundError (KeyError)
         ├── StoreKeyNotFoundError (KeyError)  no readable store key at that path
         ├── StoreNotFoundError (FileNotFoundError)  a read of a local store folder that does
@@ -55,6 +59,10 @@ class AutogradError(GradvaultError, RuntimeError):
 
 class InplaceModificationError(AutogradError):
     """A tensor saved for backward was modified in place before backward ran."""
+
+
+class GradcheckError(AutogradError):
+    """An analytic gradient disagrees with finite differences (``gradcheck``)."""
 
 
 class ConflictingOptionsError(AutogradError, ValueError):
@@ -147,6 +155,11 @@ class FormatVersionError(RecorderError, ValueError):
     """Data written by a format version this release cannot read."""
 
 
+class ManifestError(RecorderError, ValueError):
+    """A snapshot's manifest or array document is malformed, though its version is one this
+    release reads (FormatVersionError is for the version alone)."""
+
+
 class SnapshotNotFoundError(RecorderError, KeyError):
     """No committed snapshot has that id."""
 
@@ -198,6 +211,7 @@ __all__ = [
     "DtypeMismatchError",
     "DuplicateParamError",
     "FormatVersionError",
+    "GradcheckError",
     "GradvaultError",
     "InplaceModificationError",
     "InvalidArgumentError",
@@ -208,6 +222,7 @@ __all__ = [
     "InvalidSnapshotIdError",
     "InvalidStorePathError",
     "InvalidUploadError",
+    "ManifestError",
     "MissingGradientError",
     "ParamIdMismatchError",
     "RecorderError",

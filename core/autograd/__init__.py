@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import AutogradError, ConflictingOptionsError
+from ._arguments import as_tuple
 from .engine import run_backward
 from .function import Context, Function, RemovableHandle
 from .grad_mode import (
@@ -18,16 +19,12 @@ from .grad_mode import (
 from .gradients import Gradients
 
 
-def _as_tuple(x: Any) -> tuple[Any, ...]:
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
-
-
 def _seeds(outputs: tuple[Any, ...], given: Any, name: str) -> list[Any]:
     """The gradient to start from at each output: ``given``, or ones for scalar outputs."""
     from ..factories import ones_like
     from ..tensor import Tensor
 
-    seeds = _as_tuple(given) if given is not None else (None,) * len(outputs)
+    seeds = as_tuple(given) if given is not None else (None,) * len(outputs)
     if len(seeds) != len(outputs):
         raise AutogradError(f"{name} has {len(seeds)} entries; there are {len(outputs)} outputs")
     prepared = []
@@ -71,8 +68,8 @@ def grad(
             "materialize_grads=True fills unused inputs with zeros, which needs "
             "allow_unused=True (or not passed); got allow_unused=False"
         )
-    outputs = _as_tuple(outputs)
-    inputs = _as_tuple(inputs)
+    outputs = as_tuple(outputs)
+    inputs = as_tuple(inputs)
     if allow_unused is None:
         allow_unused = materialize_grads
     seeds = _seeds(outputs, grad_outputs, "grad_outputs")
@@ -115,13 +112,13 @@ def backward(
 
     Returns the gradients of this pass, as ``Tensor.backward`` does.
     """
-    outputs = _as_tuple(tensors)
+    outputs = as_tuple(tensors)
     prepared = _seeds(outputs, grad_tensors, "grad_tensors")
     if retain_graph is None:
         retain_graph = create_graph
     targets = None
     if inputs is not None:
-        targets = list(_as_tuple(inputs))
+        targets = list(as_tuple(inputs))
         if not targets:
             raise AutogradError(
                 "the inputs argument to backward() cannot be empty; pass None to reach every leaf"

@@ -17,11 +17,8 @@ from ..errors import (
     InvalidArgumentTypeError,
     UnsupportedOptionError,
 )
+from ._arguments import as_tuple
 from .grad_mode import enable_grad
-
-
-def _as_tuple(x: Any) -> tuple[Any, ...]:
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
 
 
 def _shape_like(values: tuple[Any, ...], was_tuple: bool) -> Any:
@@ -97,7 +94,7 @@ def _check_v(v: Any, like: tuple[Any, ...], name: str) -> tuple[Any, ...]:
                     f"element; got shape {t.shape}"
                 )
         return tuple(ones_like(t) for t in like)
-    values = _as_tuple(v)
+    values = as_tuple(v)
     if len(values) != len(like):
         raise AutogradError(f"{name} has {len(values)} tensors; expected {len(like)}")
     for value, t in zip(values, like, strict=True):
@@ -119,10 +116,10 @@ def vjp(
     """``(func(inputs), v^T J)``."""
     was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
+        inp = _prepare_inputs(as_tuple(inputs), create_graph)
         outputs = func(*inp)
         out_tuple = isinstance(outputs, tuple | list)
-        outs = _as_tuple(outputs)
+        outs = as_tuple(outputs)
         vs = _check_v(v, outs, "v")
         grads = _grad(outs, inp, vs, create_graph)
     grads = _fill_unused(grads, inp, strict, "vjp")
@@ -143,11 +140,11 @@ def jvp(
     from ..factories import zeros_like
 
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
+        inp = _prepare_inputs(as_tuple(inputs), create_graph)
         vs = _check_v(v, inp, "v")
         outputs = func(*inp)
         out_tuple = isinstance(outputs, tuple | list)
-        outs = _as_tuple(outputs)
+        outs = as_tuple(outputs)
         dummies = tuple(zeros_like(o).requires_grad_(True) for o in outs)
         grads = _grad(outs, inp, dummies, create_graph=True)
         if strict and any(g is None for g in grads):
@@ -207,10 +204,10 @@ def jacobian(
             )
     was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
+        inp = _prepare_inputs(as_tuple(inputs), create_graph)
         outputs = func(*inp)
         out_tuple = isinstance(outputs, tuple | list)
-        outs = _as_tuple(outputs)
+        outs = as_tuple(outputs)
         table = []
         for i, o in enumerate(outs):
             flat = reshape(o, (-1,))
@@ -257,15 +254,32 @@ def hessian(
     vectorize: bool = False,
     outer_jacobian_strategy: str = "reverse-mode",
 ) -> Any:
-    """The Hessian of a scalar function: the Jacobian of its gradient."""
+    """The Hessian of a scalar function: the Jacobian of its gradient.
+
+    ``vectorize`` and ``outer_jacobian_strategy`` go to ``jacobian`` as in PyTorch (the
+    outer Jacobian takes the strategy), with ``jacobian``'s rules for them.
+    """
     was_tuple = isinstance(inputs, tuple | list)
 
     def gradient(*args: Any) -> Any:
         out = func(*args)
         _check_scalar(out, "hessian")
-        return jacobian(func, args if was_tuple else args[0], create_graph=True, strict=strict)
+        return jacobian(
+            func,
+            args if was_tuple else args[0],
+            create_graph=True,
+            strict=strict,
+            vectorize=vectorize,
+        )
 
-    return jacobian(gradient, inputs, create_graph=create_graph, strict=strict)
+    return jacobian(
+        gradient,
+        inputs,
+        create_graph=create_graph,
+        strict=strict,
+        vectorize=vectorize,
+        strategy=outer_jacobian_strategy,
+    )
 
 
 def _check_scalar(out: Any, name: str) -> None:
@@ -277,6 +291,21 @@ def _check_scalar(out: Any, name: str) -> None:
         )
 
 
+def _first_gradient(
+    func: Callable[..., Any], inputs: Any, v: Any, create_graph: bool, strict: bool, name: str
+) -> tuple[tuple[Any, ...], tuple[Any, ...], Any, tuple[Any, ...]]:
+    """What vhp and hvp share: ``(inputs, v, func(inputs), its gradient with a graph)``.
+
+    Runs under ``enable_grad``; the gradient keeps its graph so it can be differentiated.
+    """
+    inp = _prepare_inputs(as_tuple(inputs), create_graph)
+    vs = _check_v(v, inp, "v")
+    out = func(*inp)
+    _check_scalar(out, name)
+    jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict, name)
+    return inp, vs, out, tuple(jac)
+
+
 def vhp(
     func: Callable[..., Any],
     inputs: Any,
@@ -285,15 +314,11 @@ def vhp(
     strict: bool = False,
 ) -> tuple[Any, Any]:
     """``(func(inputs), v^T H)`` for a scalar function."""
-    was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
-        vs = _check_v(v, inp, "v")
-        out = func(*inp)
-        _check_scalar(out, "vhp")
-        jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict, "vhp")
-        result = _grad(tuple(jac), inp, vs, create_graph)
+        inp, vs, out, jac = _first_gradient(func, inputs, v, create_graph, strict, "vhp")
+        result = _grad(jac, inp, vs, create_graph)
     result = _fill_unused(result, inp, strict, "vhp")
+    was_tuple = isinstance(inputs, tuple | list)
     return _finish((out,), create_graph)[0], _shape_like(_finish(result, create_graph), was_tuple)
 
 
@@ -307,15 +332,10 @@ def hvp(
     """``(func(inputs), H v)`` for a scalar function, by the double-backward trick."""
     from ..factories import zeros_like
 
-    was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
-        vs = _check_v(v, inp, "v")
-        out = func(*inp)
-        _check_scalar(out, "hvp")
-        jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict, "hvp")
+        inp, vs, out, jac = _first_gradient(func, inputs, v, create_graph, strict, "hvp")
         dummies = tuple(zeros_like(t).requires_grad_(True) for t in inp)
-        double_back = _grad(tuple(jac), inp, dummies, create_graph=True)
+        double_back = _grad(jac, inp, dummies, create_graph=True)
         pairs = [
             (d, v_)
             for d, v_ in zip(double_back, vs, strict=True)
@@ -328,7 +348,5 @@ def hvp(
         else:
             result = (None,) * len(inp)
     result = _fill_unused(result, inp, strict, "hvp")
+    was_tuple = isinstance(inputs, tuple | list)
     return _finish((out,), create_graph)[0], _shape_like(_finish(result, create_graph), was_tuple)
-
-
-__all__ = ["hessian", "hvp", "jacobian", "jvp", "vhp", "vjp"]

@@ -7,16 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AutogradError
+from ..errors import AutogradError, GradcheckError
+from ._arguments import as_tuple
 from .grad_mode import enable_grad
-
-
-class GradcheckError(AutogradError):
-    """An analytic gradient disagrees with finite differences."""
-
-
-def _as_tuple(x: Any) -> tuple[Any, ...]:
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
 
 
 def _prepare(inputs: Any) -> tuple[Any, ...]:
@@ -24,7 +17,7 @@ def _prepare(inputs: Any) -> tuple[Any, ...]:
     from ..tensor import Tensor, float64
 
     prepared = []
-    for t in _as_tuple(inputs):
+    for t in as_tuple(inputs):
         if isinstance(t, Tensor) and t.dtype.kind == "f":
             # C-contiguous, so that perturbing the flat view perturbs the input itself
             xp = backend.xp_of(t._data)
@@ -39,7 +32,7 @@ def _prepare(inputs: Any) -> tuple[Any, ...]:
 def _flat_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> list[Any]:
     from ..tensor import Tensor
 
-    return [o for o in _as_tuple(fn(*inputs)) if isinstance(o, Tensor) and o.dtype.kind == "f"]
+    return [o for o in as_tuple(fn(*inputs)) if isinstance(o, Tensor) and o.dtype.kind == "f"]
 
 
 def _numerical(

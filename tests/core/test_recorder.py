@@ -193,7 +193,7 @@ def test_a_closed_recorder_refuses_new_work(recorder_factory) -> None:
 
 def test_a_failing_retention_does_not_hide_the_commit(recorder_factory, caplog) -> None:
     recorder = recorder_factory(keep_last=1)
-    store = recorder._get_store()
+    store = recorder.store
 
     async def broken(*args: object, **kwargs: object) -> list[str]:
         raise gv.StoreUnavailableError("delete failed (injected)")
