@@ -41,14 +41,14 @@ class GradientsAccumulator:
             current = self._sum.get(param.id)
             if current is None:
                 # shares the buffer until either side is written (copied if grad has aliases)
-                self._sum.register(param.id, grad._twin(), name=name)
+                self._sum.register(param.id, grad.twin(), name=name)
             else:
                 if current.shape != grad.shape:
                     raise ShapeMismatchError(
                         f"gradient for param {param.id} ({name!r}) has shape {grad.shape}; "
                         f"the running sum has {current.shape}"
                     )
-                current._accumulate_(grad._data)
+                current.accumulate_(grad)
 
     def current(self) -> GradientsParams:
         """The running sum so far, without resetting it (what a mid-window snapshot takes)."""

@@ -12,7 +12,17 @@ import numpy as np
 
 from . import backend
 from .errors import InvalidArgumentTypeError
-from .tensor import DEFAULT_FLOAT, DeviceLike, DTypeLike, Tensor, as_dtype, bool_, int64
+from .tensor import (
+    DEFAULT_FLOAT,
+    DeviceLike,
+    DTypeLike,
+    Tensor,
+    array_of,
+    as_dtype,
+    bool_,
+    int64,
+    wrap,
+)
 
 _generator = np.random.default_rng()
 
@@ -36,7 +46,7 @@ def _finish(data: Any, dtype: np.dtype | None, device: DeviceLike, requires_grad
         data = data.astype(dtype)
     if dev.type != "cpu":
         data = backend.to_device(data, dev)
-    t = Tensor._make(data)
+    t = wrap(data)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -48,7 +58,7 @@ def tensor(
     """A new leaf tensor holding a copy of ``data`` (lists of floats become float32)."""
     dtype = as_dtype(dtype)
     if isinstance(data, Tensor):
-        array = data._data.copy()
+        array = array_of(data).copy()
         if device is None:
             device = data.device
     elif isinstance(data, np.ndarray):

@@ -29,7 +29,7 @@ from .errors import (
 from .param_id import ParamId, as_param_id
 from .record import GradientRecordEntry, GradientsParamsRecord, paused_gc
 from .record_rules import check_dtype, check_name
-from .tensor import Tensor
+from .tensor import Tensor, wrap
 
 if TYPE_CHECKING:
     from .nn.module import Module
@@ -252,9 +252,7 @@ class GradientsParams:
         """
         self._check_backend(backend)
         names = self._names
-        entries = tuple(
-            (pid, names.get(pid, ""), grad._lend()) for pid, grad in self._grads.items()
-        )
+        entries = tuple((pid, names.get(pid, ""), grad.lend()) for pid, grad in self._grads.items())
         return GradientsCapture(entries)
 
     def try_to_record(self, backend: Any = None) -> GradientsParamsRecord:
@@ -314,7 +312,7 @@ class GradientsParams:
             pid, name = targets.get(entry.param_id, (entry.param_id, entry.name))
             if pid in grads:
                 raise DuplicateParamError(f"two record entries map to param {pid} ({name!r})")
-            grads[pid] = Tensor._make(array)
+            grads[pid] = wrap(array)
             names[pid] = name
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import operator
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,11 +49,14 @@ def _is_floating(dtype: np.dtype) -> bool:
     return dtype.kind == "f"
 
 
-class _Storage:
+class Storage:
     """What a tensor shares with its views: the version counter and the aliases of its buffer.
 
-    ``aliased`` is set once a view or a raw array of the buffer has been handed out (see
-    the copy-on-write section of Tensor); ``views_in_graph`` once such a view requires grad.
+    The one owner of these facts; only Tensor's copy-on-write and in-place methods read or
+    change them. ``version`` counts in-place writes (``last_op`` names the latest) so that
+    autograd can refuse a tensor changed after it was saved; ``aliased`` is set once a
+    view or a raw array of the buffer has been handed out (see the copy-on-write section
+    of Tensor); ``views_in_graph`` once such a view requires grad.
     """
 
     __slots__ = ("version", "last_op", "aliased", "views_in_graph")
@@ -61,6 +66,11 @@ class _Storage:
         self.last_op: str | None = None
         self.aliased = False
         self.views_in_graph = False
+
+    def bump(self, op: str) -> None:
+        """Count one in-place write, done by ``op``."""
+        self.version += 1
+        self.last_op = op
 
 
 class Tensor:
@@ -103,7 +113,7 @@ class Tensor:
         t._requires_grad = requires_grad
         t._grad = None
         t.grad_fn = grad_fn
-        t._storage = _Storage()  # shared with views
+        t._storage = Storage()  # shared with views
         t._hooks = {}  # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
         t._inference = _state.inference
         t._base = None
@@ -222,7 +232,22 @@ class Tensor:
 
     @property
     def _version(self) -> int:
+        """PyTorch's ``tensor._version``: in-place writes so far, shared with views."""
         return self._storage.version
+
+    @property
+    def last_inplace_op(self) -> str | None:
+        """The in-place op that last wrote this tensor's storage (None if none did)."""
+        return self._storage.last_op
+
+    def is_inference(self) -> bool:
+        """Whether this tensor was made under ``inference_mode`` (or is a view of one)."""
+        return self._inference
+
+    @property
+    def grad_hooks(self) -> dict[int, Callable[[Tensor], Tensor | None]]:
+        """A leaf's hooks from ``register_hook``, by handle id (a non-leaf's are on its node)."""
+        return self._hooks
 
     # ------------------------------------------------------------------ graph helpers
     def detach(self) -> Tensor:
@@ -395,13 +420,13 @@ class Tensor:
     # facts keep later writes away from such a holder, and only these methods touch them:
     #   _cow              the buffer is held elsewhere too: the next write through this
     #                     tensor, or the next alias of it handed out, first moves this tensor
-    #                     to a buffer of its own (_unshare);
+    #                     to a buffer of its own (unshare_);
     #   _storage.aliased  a view, a ``.data``/``detach()`` alias or a raw array (numpy(),
     #                     np.asarray) of the buffer was handed out: those write without
-    #                     passing through here, so a new holder gets a copy (_lend).
+    #                     passing through here, so a new holder gets a copy (lend).
     # Holding costs a flag per tensor, not a copy of its bytes, unless it was aliased.
     # Copies keep the strides' order (order="K"): a gradient keeps the layout it was given.
-    def _unshare(self) -> None:
+    def unshare_(self) -> None:
         """Give this tensor its own buffer if a snapshot or another tensor still reads it.
 
         Called before any write and before a view or alias of the buffer is handed out, so
@@ -413,7 +438,7 @@ class Tensor:
 
     def _alias_array(self) -> Any:
         """The buffer itself, for a caller who may write through it (``numpy()``, ``__array__``)."""
-        self._unshare()
+        self.unshare_()
         self._storage.aliased = True
         return self._data
 
@@ -422,7 +447,7 @@ class Tensor:
 
         ``detach()`` shares the version counter; ``.data`` (``share_version=False``) does not.
         """
-        self._unshare()
+        self.unshare_()
         self._storage.aliased = True
         out = Tensor._make(self._data)
         if share_version:
@@ -438,13 +463,13 @@ class Tensor:
         The buffer it had stays with whatever else holds it (a snapshot, views); the two
         tensors keep their own version counters, and both count as aliased.
         """
-        source._unshare()
+        source.unshare_()
         source._storage.aliased = True
         self._data = source._data
         self._cow = False
         self._storage.aliased = True
 
-    def _adopt_view(self, view: Tensor) -> None:
+    def adopt_view(self, view: Tensor) -> None:
         """Make ``view`` (whose array shares this tensor's buffer) a view of this tensor.
 
         They share the version counter; the buffer counts as aliased from now on.
@@ -456,7 +481,7 @@ class Tensor:
         if view.requires_grad:
             self._storage.views_in_graph = True
 
-    def _lend(self) -> Any:
+    def lend(self) -> Any:
         """This tensor's values as a buffer that nothing done to this tensor later changes.
 
         The buffer itself, flagged copy-on-write, when only this tensor can write to it; a
@@ -473,19 +498,20 @@ class Tensor:
         self._cow = True
         return data
 
-    def _twin(self) -> Tensor:
+    def twin(self) -> Tensor:
         """A new tensor with this one's values, sharing the buffer until either is written."""
-        data = self._lend()
+        data = self.lend()
         twin = Tensor._make(data)
         twin._cow = data is self._data
         return twin
 
-    def _accumulate_(self, array: Any) -> None:
-        """``self += array`` for gradient accumulation, honouring copy-on-write.
+    def accumulate_(self, grad: Tensor) -> None:
+        """``self += grad`` for gradient accumulation, honouring copy-on-write.
 
         A shared buffer is not copied first: the sum goes straight into a new one (one pass
         over the bytes, as an in-place add), keeping this tensor's dtype.
         """
+        array = grad._data
         if self._cow:
             total = backend.xp_of(self._data).empty_like(self._data)
             backend.xp_of(self._data).add(self._data, array, out=total)
@@ -502,11 +528,56 @@ class Tensor:
                 f"in-place update ({op}) of an inference tensor outside inference_mode is not "
                 "allowed"
             )
-        self._unshare()
+        self.unshare_()
 
     def _bump(self, op: str) -> None:
-        self._storage.version += 1
-        self._storage.last_op = op
+        self._storage.bump(op)
+
+    @contextlib.contextmanager
+    def writable(self, op: str) -> Iterator[Any]:
+        """The buffer, to be written in place by ``op`` (an optimizer's update), outside the graph.
+
+        Copy-on-write first gives this tensor a buffer of its own if a snapshot holds it;
+        the version counter counts the write when the block ends.
+        """
+        self._prepare_write(op)
+        yield self._data
+        self._bump(op)
+
+    def set_values_(self, op: str, array: Any) -> None:
+        """Replace the values with ``array`` (same shape and dtype, taken as it is), in place.
+
+        For ``op`` (``load_record``) outside the graph; counted by the version counter.
+        """
+        self._prepare_write(op)
+        self._data = array
+        self._bump(op)
+
+    def move_to_(self, device: DeviceLike) -> None:
+        """Move this tensor, and its ``.grad``, to ``device`` in place (``Module.to``)."""
+        dev = backend.device(device)
+        self._data = backend.to_device(self._data, dev)
+        if self._grad is not None:
+            self._grad = self._grad.to(dev)
+
+    def host_copy(self) -> np.ndarray:
+        """A NumPy array with this tensor's values and a buffer of its own (never an alias)."""
+        host = backend.to_host(self._data)
+        return host.copy() if host is self._data else host
+
+    def init_leaf_from(self, source: Tensor) -> None:
+        """Make this new tensor (a Tensor subclass being built) a leaf on ``source``'s buffer.
+
+        For ``Param``: it takes ``source``'s buffer, storage and flags, without graph,
+        gradient or hooks, as a tensor of its own class.
+        """
+        for name in Tensor.__slots__[:-1]:
+            setattr(self, name, getattr(source, name))
+        self.grad_fn = None
+        self._grad = None
+        self._hooks = {}
+        self._accumulator = None
+        self._requires_grad = False
 
     def _inplace(
         self, op: str, out_of_place: Callable[[Tensor], Tensor], others: Sequence[Any] = ()
@@ -616,7 +687,17 @@ class Tensor:
         return self.div_(other)
 
 
-def _leaf_node(t: Tensor) -> AccumulateGrad:
+#: The array a tensor reads, for the ops' forward rules and the engine. Read it, never
+#: write through it or keep a view of it: views go through ``Tensor.adopt_view``, writes
+#: through the in-place methods, so copy-on-write and the version counter see them.
+array_of: Callable[[Tensor], Any] = operator.attrgetter("_data")
+
+#: A tensor on ``array`` (not copied) for an op's result: ``wrap(array, requires_grad,
+#: grad_fn)``. The array must be new, never one that a caller still holds.
+wrap = Tensor._make
+
+
+def leaf_node(t: Tensor) -> AccumulateGrad:
     """The AccumulateGrad node of a leaf that requires grad (one per leaf)."""
     if t._accumulator is None:
         t._accumulator = AccumulateGrad(t)

@@ -83,11 +83,11 @@ def grad(
         capture=list(inputs),
         accumulate=False,
     )
-    from ..tensor import _leaf_node
+    from ..tensor import leaf_node
 
     result = []
     for index, t in enumerate(inputs):
-        node = t.grad_fn if t.grad_fn is not None else _leaf_node(t)
+        node = t.grad_fn if t.grad_fn is not None else leaf_node(t)
         g = captured.get(node)
         if g is None:
             if materialize_grads:

@@ -39,14 +39,14 @@ def sum_to_shape(grad: Tensor, shape: tuple[int, ...]) -> Tensor:
 
 
 def _root_node(tensor: Tensor, index: int) -> Node:
-    from ..tensor import _leaf_node
+    from ..tensor import leaf_node
 
     if not tensor.requires_grad:
         raise AutogradError(
             f"element {index} of tensors does not require grad and does not have a grad_fn "
             f"(shape {tuple(tensor.shape)})"
         )
-    return tensor.grad_fn if tensor.grad_fn is not None else _leaf_node(tensor)
+    return tensor.grad_fn if tensor.grad_fn is not None else leaf_node(tensor)
 
 
 def _needed(roots: Sequence[Node], targets: set[Node] | None) -> dict[Node, int]:
@@ -126,7 +126,7 @@ def run_backward(
             if grad is None:
                 continue
             leaf = node.variable() if isinstance(node, AccumulateGrad) else None
-            hooks = leaf._hooks if leaf is not None else node.tensor_hooks
+            hooks = leaf.grad_hooks if leaf is not None else node.tensor_hooks
             if hooks:
                 grad = _call_hooks(hooks, grad)
             if node.retained is not None:
@@ -227,12 +227,14 @@ class LayoutCopy(Function):
 
     @staticmethod
     def forward(ctx: Context, grad: Tensor, like: Any | None) -> Any:
-        xp = backend.xp_of(grad._data)
+        from ..tensor import array_of
+
+        xp = backend.xp_of(array_of(grad))
         if like is not None and _is_dense(like):
             out = xp.empty_like(like, dtype=grad.dtype, order="K")
         else:
             out = xp.empty(grad.shape, dtype=grad.dtype)
-        out[...] = grad._data
+        out[...] = array_of(grad)
         return out
 
     @staticmethod
@@ -249,8 +251,10 @@ def _first_grad(grad: Tensor, like: Any | None, create_graph: bool) -> Tensor:
     another leaf fed by the same op) moves that one to its own buffer. Called during the
     walk, where grad mode is ``create_graph``.
     """
-    if not create_graph and _obeys_layout(grad._data, like):
-        return grad._twin()
+    from ..tensor import array_of
+
+    if not create_graph and _obeys_layout(array_of(grad), like):
+        return grad.twin()
     return LayoutCopy.apply(grad, like)
 
 
@@ -261,15 +265,17 @@ def _accumulate_into(leaf: Tensor, grad: Tensor, create_graph: bool) -> None:
     ``.grad`` object, its layout kept, even when it has history of its own), except with
     ``create_graph``, where ``.grad`` is replaced by the recorded sum.
     """
+    from ..tensor import array_of
+
     if grad.dtype != leaf.dtype:
         grad = grad.to(dtype=leaf.dtype)
     existing = leaf.grad
     if existing is None:
-        leaf._grad = _first_grad(grad, leaf._data, create_graph)
+        leaf.grad = _first_grad(grad, array_of(leaf), create_graph)
     elif create_graph:
-        leaf._grad = existing + grad
+        leaf.grad = existing + grad
     else:
-        existing._accumulate_(grad._data)
+        existing.accumulate_(grad)
 
 
 def _retain_into(tensor: Tensor, grad: Tensor, create_graph: bool) -> None:
@@ -281,4 +287,4 @@ def _retain_into(tensor: Tensor, grad: Tensor, create_graph: bool) -> None:
     if grad.dtype != tensor.dtype:
         grad = grad.to(dtype=tensor.dtype)
     existing = tensor.grad
-    tensor._grad = _first_grad(grad, None, create_graph) if existing is None else existing + grad
+    tensor.grad = _first_grad(grad, None, create_graph) if existing is None else existing + grad

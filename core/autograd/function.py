@@ -36,7 +36,7 @@ class Context:
         that could tell its later in-place changes.
         """
         for t in tensors:
-            if t is not None and t._inference:
+            if t is not None and t.is_inference():
                 raise AutogradError(
                     f"inference tensors cannot be saved for backward ({self._node.name}): a "
                     f"tensor of shape {tuple(t.shape)} was made under inference_mode; clone "
@@ -62,7 +62,7 @@ class Context:
                 continue
             current = tensor._version
             if current != version:
-                op = tensor._storage.last_op or "an in-place operation"
+                op = tensor.last_inplace_op or "an in-place operation"
                 raise InplaceModificationError(
                     f"one of the tensors needed for gradient computation was modified by an "
                     f"in-place operation ({op}): saved tensor {index} of {self._node.name}, "
@@ -186,7 +186,7 @@ class Function:
         for an integer or bool result: as in PyTorch, such results never require grad.
         Like PyTorch, ops produce inf and nan silently (NumPy's warnings are off inside).
         """
-        from ..tensor import Tensor, _leaf_node  # circular at import time
+        from ..tensor import Tensor, leaf_node, wrap  # circular at import time
 
         tensor_inputs = [a for a in args if isinstance(a, Tensor)]
         record = (
@@ -202,20 +202,20 @@ class Function:
             with np.errstate(all="ignore"):
                 data = _as_array(cls.forward(ctx, *args, **kwargs))
             if data.dtype.kind not in "fc":  # a cast to int or bool cuts the graph
-                return Tensor._make(data)
+                return wrap(data)
             node.ctx = ctx
             node.next_nodes = tuple(
-                (t.grad_fn if t.grad_fn is not None else _leaf_node(t)) if t.requires_grad else None
+                (t.grad_fn if t.grad_fn is not None else leaf_node(t)) if t.requires_grad else None
                 for t in tensor_inputs
             )
             node.input_shapes = tuple(tuple(t.shape) for t in tensor_inputs)
-            out = Tensor._make(data, requires_grad=True, grad_fn=node)
+            out = wrap(data, requires_grad=True, grad_fn=node)
             if node.saves_output:
                 ctx._saved = ctx._saved + ((out, out._version),)
             return out
         with np.errstate(all="ignore"):
             data = _as_array(cls.forward(_FreeContext(), *args, **kwargs))
-        return Tensor._make(data)
+        return wrap(data)
 
 
 def _as_array(data: Any) -> Any:

@@ -12,13 +12,13 @@ from .. import ops
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..factories import generator, ones, zeros
 from ..ops._common import constant
-from ..tensor import DeviceLike, DTypeLike, Tensor, as_dtype
+from ..tensor import DeviceLike, DTypeLike, Tensor, as_dtype, wrap
 from .module import Module, Param
 
 
 def _uniform(shape: tuple[int, ...], bound: float, dtype: DTypeLike, device: DeviceLike) -> Param:
     data = generator().uniform(-bound, bound, size=shape).astype(as_dtype(dtype) or np.float32)
-    return Param(Tensor._make(data).to(device) if device else Tensor._make(data))
+    return Param(wrap(data).to(device) if device else wrap(data))
 
 
 class Linear(Module):
@@ -63,9 +63,7 @@ class Embedding(Module):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         data = generator().standard_normal((num_embeddings, embedding_dim))
-        self.weight = Param(
-            Tensor._make(data.astype(as_dtype(dtype) or np.float32)).to(device or "cpu")
-        )
+        self.weight = Param(wrap(data.astype(as_dtype(dtype) or np.float32)).to(device or "cpu"))
 
     def forward(self, indices: Tensor) -> Tensor:
         if indices.dtype.kind not in "iu":

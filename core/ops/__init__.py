@@ -6,7 +6,7 @@ from typing import Any
 
 from .. import backend
 from ..autograd.function import Context, Function
-from ..tensor import Tensor
+from ..tensor import Tensor, array_of
 from ._common import as_tensor_like, constant, xp
 from .elementwise import (
     abs,
@@ -52,7 +52,7 @@ class ToDtype(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, dtype: Any) -> Any:
         ctx.dtype = a.dtype
-        return a._data.astype(dtype)
+        return array_of(a).astype(dtype)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -63,7 +63,7 @@ class ToDevice(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, device: backend.Device) -> Any:
         ctx.device = a.device
-        return backend.to_device(a._data, device)
+        return backend.to_device(array_of(a), device)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -73,7 +73,7 @@ class ToDevice(Function):
 class Clone(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
-        return a._data.copy()
+        return array_of(a).copy()
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -88,7 +88,7 @@ def clone(a: Tensor) -> Tensor:
 def _compare(name: str) -> Any:
     def method(self: Tensor, other: Any) -> Tensor:
         other = as_tensor_like(other, self)
-        return constant(getattr(xp(self), name)(self._data, other._data))
+        return constant(getattr(xp(self), name)(array_of(self), array_of(other)))
 
     return method
 
@@ -124,7 +124,7 @@ def install_methods(cls: type[Tensor]) -> None:
         ("__or__", "logical_or"),
     ]:
         setattr(cls, dunder, _compare(ufunc))
-    cls.__invert__ = lambda self: constant(xp(self).logical_not(self._data))
+    cls.__invert__ = lambda self: constant(xp(self).logical_not(array_of(self)))
     cls.__hash__ = object.__hash__
     for name, fn in {
         "add": add,
@@ -168,7 +168,7 @@ def install_methods(cls: type[Tensor]) -> None:
     cls.mT = property(lambda self: transpose(self, -1, -2))
     cls.square = lambda self: mul(self, self)
     cls.contiguous = contiguous
-    cls.is_contiguous = lambda self: bool(self._data.flags.c_contiguous)
+    cls.is_contiguous = lambda self: bool(array_of(self).flags.c_contiguous)
     cls.view_as = lambda self, other: reshape(self, other.shape)
     cls.expand_as = lambda self, other: expand(self, other.shape)
 

@@ -9,14 +9,14 @@ import numpy as np
 
 from ..autograd.function import Context, Function
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
-from ..tensor import DEFAULT_FLOAT, Tensor
+from ..tensor import DEFAULT_FLOAT, Tensor, array_of
 from ._common import as_tensor_like, constant, xp
 
 
 class Add(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
-        return a._data + b._data
+        return array_of(a) + array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor, Tensor]:
@@ -26,7 +26,7 @@ class Add(Function):
 class Sub(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
-        return a._data - b._data
+        return array_of(a) - array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor, Tensor]:
@@ -43,7 +43,7 @@ class Mul(Function):
         need_a, need_b = _needs(ctx)
         # keep only what the backward reads, so changing the other operand is allowed
         ctx.save_for_backward(a if need_b else None, b if need_a else None)
-        return a._data * b._data
+        return array_of(a) * array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -57,7 +57,7 @@ class Div(Function):
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
         need_a, need_b = _needs(ctx)
         ctx.save_for_backward(a if need_b else None, b)
-        return a._data / b._data
+        return array_of(a) / array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -69,7 +69,7 @@ class Div(Function):
 class Neg(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
-        return -a._data
+        return -array_of(a)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -83,7 +83,7 @@ class Pow(Function):
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
         ctx.save_for_backward(a, b)
         ctx.save_output()
-        return a._data**b._data
+        return array_of(a) ** array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -106,7 +106,7 @@ class PowScalar(Function):
     def forward(ctx: Context, a: Tensor, exponent: float) -> Any:
         ctx.save_for_backward(a)
         ctx.exponent = exponent
-        return a._data**exponent
+        return array_of(a) ** exponent
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -121,7 +121,7 @@ class Exp(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
-        return xp(a).exp(a._data)
+        return xp(a).exp(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -133,7 +133,7 @@ class Log(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_for_backward(a)
-        return xp(a).log(a._data)
+        return xp(a).log(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -145,7 +145,7 @@ class Sqrt(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
-        return xp(a).sqrt(a._data)
+        return xp(a).sqrt(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -157,19 +157,19 @@ class Abs(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_for_backward(a)
-        return xp(a).abs(a._data)
+        return xp(a).abs(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
         (a,) = ctx.saved_tensors
-        return g * constant(xp(a).sign(a._data))
+        return g * constant(xp(a).sign(array_of(a)))
 
 
 class Tanh(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
-        return xp(a).tanh(a._data)
+        return xp(a).tanh(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -182,7 +182,7 @@ class Sigmoid(Function):
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
         m = xp(a)
-        x = a._data
+        x = array_of(a)
         # split by sign so that exp never overflows
         e = m.exp(-m.abs(x))
         return m.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
@@ -197,12 +197,12 @@ class Relu(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
-        return xp(a).maximum(a._data, 0)
+        return xp(a).maximum(array_of(a), 0)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
         (out,) = ctx.saved_tensors
-        return g * constant(out._data > 0)
+        return g * constant(array_of(out) > 0)
 
 
 def _erf_array(x: Any) -> Any:
@@ -218,7 +218,7 @@ class Erf(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_for_backward(a)
-        return _erf_array(a._data)
+        return _erf_array(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -232,7 +232,7 @@ class Gelu(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_for_backward(a)
-        x = a._data
+        x = array_of(a)
         return (x * 0.5 * (1 + _erf_array(x / math.sqrt(2)))).astype(x.dtype, copy=False)
 
     @staticmethod
@@ -248,12 +248,12 @@ class Clamp(Function):
     def forward(ctx: Context, a: Tensor, low: Any, high: Any) -> Any:
         ctx.save_for_backward(a)
         ctx.low, ctx.high = low, high
-        return xp(a).clip(a._data, low, high).astype(a.dtype, copy=False)
+        return xp(a).clip(array_of(a), low, high).astype(a.dtype, copy=False)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
         (a,) = ctx.saved_tensors
-        x = a._data
+        x = array_of(a)
         mask = xp(a).ones(x.shape, dtype=bool)
         if ctx.low is not None:
             mask &= x >= ctx.low
@@ -266,7 +266,7 @@ class Where(Function):
     @staticmethod
     def forward(ctx: Context, cond: Tensor, a: Tensor, b: Tensor) -> Any:
         ctx.cond = cond
-        return xp(a).where(cond._data, a._data, b._data)
+        return xp(a).where(array_of(cond), array_of(a), array_of(b))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[None, Tensor, Tensor]:
@@ -428,7 +428,7 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
         raise InvalidArgumentTypeError("where needs at least one tensor argument")
     cond = condition if isinstance(condition, Tensor) else as_tensor_like(condition, like)
     if cond.dtype != np.dtype(bool):
-        cond = constant(cond._data.astype(bool))
+        cond = constant(array_of(cond).astype(bool))
     a = as_tensor_like(a, like)
     b = as_tensor_like(b, like)
     return Where.apply(cond, *_promoted(a, b, result_type(a, b)))
@@ -436,7 +436,7 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
 
 def _compare(ufunc: str, a: Tensor, b: Any) -> Tensor:
     b = as_tensor_like(b, a)
-    return constant(getattr(xp(a), ufunc)(a._data, b._data))
+    return constant(getattr(xp(a), ufunc)(array_of(a), array_of(b)))
 
 
 def logical_and(a: Tensor, b: Any) -> Tensor:

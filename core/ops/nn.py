@@ -7,7 +7,7 @@ from typing import Any
 from ..autograd.engine import sum_to_shape
 from ..autograd.function import Context, Function
 from ..errors import InvalidArgumentError
-from ..tensor import Tensor
+from ..tensor import Tensor, array_of
 from ._common import constant, xp
 from .reduction import mean, sum
 from .shape import getitem, reshape, transpose
@@ -23,7 +23,7 @@ class Matmul(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
         ctx.save_for_backward(a, b)
-        return xp(a).matmul(a._data, b._data)
+        return xp(a).matmul(array_of(a), array_of(b))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -64,9 +64,9 @@ class Linear(Function):
     def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Any:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        out = xp(x).matmul(x._data, weight._data.T)
+        out = xp(x).matmul(array_of(x), array_of(weight).T)
         if bias is not None:
-            out += bias._data
+            out += array_of(bias)
         return out
 
     @staticmethod
@@ -91,7 +91,7 @@ class Softmax(Function):
         ctx.dim = dim
         ctx.save_output()
         m = xp(a)
-        shifted = a._data - a._data.max(axis=dim, keepdims=True)
+        shifted = array_of(a) - array_of(a).max(axis=dim, keepdims=True)
         e = m.exp(shifted)
         return e / e.sum(axis=dim, keepdims=True)
 
@@ -107,7 +107,7 @@ class LogSoftmax(Function):
         ctx.dim = dim
         ctx.save_output()
         m = xp(a)
-        shifted = a._data - a._data.max(axis=dim, keepdims=True)
+        shifted = array_of(a) - array_of(a).max(axis=dim, keepdims=True)
         return shifted - m.log(m.exp(shifted).sum(axis=dim, keepdims=True))
 
     @staticmethod
@@ -197,7 +197,7 @@ def cross_entropy(
         logp = reshape(moved, (-1, input.shape[1]))
         target = reshape(target, (-1,))
     m = xp(logp)
-    labels = target._data
+    labels = array_of(target)
     keep = labels != ignore_index
     classes = logp.shape[1]
     if bool(((labels < 0) & keep).any()) or bool((labels >= classes).any()):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..autograd.function import Context, Function
-from ..tensor import Tensor
+from ..tensor import Tensor, array_of
 from ._common import constant, normalize_dims, xp
 from .shape import expand, reshape
 
@@ -25,7 +25,7 @@ class Sum(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, dims: tuple[int, ...] | None, keepdim: bool) -> Any:
         ctx.shape, ctx.dims, ctx.keepdim = a.shape, dims, keepdim
-        out = a._data.sum(axis=dims, keepdims=keepdim)
+        out = array_of(a).sum(axis=dims, keepdims=keepdim)
         return xp(a).asarray(out, dtype=a.dtype) if a.dtype.kind == "f" else xp(a).asarray(out)
 
     @staticmethod
@@ -41,7 +41,7 @@ class Extreme(Function):
         ctx: Context, a: Tensor, dim: int | None, keepdim: bool, largest: bool, index: Any = None
     ) -> Any:
         m = xp(a)
-        x = a._data
+        x = array_of(a)
         if x.size == 0:
             raise RuntimeError(f"max()/min() of an empty tensor of shape {a.shape}")
         ctx.shape, ctx.dim, ctx.keepdim = a.shape, dim, keepdim
@@ -94,7 +94,7 @@ def _extreme(a: Tensor, dim: int | None, keepdim: bool, largest: bool) -> Any:
     if a.numel() == 0:
         raise RuntimeError(f"max()/min() of an empty tensor of shape {a.shape}")
     # one arg-reduction serves both the values (and their gradient) and the indices
-    index = (xp(a).argmax if largest else xp(a).argmin)(a._data, axis=d, keepdims=True)
+    index = (xp(a).argmax if largest else xp(a).argmin)(array_of(a), axis=d, keepdims=True)
     values = Extreme.apply(a, d, keepdim, largest, index)
     indices = index if keepdim else index.squeeze(axis=d)
     return ValuesIndices(values, constant(indices.astype("int64")))
@@ -143,4 +143,4 @@ def std(
 
 def argmax(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """Index of the largest element (no gradient)."""
-    return constant(xp(a).argmax(a._data, axis=dim, keepdims=keepdim).astype("int64"))
+    return constant(xp(a).argmax(array_of(a), axis=dim, keepdims=keepdim).astype("int64"))

@@ -10,18 +10,18 @@ import numpy as np
 from ..autograd.engine import sum_to_shape
 from ..autograd.function import Context, Function
 from ..errors import InvalidArgumentError
-from ..tensor import Tensor
+from ..tensor import Tensor, array_of, wrap
 from ._common import as_tensor_like, xp
 
 
 def _as_view(out: Tensor, base: Tensor) -> Tensor:
     """Mark ``out`` as a view of ``base``: they share storage and the version counter."""
     if (
-        xp(base).shares_memory(out._data, base._data)
-        if out._data.size and base._data.size
+        xp(base).shares_memory(array_of(out), array_of(base))
+        if array_of(out).size and array_of(base).size
         else False
     ):
-        base._adopt_view(out)
+        base.adopt_view(out)
     return out
 
 
@@ -29,7 +29,7 @@ class Reshape(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, shape: tuple[int, ...]) -> Any:
         ctx.shape = a.shape
-        return a._data.reshape(shape)
+        return array_of(a).reshape(shape)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -40,7 +40,7 @@ class Permute(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, dims: tuple[int, ...]) -> Any:
         ctx.inverse = tuple(int(i) for i in np.argsort(dims))
-        return a._data.transpose(dims)
+        return array_of(a).transpose(dims)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -51,7 +51,7 @@ class Expand(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, shape: tuple[int, ...]) -> Any:
         ctx.shape = a.shape
-        return xp(a).broadcast_to(a._data, shape)
+        return xp(a).broadcast_to(array_of(a), shape)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -61,7 +61,7 @@ class Expand(Function):
 class Contiguous(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
-        return xp(a).ascontiguousarray(a._data)
+        return xp(a).ascontiguousarray(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -73,7 +73,7 @@ def _index_arrays(index: Any, m: Any) -> Any:
 
     def one(i: Any) -> Any:
         if isinstance(i, Tensor):
-            return i._data
+            return array_of(i)
         if isinstance(i, list):
             return m.asarray(i)
         return i
@@ -90,7 +90,7 @@ class Index(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, index: Any) -> Any:
         ctx.shape, ctx.index = a.shape, index
-        return a._data[index]
+        return array_of(a)[index]
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -106,13 +106,13 @@ class IndexScatter(Function):
         m = xp(g)
         out = m.zeros(shape, dtype=g.dtype)
         if _is_basic(index):
-            out[index] = g._data
+            out[index] = array_of(g)
         elif m is np:
-            np.add.at(out, index, g._data)
+            np.add.at(out, index, array_of(g))
         else:  # pragma: no cover - CUDA path
             import cupyx
 
-            cupyx.scatter_add(out, index, g._data)
+            cupyx.scatter_add(out, index, array_of(g))
         return out
 
     @staticmethod
@@ -126,8 +126,8 @@ class IndexPut(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, value: Tensor, index: Any) -> Any:
         ctx.index, ctx.value_shape = index, value.shape
-        out = a._data.copy()
-        out[index] = value._data
+        out = array_of(a).copy()
+        out[index] = array_of(value)
         return out
 
     @staticmethod
@@ -138,7 +138,7 @@ class IndexPut(Function):
 def _masked(g: Tensor, index: Any) -> Tensor:
     mask = xp(g).ones(g.shape, dtype=bool)
     mask[index] = False
-    return g * Tensor._make(mask)
+    return g * wrap(mask)
 
 
 class Cat(Function):
@@ -147,7 +147,7 @@ class Cat(Function):
         *tensors, dim = args
         ctx.dim = dim
         ctx.sizes = [t.shape[dim] for t in tensors]
-        return xp(tensors[0]).concatenate([t._data for t in tensors], axis=dim)
+        return xp(tensors[0]).concatenate([array_of(t) for t in tensors], axis=dim)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor, ...]:
@@ -168,7 +168,7 @@ def reshape(a: Tensor, *shape: Any) -> Tensor:
         shape = tuple(shape[0])
     shape = tuple(int(n) for n in shape)
     # a new view even when the shape is unchanged, as in PyTorch (never ``a`` itself)
-    a._unshare()
+    a.unshare_()
     return _as_view(Reshape.apply(a, shape), a)
 
 
@@ -182,7 +182,7 @@ def permute(a: Tensor, *dims: Any) -> Tensor:
     dims = tuple(int(d) % max(a.ndim, 1) for d in dims)
     if sorted(dims) != list(range(a.ndim)):
         raise InvalidArgumentError(f"permute dims {dims} are not a permutation of {a.ndim} dims")
-    a._unshare()
+    a.unshare_()
     return _as_view(Permute.apply(a, dims), a)
 
 
@@ -201,7 +201,7 @@ def expand(a: Tensor, *shape: Any) -> Tensor:
     shape = tuple(a.shape[i - lead] if n == -1 else int(n) for i, n in enumerate(shape))
     # a read-only broadcast of a's buffer: a view like any other, so that it follows a
     # (copy-on-write keeps a's buffer in place while the view lives)
-    a._unshare()
+    a.unshare_()
     return _as_view(Expand.apply(a, shape), a)
 
 
@@ -235,7 +235,7 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 def contiguous(a: Tensor) -> Tensor:
     """``a`` itself when its elements lie in C order, else a C-ordered copy in the graph."""
-    if a._data.flags.c_contiguous:
+    if array_of(a).flags.c_contiguous:
         return a
     return Contiguous.apply(a)
 
@@ -248,7 +248,7 @@ def getitem(a: Tensor, index: Any) -> Tensor:
         if Ellipsis not in parts:
             # x[0] of a 1-d array is a NumPy scalar (a copy); x[0, ...] is a 0-d view
             index = (*parts, Ellipsis)
-        a._unshare()
+        a.unshare_()
         return _as_view(Index.apply(a, index), a)
     return Index.apply(a, index)
 

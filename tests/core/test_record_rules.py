@@ -32,6 +32,7 @@ from gradvault.core import (
     SizeMismatchError,
 )
 from gradvault.core.store import open_store
+from gradvault.core.tensor import wrap
 
 FIELD_ERRORS = (InvalidFieldError, DtypeMismatchError, ShapeMismatchError, SizeMismatchError)
 
@@ -72,7 +73,7 @@ def test_entries_refuse_names_the_reader_refuses(name: Any) -> None:
 def test_register_refuses_a_dtype_no_snapshot_holds(dtype: str) -> None:
     pid = ParamId()
     with pytest.raises(DtypeMismatchError, match=str(pid)) as caught:
-        GradientsParams().register(pid, gv.Tensor._make(np.zeros(2, dtype)), name="w")
+        GradientsParams().register(pid, wrap(np.zeros(2, dtype)), name="w")
     assert dtype in str(caught.value) and "float32" in str(caught.value)
 
 
@@ -282,7 +283,7 @@ def _write_then_read(
             record = GradientsParamsRecord([entry], metadata=metadata)
         else:
             grads = GradientsParams()
-            grads.register(pid, gv.Tensor._make(np.ones(shape, dtype)), name=name)
+            grads.register(pid, wrap(np.ones(shape, dtype)), name=name)
             record = GradientsParamsRecord(grads.try_to_record().entries, metadata=metadata)
         store = open_store(root, chunk_bytes=64, pack_threshold=32)
         try:

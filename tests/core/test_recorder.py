@@ -10,6 +10,7 @@ import pytest
 
 import gradvault.core as gv
 from gradvault.core import GradientsParams, ParamId, Recorder, RecorderError, SnapshotBusyError
+from gradvault.core.tensor import wrap
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def _grads(seed: int, shapes: list[tuple[int, ...]], dtype: str = "float32") -> 
     grads = GradientsParams()
     for index, shape in enumerate(shapes):
         array = rng.standard_normal(shape).astype(dtype)
-        grads.register(ParamId(), gv.Tensor._make(array), name=f"layer{index}.weight")
+        grads.register(ParamId(), wrap(array), name=f"layer{index}.weight")
     return grads
 
 

@@ -21,6 +21,7 @@ from gradvault.core import (
     ShapeMismatchError,
     SizeMismatchError,
 )
+from gradvault.core.tensor import wrap
 
 
 def _model_and_grads(seed: int = 0) -> tuple[gv.MLP, GradientsParams]:
@@ -59,7 +60,7 @@ def test_round_trip_is_bit_identical(dtype: str) -> None:
         ParamId(): np.array([np.nan, np.inf, -np.inf, -0.0], dtype=dtype),
     }
     for pid, array in arrays.items():
-        grads.register(pid, gv.Tensor._make(array))
+        grads.register(pid, wrap(array))
     restored = GradientsParams.from_record(grads.try_to_record(), "cpu")
     for pid, array in arrays.items():
         got = restored.get(pid).numpy()

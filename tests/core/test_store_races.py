@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import gradvault.core as gv
 from gradvault.core import GradientsParams, ParamId, Recorder
 from gradvault.core.errors import SnapshotNotFoundError, StoreUnavailableError
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, new_snapshot_id, open_store
 from gradvault.core.store import _s3 as s3_backend
+from gradvault.core.tensor import wrap
 
 from .conftest import S3_BUCKET, S3_CREDENTIALS
 
@@ -59,7 +59,7 @@ def grads_bytes(grads: GradientsParams) -> dict[ParamId, bytes]:
 def small_grads(seed: int) -> GradientsParams:
     grads = GradientsParams()
     array = np.random.default_rng(seed).standard_normal((5, 3)).astype(np.float32)
-    grads.register(ParamId(), gv.Tensor._make(array), name="w")
+    grads.register(ParamId(), wrap(array), name="w")
     return grads
 
 
