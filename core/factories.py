@@ -11,13 +11,11 @@ from typing import Any
 import numpy as np
 
 from . import backend
-from .errors import InvalidArgumentTypeError
 from .tensor import (
     DEFAULT_FLOAT,
     DeviceLike,
     DTypeLike,
     Tensor,
-    array_of,
     as_dtype,
     bool_,
     int64,
@@ -56,26 +54,7 @@ def tensor(
     data: Any, *, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
 ) -> Tensor:
     """A new leaf tensor holding a copy of ``data`` (lists of floats become float32)."""
-    dtype = as_dtype(dtype)
-    if isinstance(data, Tensor):
-        array = array_of(data).copy()
-        if device is None:
-            device = data.device
-    elif isinstance(data, np.ndarray):
-        array = data.copy()
-    elif hasattr(data, "__cuda_array_interface__"):
-        array = data.copy()
-        if device is None:
-            device = backend.device_of(data)
-    else:
-        array = np.array(data)
-        if dtype is None and array.dtype == np.float64 and not isinstance(data, np.generic):
-            array = array.astype(DEFAULT_FLOAT)
-        elif dtype is None and array.dtype.kind in "iu":
-            array = array.astype(int64)
-    if array.dtype.kind not in "fiub":
-        raise InvalidArgumentTypeError(f"can't make a tensor from data of dtype {array.dtype}")
-    return _finish(array, dtype, device, requires_grad)
+    return Tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def _size(size: tuple[Any, ...]) -> tuple[int, ...]:

@@ -11,10 +11,13 @@ from typing import Any
 import numpy as np
 
 from . import backend
+from .autograd import backward as autograd_backward
 from .autograd.function import AccumulateGrad, Node, RemovableHandle
 from .autograd.grad_mode import _state, no_grad
+from .autograd.gradients import Gradients
 from .backend import Device
 from .errors import AutogradError, InvalidArgumentError, InvalidArgumentTypeError
+from .op_table import op_table
 
 float16 = np.dtype("float16")
 float32 = np.dtype("float32")
@@ -47,6 +50,38 @@ def as_dtype(dtype: DTypeLike) -> np.dtype | None:
 
 def _is_floating(dtype: np.dtype) -> bool:
     return dtype.kind == "f"
+
+
+def array_from(data: Any, dtype: np.dtype | None, device: DeviceLike) -> Any:
+    """A new array holding a copy of ``data`` as ``dtype`` on ``device`` (for ``tensor()``).
+
+    Lists of floats become float32 and of ints int64; a NumPy array keeps its dtype; a
+    tensor or a device array stays on its device unless ``device`` says otherwise.
+    """
+    if isinstance(data, Tensor):
+        array = data._data.copy()
+        if device is None:
+            device = data.device
+    elif isinstance(data, np.ndarray):
+        array = data.copy()
+    elif hasattr(data, "__cuda_array_interface__"):
+        array = data.copy()
+        if device is None:
+            device = backend.device_of(data)
+    else:
+        array = np.array(data)
+        if dtype is None and array.dtype == np.float64 and not isinstance(data, np.generic):
+            array = array.astype(DEFAULT_FLOAT)
+        elif dtype is None and array.dtype.kind in "iu":
+            array = array.astype(int64)
+    if array.dtype.kind not in "fiub":
+        raise InvalidArgumentTypeError(f"can't make a tensor from data of dtype {array.dtype}")
+    dev = backend.device(device)
+    if dtype is not None and array.dtype != dtype:
+        array = array.astype(dtype)
+    if dev.type != "cpu":
+        array = backend.to_device(array, dev)
+    return array
 
 
 class Storage:
@@ -99,27 +134,28 @@ class Tensor:
         device: DeviceLike = None,
         requires_grad: bool = False,
     ) -> None:
-        from .factories import tensor
-
-        made = tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
-        for name in Tensor.__slots__[:-1]:
-            setattr(self, name, getattr(made, name))
+        self._set_up(array_from(data, as_dtype(dtype), device), False, None)
+        if requires_grad:
+            self.requires_grad_(True)
 
     @classmethod
     def _make(cls, data: Any, requires_grad: bool = False, grad_fn: Node | None = None) -> Tensor:
         """Wrap an array without copying (internal)."""
         t = object.__new__(cls)
-        t._data = data
-        t._requires_grad = requires_grad
-        t._grad = None
-        t.grad_fn = grad_fn
-        t._storage = Storage()  # shared with views
-        t._hooks = {}  # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
-        t._inference = _state.inference
-        t._base = None
-        t._cow = False
-        t._accumulator = None
+        t._set_up(data, requires_grad, grad_fn)
         return t
+
+    def _set_up(self, data: Any, requires_grad: bool, grad_fn: Node | None) -> None:
+        self._data = data
+        self._requires_grad = requires_grad
+        self._grad = None
+        self.grad_fn = grad_fn
+        self._storage = Storage()  # shared with views
+        self._hooks = {}  # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
+        self._inference = _state.inference
+        self._base = None
+        self._cow = False
+        self._accumulator = None
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -299,9 +335,7 @@ class Tensor:
         The returned ``Gradients`` maps each leaf reached to the gradient of this pass alone
         (Burn's ``B::Gradients``); ``GradientsParams.from_grads`` consumes it.
         """
-        from .autograd import backward
-
-        return backward(self, gradient, retain_graph, create_graph, inputs)
+        return autograd_backward(self, gradient, retain_graph, create_graph, inputs)
 
     # ------------------------------------------------------------------ conversion
     def numpy(self) -> np.ndarray:
@@ -341,17 +375,15 @@ class Tensor:
 
     def to(self, device: DeviceLike | DTypeLike = None, dtype: DTypeLike = None) -> Tensor:
         """This tensor on ``device`` and/or as ``dtype``; itself when nothing changes."""
-        from . import ops
-
         if device is not None and not isinstance(device, Device | str):
             device, dtype = None, device
         if isinstance(device, str) and device not in ("cpu",) and not device.startswith("cuda"):
             device, dtype = None, device
         out = self
         if dtype is not None and as_dtype(dtype) != self.dtype:
-            out = ops.ToDtype.apply(out, as_dtype(dtype))
+            out = op_table.to_dtype(out, as_dtype(dtype))
         if device is not None and backend.device(device) != self.device:
-            out = ops.ToDevice.apply(out, backend.device(device))
+            out = op_table.to_device(out, backend.device(device))
         return out
 
     def cpu(self) -> Tensor:
@@ -414,6 +446,220 @@ class Tensor:
         elif self.requires_grad:
             extra.append("requires_grad=True")
         return "tensor(" + ", ".join([body, *extra]) + ")"
+
+    # ------------------------------------------------------------------ ops as methods
+    # Thin calls into the op functions (registered in ``op_table`` by ``core/ops``); the
+    # forward and backward rules live with each op.
+    def __add__(self, other: Any) -> Tensor:
+        return op_table.add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return op_table.add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return op_table.sub(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return op_table.sub(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return op_table.mul(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return op_table.mul(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return op_table.div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return op_table.div(other, self)
+
+    def __pow__(self, exponent: Any) -> Tensor:
+        return op_table.pow(self, exponent)
+
+    def __rpow__(self, base: Any) -> Tensor:
+        return op_table.pow(base, self)
+
+    def __neg__(self) -> Tensor:
+        return op_table.neg(self)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return op_table.matmul(self, other)
+
+    def __rmatmul__(self, other: Tensor) -> Tensor:
+        return op_table.matmul(other, self)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return op_table.getitem(self, index)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return op_table.less(self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return op_table.less_equal(self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return op_table.greater(self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return op_table.greater_equal(self, other)
+
+    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return op_table.equal(self, other)
+
+    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return op_table.not_equal(self, other)
+
+    def __and__(self, other: Any) -> Tensor:
+        return op_table.logical_and(self, other)
+
+    def __or__(self, other: Any) -> Tensor:
+        return op_table.logical_or(self, other)
+
+    def __invert__(self) -> Tensor:
+        return op_table.logical_not(self)
+
+    def add(self, other: Any) -> Tensor:
+        return op_table.add(self, other)
+
+    def sub(self, other: Any) -> Tensor:
+        return op_table.sub(self, other)
+
+    def mul(self, other: Any) -> Tensor:
+        return op_table.mul(self, other)
+
+    def div(self, other: Any) -> Tensor:
+        return op_table.div(self, other)
+
+    def pow(self, exponent: Any) -> Tensor:
+        return op_table.pow(self, exponent)
+
+    def neg(self) -> Tensor:
+        return op_table.neg(self)
+
+    def exp(self) -> Tensor:
+        return op_table.exp(self)
+
+    def log(self) -> Tensor:
+        return op_table.log(self)
+
+    def sqrt(self) -> Tensor:
+        return op_table.sqrt(self)
+
+    def abs(self) -> Tensor:
+        return op_table.abs(self)
+
+    def tanh(self) -> Tensor:
+        return op_table.tanh(self)
+
+    def sigmoid(self) -> Tensor:
+        return op_table.sigmoid(self)
+
+    def relu(self) -> Tensor:
+        return op_table.relu(self)
+
+    def erf(self) -> Tensor:
+        return op_table.erf(self)
+
+    def square(self) -> Tensor:
+        return op_table.mul(self, self)
+
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:
+        return op_table.clamp(self, min, max)
+
+    clip = clamp
+
+    def matmul(self, other: Tensor) -> Tensor:
+        return op_table.matmul(self, other)
+
+    def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        return op_table.sum(self, dim, keepdim)
+
+    def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        return op_table.mean(self, dim, keepdim)
+
+    def max(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        return op_table.max(self, dim, keepdim)
+
+    def min(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        return op_table.min(self, dim, keepdim)
+
+    def var(
+        self,
+        dim: Any = None,
+        *,
+        correction: int = 1,
+        unbiased: bool | None = None,
+        keepdim: bool = False,
+    ) -> Tensor:
+        return op_table.var(self, dim, correction=correction, unbiased=unbiased, keepdim=keepdim)
+
+    def std(
+        self,
+        dim: Any = None,
+        *,
+        correction: int = 1,
+        unbiased: bool | None = None,
+        keepdim: bool = False,
+    ) -> Tensor:
+        return op_table.std(self, dim, correction=correction, unbiased=unbiased, keepdim=keepdim)
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        return op_table.argmax(self, dim, keepdim)
+
+    def reshape(self, *shape: Any) -> Tensor:
+        return op_table.reshape(self, *shape)
+
+    view = reshape
+
+    def view_as(self, other: Tensor) -> Tensor:
+        return op_table.reshape(self, other.shape)
+
+    def permute(self, *dims: Any) -> Tensor:
+        return op_table.permute(self, *dims)
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        return op_table.transpose(self, dim0, dim1)
+
+    @property
+    def T(self) -> Tensor:
+        """The dims reversed (a view)."""
+        return op_table.permute(self, tuple(reversed(range(self.ndim))))
+
+    @property
+    def mT(self) -> Tensor:
+        """The last two dims swapped (a view)."""
+        return op_table.transpose(self, -1, -2)
+
+    def expand(self, *shape: Any) -> Tensor:
+        return op_table.expand(self, *shape)
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return op_table.expand(self, other.shape)
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        return op_table.unsqueeze(self, dim)
+
+    def squeeze(self, dim: int | None = None) -> Tensor:
+        return op_table.squeeze(self, dim)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        return op_table.flatten(self, start_dim, end_dim)
+
+    def contiguous(self) -> Tensor:
+        return op_table.contiguous(self)
+
+    def is_contiguous(self) -> bool:
+        return bool(self._data.flags.c_contiguous)
+
+    def softmax(self, dim: int) -> Tensor:
+        return op_table.softmax(self, dim)
+
+    def log_softmax(self, dim: int) -> Tensor:
+        return op_table.log_softmax(self, dim)
+
+    def clone(self) -> Tensor:
+        return op_table.clone(self)
 
     # ------------------------------------------------------------------ copy-on-write
     # A snapshot, or another tensor, may hold this tensor's buffer instead of a copy. Two
@@ -663,16 +909,12 @@ class Tensor:
 
     def copy_(self, src: Any) -> Tensor:
         if not isinstance(src, Tensor):
-            from .factories import tensor
-
-            src = tensor(src, dtype=self.dtype, device=self.device)
+            src = Tensor(src, dtype=self.dtype, device=self.device)
         src = src.to(self.device)
         return self._inplace("copy_", lambda s: (s * 0 + src).to(dtype=self.dtype), (src,))
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        from . import ops
-
-        self._inplace("__setitem__", lambda s: ops.index_put(s, index, value), (value,))
+        self._inplace("__setitem__", lambda s: op_table.index_put(s, index, value), (value,))
 
     def __iadd__(self, other: Any) -> Tensor:
         return self.add_(other)
@@ -702,7 +944,3 @@ def leaf_node(t: Tensor) -> AccumulateGrad:
     if t._accumulator is None:
         t._accumulator = AccumulateGrad(t)
     return t._accumulator
-
-
-from . import ops as _ops  # noqa: E402, F401  (installs the operator methods on Tensor)
-from .autograd.gradients import Gradients  # noqa: E402

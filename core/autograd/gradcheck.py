@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import backend
 from ..errors import AutogradError, GradcheckError
 from ._arguments import as_tuple
 from .grad_mode import enable_grad
 
 
 def _prepare(inputs: Any) -> tuple[Any, ...]:
-    from .. import backend
     from ..tensor import Tensor, array_of, float64, wrap
 
     prepared = []
@@ -38,7 +38,6 @@ def _flat_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> list[Any]:
 def _numerical(
     fn: Callable[..., Any], inputs: tuple[Any, ...], index: int, eps: float, out_sizes: list[int]
 ) -> np.ndarray:
-    from .. import backend
     from ..tensor import array_of
 
     t = inputs[index]
@@ -66,7 +65,6 @@ def _numerical(
 def _analytic(
     fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: list[int]
 ) -> tuple[list[np.ndarray], list[int]]:
-    from .. import backend
     from ..tensor import array_of, wrap
     from . import grad
 

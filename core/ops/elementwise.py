@@ -9,6 +9,7 @@ import numpy as np
 
 from ..autograd.function import Context, Function
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..op_table import register_op
 from ..tensor import DEFAULT_FLOAT, Tensor, array_of
 from ._common import as_tensor_like, constant, xp
 
@@ -332,26 +333,32 @@ def _binary(fn: type[Function], a: Any, b: Any, *, true_division: bool = False) 
     return fn.apply(*_promoted(a, b, target))
 
 
+@register_op
 def add(a: Any, b: Any) -> Tensor:
     return _binary(Add, a, b)
 
 
+@register_op
 def sub(a: Any, b: Any) -> Tensor:
     return _binary(Sub, a, b)
 
 
+@register_op
 def mul(a: Any, b: Any) -> Tensor:
     return _binary(Mul, a, b)
 
 
+@register_op
 def div(a: Any, b: Any) -> Tensor:
     return _binary(Div, a, b, true_division=True)
 
 
+@register_op
 def neg(a: Tensor) -> Tensor:
     return Neg.apply(a)
 
 
+@register_op
 def pow(a: Any, exponent: Any) -> Tensor:  # PyTorch's name
     """``a ** exponent``; a Python-number exponent keeps the graph small."""
     if (
@@ -365,34 +372,42 @@ def pow(a: Any, exponent: Any) -> Tensor:  # PyTorch's name
     return _binary(Pow, a, exponent)
 
 
+@register_op
 def exp(a: Tensor) -> Tensor:
     return Exp.apply(a)
 
 
+@register_op
 def log(a: Tensor) -> Tensor:
     return Log.apply(a)
 
 
+@register_op
 def sqrt(a: Tensor) -> Tensor:
     return Sqrt.apply(a)
 
 
+@register_op
 def abs(a: Tensor) -> Tensor:  # PyTorch's name
     return Abs.apply(a)
 
 
+@register_op
 def tanh(a: Tensor) -> Tensor:
     return Tanh.apply(a)
 
 
+@register_op
 def sigmoid(a: Tensor) -> Tensor:
     return Sigmoid.apply(a)
 
 
+@register_op
 def relu(a: Tensor) -> Tensor:
     return Relu.apply(a)
 
 
+@register_op
 def erf(a: Tensor) -> Tensor:
     return Erf.apply(a)
 
@@ -407,6 +422,7 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     raise InvalidArgumentError(f"approximate must be 'none' or 'tanh'; got {approximate!r}")
 
 
+@register_op
 def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:
     """Values limited to [min, max]; the gradient passes where min <= a <= max."""
     if min is None and max is None:
@@ -439,9 +455,46 @@ def _compare(ufunc: str, a: Tensor, b: Any) -> Tensor:
     return constant(getattr(xp(a), ufunc)(array_of(a), array_of(b)))
 
 
+@register_op
+def less(a: Tensor, b: Any) -> Tensor:
+    return _compare("less", a, b)
+
+
+@register_op
+def less_equal(a: Tensor, b: Any) -> Tensor:
+    return _compare("less_equal", a, b)
+
+
+@register_op
+def greater(a: Tensor, b: Any) -> Tensor:
+    return _compare("greater", a, b)
+
+
+@register_op
+def greater_equal(a: Tensor, b: Any) -> Tensor:
+    return _compare("greater_equal", a, b)
+
+
+@register_op
+def equal(a: Tensor, b: Any) -> Tensor:
+    return _compare("equal", a, b)
+
+
+@register_op
+def not_equal(a: Tensor, b: Any) -> Tensor:
+    return _compare("not_equal", a, b)
+
+
+@register_op
+def logical_not(a: Tensor) -> Tensor:
+    return constant(xp(a).logical_not(array_of(a)))
+
+
+@register_op
 def logical_and(a: Tensor, b: Any) -> Tensor:
     return _compare("logical_and", a, b)
 
 
+@register_op
 def logical_or(a: Tensor, b: Any) -> Tensor:
     return _compare("logical_or", a, b)

@@ -7,6 +7,7 @@ from typing import Any
 from ..autograd.engine import sum_to_shape
 from ..autograd.function import Context, Function
 from ..errors import InvalidArgumentError
+from ..op_table import register_op
 from ..tensor import Tensor, array_of
 from ._common import constant, xp
 from .reduction import mean, sum
@@ -116,6 +117,7 @@ class LogSoftmax(Function):
         return g - out.exp() * sum(g, ctx.dim, keepdim=True)
 
 
+@register_op
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product, batched over leading dims."""
     if a.ndim == 0 or b.ndim == 0:
@@ -141,11 +143,13 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return Linear.apply(input, weight, bias)
 
 
+@register_op
 def softmax(a: Tensor, dim: int) -> Tensor:
     """exp(a) normalised along ``dim``."""
     return Softmax.apply(a, dim % max(a.ndim, 1))
 
 
+@register_op
 def log_softmax(a: Tensor, dim: int) -> Tensor:
     """log(softmax(a, dim)), computed stably."""
     return LogSoftmax.apply(a, dim % max(a.ndim, 1))

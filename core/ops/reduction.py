@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..autograd.function import Context, Function
+from ..op_table import register_op
 from ..tensor import Tensor, array_of
 from ._common import constant, normalize_dims, xp
 from .shape import expand, reshape
@@ -73,11 +74,13 @@ class ValuesIndices(NamedTuple):
     indices: Tensor
 
 
+@register_op
 def sum(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Sum over ``dim`` (all dims when None)."""
     return Sum.apply(a, normalize_dims(dim, a.ndim), keepdim)
 
 
+@register_op
 def mean(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Mean over ``dim`` (all dims when None)."""
     dims = normalize_dims(dim, a.ndim)
@@ -100,16 +103,19 @@ def _extreme(a: Tensor, dim: int | None, keepdim: bool, largest: bool) -> Any:
     return ValuesIndices(values, constant(indices.astype("int64")))
 
 
+@register_op
 def max(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """Largest element, or ``(values, indices)`` along ``dim``."""
     return _extreme(a, dim, keepdim, True)
 
 
+@register_op
 def min(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """Smallest element, or ``(values, indices)`` along ``dim``."""
     return _extreme(a, dim, keepdim, False)
 
 
+@register_op
 def var(
     a: Tensor,
     dim: Any = None,
@@ -129,6 +135,7 @@ def var(
     return sum(centered * centered, dims, keepdim) / (count - correction)
 
 
+@register_op
 def std(
     a: Tensor,
     dim: Any = None,
@@ -141,6 +148,7 @@ def std(
     return var(a, dim, correction=correction, unbiased=unbiased, keepdim=keepdim).sqrt()
 
 
+@register_op
 def argmax(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """Index of the largest element (no gradient)."""
     return constant(xp(a).argmax(array_of(a), axis=dim, keepdims=keepdim).astype("int64"))

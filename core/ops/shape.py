@@ -10,6 +10,7 @@ import numpy as np
 from ..autograd.engine import sum_to_shape
 from ..autograd.function import Context, Function
 from ..errors import InvalidArgumentError
+from ..op_table import register_op
 from ..tensor import Tensor, array_of, wrap
 from ._common import as_tensor_like, xp
 
@@ -162,6 +163,7 @@ class Cat(Function):
 
 
 # ---------------------------------------------------------------------- functional API
+@register_op
 def reshape(a: Tensor, *shape: Any) -> Tensor:
     """The same elements in ``shape`` (one dim may be -1)."""
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
@@ -175,6 +177,7 @@ def reshape(a: Tensor, *shape: Any) -> Tensor:
 view = reshape
 
 
+@register_op
 def permute(a: Tensor, *dims: Any) -> Tensor:
     """Dimensions reordered as ``dims``."""
     if len(dims) == 1 and isinstance(dims[0], tuple | list):
@@ -186,6 +189,7 @@ def permute(a: Tensor, *dims: Any) -> Tensor:
     return _as_view(Permute.apply(a, dims), a)
 
 
+@register_op
 def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
     """Dims ``dim0`` and ``dim1`` swapped."""
     dims = list(range(a.ndim))
@@ -193,6 +197,7 @@ def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
     return permute(a, tuple(dims))
 
 
+@register_op
 def expand(a: Tensor, *shape: Any) -> Tensor:
     """A broadcast view of ``a`` with ``shape`` (-1 keeps a dim)."""
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
@@ -205,11 +210,13 @@ def expand(a: Tensor, *shape: Any) -> Tensor:
     return _as_view(Expand.apply(a, shape), a)
 
 
+@register_op
 def unsqueeze(a: Tensor, dim: int) -> Tensor:
     dim = dim % (a.ndim + 1)
     return reshape(a, a.shape[:dim] + (1,) + a.shape[dim:])
 
 
+@register_op
 def squeeze(a: Tensor, dim: int | None = None) -> Tensor:
     if dim is None:
         return reshape(a, tuple(n for n in a.shape if n != 1))
@@ -219,6 +226,7 @@ def squeeze(a: Tensor, dim: int | None = None) -> Tensor:
     return reshape(a, a.shape[:dim] + a.shape[dim + 1 :])
 
 
+@register_op
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     """Dims ``start_dim`` to ``end_dim`` merged into one; ``a`` itself when that is one dim
     already (PyTorch returns the tensor itself there, a new view otherwise)."""
@@ -233,6 +241,7 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     return reshape(a, a.shape[:start] + (size,) + a.shape[end + 1 :])
 
 
+@register_op
 def contiguous(a: Tensor) -> Tensor:
     """``a`` itself when its elements lie in C order, else a C-ordered copy in the graph."""
     if array_of(a).flags.c_contiguous:
@@ -240,6 +249,7 @@ def contiguous(a: Tensor) -> Tensor:
     return Contiguous.apply(a)
 
 
+@register_op
 def getitem(a: Tensor, index: Any) -> Tensor:
     """``a[index]`` with NumPy/PyTorch indexing; differentiable (repeated indices sum)."""
     index = _index_arrays(index, xp(a))
@@ -253,6 +263,7 @@ def getitem(a: Tensor, index: Any) -> Tensor:
     return Index.apply(a, index)
 
 
+@register_op
 def index_put(a: Tensor, index: Any, value: Any) -> Tensor:
     """A copy of ``a`` with ``value`` written at ``index``."""
     index = _index_arrays(index, xp(a))
