@@ -5,6 +5,7 @@ Each takes ``dtype``, ``device`` and ``requires_grad``; what they make is a leaf
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,8 +30,9 @@ def manual_seed(seed: int) -> None:
     """Seed the random factories (``randn``, ``rand``) and ``Dropout``."""
     global _generator
     _generator = np.random.default_rng(seed)
-    if "cupy" in __import__("sys").modules:
-        __import__("cupy").random.seed(seed)
+    cupy = sys.modules.get("cupy")  # seeded only when a cuda device has been used
+    if cupy is not None:
+        cupy.random.seed(seed)
 
 
 def generator() -> np.random.Generator:

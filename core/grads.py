@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import backend as array_backend
-from .autograd.gradients import Gradients
 from .errors import (
     BackendMismatchError,
     DtypeMismatchError,
@@ -26,6 +25,7 @@ from .errors import (
     ParamIdMismatchError,
     ShapeMismatchError,
 )
+from .gradients import Gradients
 from .param_id import ParamId, as_param_id
 from .record import GradientRecordEntry, GradientsParamsRecord, paused_gc
 from .record_rules import check_dtype, check_name

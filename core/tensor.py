@@ -11,12 +11,11 @@ from typing import Any
 import numpy as np
 
 from . import backend
-from .autograd import backward as autograd_backward
-from .autograd.function import AccumulateGrad, Node, RemovableHandle
-from .autograd.grad_mode import _state, no_grad
-from .autograd.gradients import Gradients
 from .backend import Device
 from .errors import AutogradError, InvalidArgumentError, InvalidArgumentTypeError
+from .grad_mode import _state, no_grad
+from .gradients import Gradients
+from .graph import AccumulateGrad, Node, RemovableHandle
 from .op_table import op_table
 
 float16 = np.dtype("float16")
@@ -335,7 +334,7 @@ class Tensor:
         The returned ``Gradients`` maps each leaf reached to the gradient of this pass alone
         (Burn's ``B::Gradients``); ``GradientsParams.from_grads`` consumes it.
         """
-        return autograd_backward(self, gradient, retain_graph, create_graph, inputs)
+        return op_table.backward(self, gradient, retain_graph, create_graph, inputs)
 
     # ------------------------------------------------------------------ conversion
     def numpy(self) -> np.ndarray:

@@ -17,8 +17,12 @@ from ..errors import (
     InvalidArgumentTypeError,
     UnsupportedOptionError,
 )
+from ..factories import ones_like, zeros, zeros_like
+from ..grad_mode import enable_grad
+from ..ops import reshape, stack
+from ..tensor import Tensor
 from ._arguments import as_tuple
-from .grad_mode import enable_grad
+from .engine import grad
 
 
 def _shape_like(values: tuple[Any, ...], was_tuple: bool) -> Any:
@@ -26,8 +30,6 @@ def _shape_like(values: tuple[Any, ...], was_tuple: bool) -> Any:
 
 
 def _prepare_inputs(inputs: tuple[Any, ...], create_graph: bool) -> tuple[Any, ...]:
-    from ..tensor import Tensor
-
     out = []
     for t in inputs:
         if not isinstance(t, Tensor):
@@ -49,8 +51,6 @@ def _grad(
     grad_outputs: tuple[Any, ...],
     create_graph: bool,
 ) -> tuple[Any, ...]:
-    from . import grad
-
     kept = [(o, g) for o, g in zip(outputs, grad_outputs, strict=True) if o.requires_grad]
     if not kept:
         return (None,) * len(inputs)
@@ -67,8 +67,6 @@ def _grad(
 def _fill_unused(
     grads: tuple[Any, ...], like: tuple[Any, ...], strict: bool, what: str
 ) -> tuple[Any, ...]:
-    from ..factories import zeros_like
-
     out = []
     for i, (g, t) in enumerate(zip(grads, like, strict=True)):
         if g is None:
@@ -83,8 +81,6 @@ def _fill_unused(
 
 
 def _check_v(v: Any, like: tuple[Any, ...], name: str) -> tuple[Any, ...]:
-    from ..factories import ones_like
-    from ..tensor import Tensor
 
     if v is None:
         for t in like:
@@ -137,8 +133,6 @@ def jvp(
     strict: bool = False,
 ) -> tuple[Any, Any]:
     """``(func(inputs), J v)``, by the double-vjp trick."""
-    from ..factories import zeros_like
-
     with enable_grad():
         inp = _prepare_inputs(as_tuple(inputs), create_graph)
         vs = _check_v(v, inp, "v")
@@ -178,8 +172,6 @@ def jacobian(
     strategy: str = "reverse-mode",
 ) -> Any:
     """The Jacobian: ``J[i][j]`` has shape ``outputs[i].shape + inputs[j].shape``."""
-    from ..factories import zeros
-    from ..ops import reshape, stack
 
     if strategy not in ("reverse-mode", "forward-mode"):
         raise InvalidArgumentError(
@@ -241,8 +233,6 @@ def jacobian(
 
 
 def _one(t: Any) -> Any:
-    from ..factories import ones_like
-
     return ones_like(t)
 
 
@@ -283,8 +273,6 @@ def hessian(
 
 
 def _check_scalar(out: Any, name: str) -> None:
-    from ..tensor import Tensor
-
     if not isinstance(out, Tensor) or out.numel() != 1:
         raise AutogradError(
             f"the function given to {name} should return a single tensor with a single element"
@@ -330,8 +318,6 @@ def hvp(
     strict: bool = False,
 ) -> tuple[Any, Any]:
     """``(func(inputs), H v)`` for a scalar function, by the double-backward trick."""
-    from ..factories import zeros_like
-
     with enable_grad():
         inp, vs, out, jac = _first_gradient(func, inputs, v, create_graph, strict, "hvp")
         dummies = tuple(zeros_like(t).requires_grad_(True) for t in inp)

@@ -9,13 +9,14 @@ import numpy as np
 
 from .. import backend
 from ..errors import AutogradError, GradcheckError
+from ..factories import zeros_like
+from ..grad_mode import enable_grad
+from ..tensor import Tensor, array_of, float64, wrap
 from ._arguments import as_tuple
-from .grad_mode import enable_grad
+from .engine import grad
 
 
 def _prepare(inputs: Any) -> tuple[Any, ...]:
-    from ..tensor import Tensor, array_of, float64, wrap
-
     prepared = []
     for t in as_tuple(inputs):
         if isinstance(t, Tensor) and t.dtype.kind == "f":
@@ -30,16 +31,12 @@ def _prepare(inputs: Any) -> tuple[Any, ...]:
 
 
 def _flat_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> list[Any]:
-    from ..tensor import Tensor
-
     return [o for o in as_tuple(fn(*inputs)) if isinstance(o, Tensor) and o.dtype.kind == "f"]
 
 
 def _numerical(
     fn: Callable[..., Any], inputs: tuple[Any, ...], index: int, eps: float, out_sizes: list[int]
 ) -> np.ndarray:
-    from ..tensor import array_of
-
     t = inputs[index]
     jac = np.zeros((t.numel(), sum(out_sizes)))
     for j in range(t.numel()):
@@ -65,9 +62,6 @@ def _numerical(
 def _analytic(
     fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: list[int]
 ) -> tuple[list[np.ndarray], list[int]]:
-    from ..tensor import array_of, wrap
-    from . import grad
-
     with enable_grad():
         outs = _flat_outputs(fn, inputs)
     sizes = [o.numel() for o in outs]
@@ -142,9 +136,6 @@ def gradgradcheck(
     seed: int = 0,
 ) -> bool:
     """``gradcheck`` of the vector-Jacobian product of ``fn`` (second-order gradients)."""
-    from ..factories import zeros_like
-    from ..tensor import wrap
-    from . import grad
 
     inputs = _prepare(inputs)
     diff = [t for t in inputs if getattr(t, "requires_grad", False)]

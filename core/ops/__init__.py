@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import backend
-from ..autograd.function import Context, Function
+from ..function import Function
+from ..graph import Context
 from ..op_table import register_op
 from ..tensor import Tensor, array_of
 from .elementwise import (

@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.function import Context, Function
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..function import Function
+from ..graph import Context
 from ..op_table import register_op
 from ..tensor import DEFAULT_FLOAT, Tensor, array_of
 from ._common import as_tensor_like, constant, xp

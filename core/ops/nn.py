@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..autograd.engine import sum_to_shape
-from ..autograd.function import Context, Function
 from ..errors import InvalidArgumentError
+from ..function import Function, sum_to_shape
+from ..graph import Context
 from ..op_table import register_op
 from ..tensor import Tensor, array_of
 from ._common import constant, xp

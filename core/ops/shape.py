@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.engine import sum_to_shape
-from ..autograd.function import Context, Function
 from ..errors import InvalidArgumentError
+from ..function import Function, sum_to_shape
+from ..graph import Context
 from ..op_table import register_op
 from ..tensor import Tensor, array_of, wrap
 from ._common import as_tensor_like, xp

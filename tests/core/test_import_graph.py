@@ -11,11 +11,12 @@ CORE = Path(__file__).resolve().parents[2] / "core"
 #: lowest first; a module belongs to the longest prefix listed (docs/ARCHITECTURE.md)
 LAYERS = [
     ["core.errors"],
-    ["core.backend", "core.param_id", "core.record_rules", "core.op_table"],
-    ["core.autograd"],
+    ["core.backend", "core.param_id", "core.record_rules", "core.op_table", "core.grad_mode"],
+    ["core.graph", "core.gradients"],
     ["core.tensor"],
+    ["core.function"],
     ["core.ops", "core.factories"],
-    ["core.nn", "core.record"],
+    ["core.autograd", "core.nn", "core.record"],
     ["core.grads", "core.optim", "core.safetensors_file"],
     ["core.accumulator", "core.store"],
     ["core.recorder"],
@@ -108,3 +109,22 @@ def test_the_layers_in_the_docs_are_the_ones_checked() -> None:
         for prefix in prefixes:
             shown = prefix.replace("core.", "core/").replace(".", "/")
             assert f"`{shown}" in text, f"docs/ARCHITECTURE.md does not place {prefix}"
+
+
+def test_no_imports_inside_functions_but_optional_ones() -> None:
+    """Imports inside functions hide a layer problem; only optional dependencies may wait."""
+    optional = {"cupy", "cupyx"}
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Import):
+                        names = [alias.name for alias in inner.names]
+                    elif isinstance(inner, ast.ImportFrom):
+                        names = [("." * inner.level) + (inner.module or "")]
+                    else:
+                        continue
+                    if any(name.split(".")[0] not in optional for name in names):
+                        found.append(f"{module}.{node.name}: {names}")
+    assert not found, "\n".join(sorted(found))
