@@ -37,6 +37,7 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# without an NVIDIA GPU the script says so and exits 0 before installing anything
 gpu-check: $(VENV)/.installed-test
 	bash scripts/gpu-check.sh
 

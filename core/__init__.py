@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import autograd
+from . import autograd, backend, record_rules
 from .accumulator import GradientsAccumulator
 from .autograd import Gradients, enable_grad, inference_mode, no_grad, set_grad_enabled
 from .backend import Device, cuda_available, device
@@ -17,14 +17,18 @@ from .errors import (
     DtypeMismatchError,
     DuplicateParamError,
     FormatVersionError,
+    GradcheckError,
     GradvaultError,
     InplaceModificationError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     InvalidFieldError,
     InvalidParamIdError,
     InvalidRangeError,
     InvalidSnapshotIdError,
     InvalidStorePathError,
     InvalidUploadError,
+    ManifestError,
     MissingGradientError,
     ParamIdMismatchError,
     RecorderError,
@@ -33,6 +37,7 @@ from .errors import (
     SnapshotBusyError,
     SnapshotNotFoundError,
     StoreKeyNotFoundError,
+    StoreNotFoundError,
     StoreUnavailableError,
     UnsupportedOptionError,
 )
@@ -51,7 +56,7 @@ from .factories import (
     zeros,
     zeros_like,
 )
-from .grads import GradientsParams
+from .grads import GradientsCapture, GradientsParams
 from .nn import (
     GELU,
     MLP,
@@ -113,6 +118,7 @@ __all__ = [
     "Dropout",
     "Embedding",
     "GradientsAccumulator",
+    "GradientsCapture",
     "GradientsParams",
     "LayerNorm",
     "Linear",
@@ -144,14 +150,18 @@ __all__ = [
     "GradientRecordEntry",
     "Gradients",
     "GradientsParamsRecord",
+    "GradcheckError",
     "GradvaultError",
     "InplaceModificationError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvalidFieldError",
     "InvalidParamIdError",
     "InvalidRangeError",
     "InvalidSnapshotIdError",
     "InvalidStorePathError",
     "InvalidUploadError",
+    "ManifestError",
     "MissingGradientError",
     "ParamId",
     "ParamIdMismatchError",
@@ -161,6 +171,7 @@ __all__ = [
     "SnapshotBusyError",
     "SnapshotNotFoundError",
     "StoreKeyNotFoundError",
+    "StoreNotFoundError",
     "StoreUnavailableError",
     "UnsupportedOptionError",
     "Tensor",
@@ -168,6 +179,7 @@ __all__ = [
     "arange",
     "argmax",
     "autograd",
+    "backend",
     "bool_",
     "cat",
     "clamp",
@@ -204,6 +216,7 @@ __all__ = [
     "rand_like",
     "randn",
     "randn_like",
+    "record_rules",
     "relu",
     "reshape",
     "set_grad_enabled",

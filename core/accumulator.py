@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .errors import ShapeMismatchError
+from .errors import ParamIdMismatchError, ShapeMismatchError
 from .grads import GradientsParams
 
 if TYPE_CHECKING:
@@ -18,22 +18,37 @@ class GradientsAccumulator:
         self._sum = GradientsParams()
 
     def accumulate(self, module: Module, grads: GradientsParams) -> None:
-        """Add ``module``'s gradients from ``grads`` into the running sum."""
-        for name, param in module.named_parameters():
+        """Add ``module``'s gradients from ``grads`` into the running sum.
+
+        Every gradient in ``grads`` must belong to one of ``module``'s parameters: a
+        ParamId the module does not have (gradients restored before the model record was
+        loaded) raises ParamIdMismatchError naming the ids, before anything is added.
+        """
+        params = list(module.named_parameters())
+        own_ids = {param.id for _, param in params}
+        foreign = [pid for pid in grads if pid not in own_ids]
+        if foreign:
+            listed = ", ".join(f"{pid} ({grads.name(pid)!r})" for pid in foreign)
+            raise ParamIdMismatchError(
+                f"{len(foreign)} gradient(s) belong to no parameter of the module: {listed}; "
+                "load the model record first (module.load_record) so the ids match, or "
+                "restore with GradientsParams.from_record(record, module=..., match='name')"
+            )
+        for name, param in params:
             grad = grads.get(param.id)
             if grad is None:
                 continue
             current = self._sum.get(param.id)
             if current is None:
                 # shares the buffer until either side is written (copied if grad has aliases)
-                self._sum.register(param.id, grad._twin(), name=name)
+                self._sum.register(param.id, grad.twin(), name=name)
             else:
                 if current.shape != grad.shape:
                     raise ShapeMismatchError(
                         f"gradient for param {param.id} ({name!r}) has shape {grad.shape}; "
                         f"the running sum has {current.shape}"
                     )
-                current._accumulate_(grad._data)
+                current.accumulate_(grad)
 
     def current(self) -> GradientsParams:
         """The running sum so far, without resetting it (what a mid-window snapshot takes)."""

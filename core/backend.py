@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import contextlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -52,23 +52,48 @@ def device(spec: Device | str | None) -> Device:
     raise DeviceError(f"unknown device {spec!r}; expected 'cpu', 'cuda' or 'cuda:N'")
 
 
-@functools.cache
-def _cupy() -> ModuleType:
-    try:
-        import cupy  # noqa: PLC0415 - optional, imported only when a CUDA device is asked for
-    except ImportError as exc:  # pragma: no cover - depends on the machine
-        raise DeviceError(
-            "a cuda device needs CuPy; install the extra: pip install 'gradvault[cuda]'"
-        ) from exc
-    return cupy
+class _CupyGate:
+    """CuPy, imported when a cuda device is first asked for and checked for a usable device.
+
+    CuPy imports without a driver; its first call then raises its own CUDARuntimeError.
+    The gate asks for the device count once per CuPy module and turns any failure into
+    DeviceError.
+    """
+
+    def __init__(self) -> None:
+        self.checked: ModuleType | None = None
+
+    def module(self) -> ModuleType:
+        try:
+            import cupy  # optional: imported only when a cuda device is asked for
+        except ImportError as exc:  # pragma: no cover - depends on the machine
+            raise DeviceError(
+                "a cuda device needs CuPy; install the extra: pip install 'gradvault[cuda]'"
+            ) from exc
+        if cupy is self.checked:
+            return cupy
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # CuPy's CUDARuntimeError, whatever the driver says
+            raise DeviceError(
+                f"CuPy is installed but there is no usable CUDA device: {type(exc).__name__}: {exc}"
+            ) from exc
+        if count < 1:
+            raise DeviceError("CuPy is installed but there is no usable CUDA device (0 found)")
+        self.checked = cupy
+        return cupy
+
+
+_cupy = _CupyGate().module
 
 
 def cuda_available() -> bool:
     """True when CuPy imports and sees at least one CUDA device."""
     try:
-        return _cupy().cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - any failure means no usable device
+        _cupy()
+    except DeviceError:
         return False
+    return True
 
 
 def array_module(dev: Device) -> ModuleType:
@@ -103,8 +128,6 @@ def to_host(array: Any) -> np.ndarray:
 def use_device(dev: Device) -> Any:
     """A context manager that makes ``dev`` current for the array module (no-op on cpu)."""
     if dev.type == "cpu":
-        import contextlib  # noqa: PLC0415
-
         return contextlib.nullcontext()
     return _cupy().cuda.Device(dev.index or 0)
 

@@ -6,10 +6,15 @@ what was found, naming the parameter::
     GradvaultError
     ├── AutogradError (RuntimeError)          misuse of the autodiff engine
     │   ├── InplaceModificationError          a saved tensor was changed in place
+    │   ├── GradcheckError                    an analytic gradient disagrees with finite
+    │   │                                     differences (gradcheck)
     │   ├── ConflictingOptionsError (ValueError)  options that cannot be used together
     │   └── UnsupportedOptionError (NotImplementedError)  options not implemented (as in
     │                                                     PyTorch)
-    ├── DeviceError (ValueError)              unknown device, or a backend that is not installed
+    ├── InvalidArgumentError (ValueError)     an argument with a value the call cannot take
+    ├── InvalidArgumentTypeError (TypeError)  an argument of a type the call cannot take
+    ├── DeviceError (ValueError)              unknown device, a backend that is not installed,
+    │                                         or CuPy without a usable CUDA device
     ├── InvalidParamIdError (ValueError)      text (or an int) that is not a ParamId
     ├── InvalidUploadError (ValueError)       a safetensors file (an upload) that is malformed
     ├── AuthError (PermissionError)           the service refused the token (HTTP 401 or 403)
@@ -24,8 +29,12 @@ what was found, naming the parameter::
         ├── ParamIdMismatchError (KeyError)   record's ids are not the module's ids
         ├── ChecksumMismatchError (ValueError) a stored chunk fails its crc32c
         ├── FormatVersionError (ValueError)   written by an incompatible format version
+        ├── ManifestError (ValueError)        a snapshot's manifest or array document is
+        │                                     malformed (its version is fine)
         ├── SnapshotNotFoundError (KeyError)
         ├── StoreKeyNotFoundError (KeyError)  no readable store key at that path
+        ├── StoreNotFoundError (FileNotFoundError)  a read of a local store folder that does
+        │                                           not exist
         ├── SnapshotBusyError                 a snapshot is in flight and the policy rejects
         ├── InvalidSnapshotIdError (ValueError)
         ├── InvalidStorePathError (ValueError)  a store path that could leave the readable keys
@@ -52,12 +61,24 @@ class InplaceModificationError(AutogradError):
     """A tensor saved for backward was modified in place before backward ran."""
 
 
+class GradcheckError(AutogradError):
+    """An analytic gradient disagrees with finite differences (``gradcheck``)."""
+
+
 class ConflictingOptionsError(AutogradError, ValueError):
     """Options that contradict each other (``materialize_grads=True, allow_unused=False``)."""
 
 
 class UnsupportedOptionError(AutogradError, NotImplementedError):
     """An option or combination of options that is not implemented (as in PyTorch)."""
+
+
+class InvalidArgumentError(GradvaultError, ValueError):
+    """An argument whose value the call cannot take (``on_busy="later"``, ``p=2.0``)."""
+
+
+class InvalidArgumentTypeError(GradvaultError, TypeError):
+    """An argument whose type the call cannot take (a NumPy array where a Tensor goes)."""
 
 
 class DeviceError(GradvaultError, ValueError):
@@ -134,12 +155,25 @@ class FormatVersionError(RecorderError, ValueError):
     """Data written by a format version this release cannot read."""
 
 
+class ManifestError(RecorderError, ValueError):
+    """A snapshot's manifest or array document is malformed, though its version is one this
+    release reads (FormatVersionError is for the version alone)."""
+
+
 class SnapshotNotFoundError(RecorderError, KeyError):
     """No committed snapshot has that id."""
 
 
 class StoreKeyNotFoundError(RecorderError, KeyError):
     """No key that the store's read-only view serves is at that path."""
+
+
+class StoreNotFoundError(RecorderError, FileNotFoundError):
+    """A read (``list``, ``info``, ...) of a local store folder that does not exist.
+
+    Only a snapshot creates the folder: a read of a mistyped path says so instead of
+    answering "no snapshots".
+    """
 
 
 class SnapshotBusyError(RecorderError):
@@ -177,14 +211,18 @@ __all__ = [
     "DtypeMismatchError",
     "DuplicateParamError",
     "FormatVersionError",
+    "GradcheckError",
     "GradvaultError",
     "InplaceModificationError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvalidFieldError",
     "InvalidParamIdError",
     "InvalidRangeError",
     "InvalidSnapshotIdError",
     "InvalidStorePathError",
     "InvalidUploadError",
+    "ManifestError",
     "MissingGradientError",
     "ParamIdMismatchError",
     "RecorderError",
@@ -193,6 +231,7 @@ __all__ = [
     "SnapshotBusyError",
     "SnapshotNotFoundError",
     "StoreKeyNotFoundError",
+    "StoreNotFoundError",
     "StoreUnavailableError",
     "UnsupportedOptionError",
 ]

@@ -5,13 +5,23 @@ Each takes ``dtype``, ``device`` and ``requires_grad``; what they make is a leaf
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import backend
-from .tensor import DEFAULT_FLOAT, DeviceLike, DTypeLike, Tensor, as_dtype, bool_, int64
+from .tensor import (
+    DEFAULT_FLOAT,
+    DeviceLike,
+    DTypeLike,
+    Tensor,
+    as_dtype,
+    bool_,
+    int64,
+    wrap,
+)
 
 _generator = np.random.default_rng()
 
@@ -20,8 +30,9 @@ def manual_seed(seed: int) -> None:
     """Seed the random factories (``randn``, ``rand``) and ``Dropout``."""
     global _generator
     _generator = np.random.default_rng(seed)
-    if "cupy" in __import__("sys").modules:
-        __import__("cupy").random.seed(seed)
+    cupy = sys.modules.get("cupy")  # seeded only when a cuda device has been used
+    if cupy is not None:
+        cupy.random.seed(seed)
 
 
 def generator() -> np.random.Generator:
@@ -35,7 +46,7 @@ def _finish(data: Any, dtype: np.dtype | None, device: DeviceLike, requires_grad
         data = data.astype(dtype)
     if dev.type != "cpu":
         data = backend.to_device(data, dev)
-    t = Tensor._make(data)
+    t = wrap(data)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -45,26 +56,7 @@ def tensor(
     data: Any, *, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
 ) -> Tensor:
     """A new leaf tensor holding a copy of ``data`` (lists of floats become float32)."""
-    dtype = as_dtype(dtype)
-    if isinstance(data, Tensor):
-        array = data._data.copy()
-        if device is None:
-            device = data.device
-    elif isinstance(data, np.ndarray):
-        array = data.copy()
-    elif hasattr(data, "__cuda_array_interface__"):
-        array = data.copy()
-        if device is None:
-            device = backend.device_of(data)
-    else:
-        array = np.array(data)
-        if dtype is None and array.dtype == np.float64 and not isinstance(data, np.generic):
-            array = array.astype(DEFAULT_FLOAT)
-        elif dtype is None and array.dtype.kind in "iu":
-            array = array.astype(int64)
-    if array.dtype.kind not in "fiub":
-        raise TypeError(f"can't make a tensor from data of dtype {array.dtype}")
-    return _finish(array, dtype, device, requires_grad)
+    return Tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def _size(size: tuple[Any, ...]) -> tuple[int, ...]:

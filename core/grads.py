@@ -15,19 +15,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import backend
-from .autograd.gradients import Gradients
+from . import backend as array_backend
 from .errors import (
     BackendMismatchError,
     DtypeMismatchError,
     DuplicateParamError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     ParamIdMismatchError,
     ShapeMismatchError,
 )
+from .gradients import Gradients
 from .param_id import ParamId, as_param_id
 from .record import GradientRecordEntry, GradientsParamsRecord, paused_gc
 from .record_rules import check_dtype, check_name
-from .tensor import Tensor
+from .tensor import Tensor, wrap
 
 if TYPE_CHECKING:
     from .nn.module import Module
@@ -35,17 +37,60 @@ if TYPE_CHECKING:
 
 def _backend_name(spec: Any) -> str:
     """``"numpy"`` or ``"cupy"`` from a backend name, a device string or a Device."""
-    if isinstance(spec, backend.Device):
+    if isinstance(spec, array_backend.Device):
         return spec.backend
     text = str(spec).lower()
     if text in ("numpy", "cupy"):
         return text
     try:
-        return backend.device(text).backend
-    except Exception:  # noqa: BLE001
+        return array_backend.device(text).backend
+    except Exception:
         raise BackendMismatchError(
             f"unknown backend {spec!r}; expected 'numpy', 'cupy' or a device such as 'cpu'"
         ) from None
+
+
+class GradientsCapture:
+    """A point-in-time capture of GradientsParams: each gradient's frozen buffer, by id.
+
+    Made by ``GradientsParams.capture()``; ``try_to_record``, ``to_record_async`` and the
+    recorder all start from one. The buffers are still on their device: ``to_record``
+    (blocking) or ``await to_record_async()`` (device reads in a thread) turns them into a
+    GradientsParamsRecord of host arrays.
+    """
+
+    __slots__ = ("entries", "device")
+
+    def __init__(self, entries: tuple[tuple[ParamId, str, Any], ...]) -> None:
+        self.entries = entries
+        """``(param_id, name, array)`` for each gradient, in registration order."""
+        devices = {str(array_backend.device_of(array)) for _, _, array in entries}
+        self.device = ",".join(sorted(devices)) if devices - {"cpu"} else "cpu"
+        """Where the arrays are: ``"cpu"``, or the sorted devices joined by commas."""
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of the captured gradients."""
+        return sum(int(array.nbytes) for _, _, array in self.entries)
+
+    def to_record(self) -> GradientsParamsRecord:
+        """The capture as a record of host arrays (device reads done before it returns)."""
+        return GradientsParamsRecord.from_checked_entries(
+            [
+                GradientRecordEntry.from_array(pid, name, array_backend.to_host(array))
+                for pid, name, array in self.entries
+            ],
+            metadata={"device": self.device},
+        )
+
+    async def to_record_async(self) -> GradientsParamsRecord:
+        """``to_record`` without blocking the event loop: device reads run in a thread."""
+        if self.device == "cpu":  # host arrays: nothing to read, nothing to wait for
+            return self.to_record()
+        return await asyncio.to_thread(self.to_record)
 
 
 class GradientsParams:
@@ -125,7 +170,9 @@ class GradientsParams:
         (``record_rules``): InvalidFieldError or DtypeMismatchError otherwise.
         """
         if not isinstance(tensor, Tensor):
-            raise TypeError(f"a gradient must be a Tensor; got {type(tensor).__name__}")
+            raise InvalidArgumentTypeError(
+                f"a gradient must be a Tensor; got {type(tensor).__name__}"
+            )
         pid = as_param_id(param_id)
         # refused here, not when a snapshot is written or, worse, read back
         if name is not None:
@@ -162,9 +209,9 @@ class GradientsParams:
     def items(self) -> Iterator[tuple[ParamId, Tensor]]:
         return iter(list(self._grads.items()))
 
-    def to_device(self, device: backend.Device | str, module: Module) -> GradientsParams:
+    def to_device(self, device: array_backend.Device | str, module: Module) -> GradientsParams:
         """Move the gradients of ``module``'s params to ``device``; returns self."""
-        dev = backend.device(device)
+        dev = array_backend.device(device)
         for param in module.parameters():
             grad = self._grads.get(param.id)
             if grad is not None:
@@ -183,10 +230,10 @@ class GradientsParams:
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ records
-    def _check_backend(self, backend_spec: Any) -> None:
-        if backend_spec is None:
+    def _check_backend(self, backend: Any) -> None:
+        if backend is None:
             return
-        asked = _backend_name(backend_spec)
+        asked = _backend_name(backend)
         for pid, grad in self._grads.items():
             if grad.device.backend != asked:
                 raise BackendMismatchError(
@@ -195,40 +242,18 @@ class GradientsParams:
                     f"{asked} backend"
                 )
 
-    def _capture(self) -> tuple[list[tuple[ParamId, str, Any]], dict[str, Any]]:
-        """Freeze the current buffers (copy-on-write) in O(number of gradients).
+    def capture(self, backend: Any = None) -> GradientsCapture:
+        """The gradients at this point in time, frozen by copy-on-write in O(number of them).
 
-        Only a gradient that has handed out an alias (a view, ``.data``, a NumPy array) is
-        copied: its aliases could still write into the buffer. Returns the captured
-        (id, name, array) triples and the record's metadata.
+        Nothing done to the gradients afterwards changes what the capture holds. Only a
+        gradient that has handed out an alias (a view, ``.data``, a NumPy array) is copied:
+        its aliases could still write into the buffer. ``backend`` ("numpy", "cupy" or a
+        device), when given, must be the one the gradients live on (BackendMismatchError).
         """
-        captured = []
+        self._check_backend(backend)
         names = self._names
-        on_host = True
-        for pid, grad in self._grads.items():
-            data = grad._lend()
-            on_host = on_host and type(data) is np.ndarray
-            captured.append((pid, names.get(pid, ""), data))
-        if on_host:
-            device = "cpu"
-        else:
-            devices = sorted({str(backend.device_of(data)) for _, _, data in captured})
-            device = ",".join(devices)
-        return captured, {"device": device}
-
-    @staticmethod
-    def _to_record(
-        captured: list[tuple[ParamId, str, Any]], metadata: dict[str, Any]
-    ) -> GradientsParamsRecord:
-        # entries built by from_array are consistent by construction
-        return GradientsParamsRecord(
-            [
-                GradientRecordEntry.from_array(pid, name, backend.to_host(data))
-                for pid, name, data in captured
-            ],
-            metadata=metadata,
-            _validated=True,
-        )
+        entries = tuple((pid, names.get(pid, ""), grad.lend()) for pid, grad in self._grads.items())
+        return GradientsCapture(entries)
 
     def try_to_record(self, backend: Any = None) -> GradientsParamsRecord:
         """A record of host copies of every gradient, leaving this container as it was.
@@ -236,25 +261,20 @@ class GradientsParams:
         Device reads are complete when it returns. ``backend`` ("numpy", "cupy" or a device)
         must be the one the gradients live on, or BackendMismatchError is raised.
         """
-        self._check_backend(backend)
-        return self._to_record(*self._capture())
+        return self.capture(backend).to_record()
 
     async def to_record_async(self, backend: Any = None) -> GradientsParamsRecord:
         """``try_to_record`` without blocking the event loop: device reads run in a thread.
 
         The capture (the point in time) happens before the first await.
         """
-        self._check_backend(backend)
-        captured, metadata = self._capture()
-        if metadata["device"] == "cpu":  # host arrays: nothing to read, nothing to wait for
-            return self._to_record(captured, metadata)
-        return await asyncio.to_thread(self._to_record, captured, metadata)
+        return await self.capture(backend).to_record_async()
 
     @classmethod
     def from_record(
         cls,
         record: GradientsParamsRecord,
-        device: backend.Device | str = "cpu",
+        device: array_backend.Device | str = "cpu",
         *,
         module: Module | None = None,
         match: str = "id",
@@ -269,8 +289,8 @@ class GradientsParams:
         must not be used afterwards); the recorder's restore does this.
         """
         if match not in ("id", "name"):
-            raise ValueError(f"match must be 'id' or 'name'; got {match!r}")
-        dev = backend.device(device)
+            raise InvalidArgumentError(f"match must be 'id' or 'name'; got {match!r}")
+        dev = array_backend.device(device)
         targets = _match_targets(record, module, match) if module is not None else {}
         out = cls()
         with paused_gc():
@@ -280,7 +300,7 @@ class GradientsParams:
     def _fill(
         self,
         record: GradientsParamsRecord,
-        dev: backend.Device,
+        dev: array_backend.Device,
         targets: dict[ParamId, tuple[ParamId, str]],
         copy: bool,
     ) -> None:
@@ -288,11 +308,11 @@ class GradientsParams:
         for entry in record:  # the record validated every entry when it was built
             array = _host_buffer(entry.array, copy)
             if dev.type != "cpu":
-                array = backend.to_device(array, dev)
+                array = array_backend.to_device(array, dev)
             pid, name = targets.get(entry.param_id, (entry.param_id, entry.name))
             if pid in grads:
                 raise DuplicateParamError(f"two record entries map to param {pid} ({name!r})")
-            grads[pid] = Tensor._make(array)
+            grads[pid] = wrap(array)
             names[pid] = name
 
 

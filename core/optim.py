@@ -15,8 +15,9 @@ import numpy as np
 from . import backend
 from .errors import ParamIdMismatchError, ShapeMismatchError
 from .grads import GradientsParams
-from .nn.module import Module, Param
+from .nn.module import Module
 from .param_id import ParamId
+from .tensor import array_of
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Optimizer:
     def hyperparameters(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _update(self, lr: float, param: Param, grad: Any, state: dict[str, Any], step: int) -> None:
+    def _update(self, lr: float, p: Any, grad: Any, state: dict[str, Any], step: int) -> None:
         raise NotImplementedError
 
     def step(self, lr: float, module: Module, grads: GradientsParams) -> Module:
@@ -56,18 +57,17 @@ class Optimizer:
                     f"parameter has {param.shape}"
                 )
             g = (
-                grad._data
+                array_of(grad)
                 if grad.device == param.device
-                else backend.to_device(grad._data, param.device)
+                else backend.to_device(array_of(grad), param.device)
             )
             if g.dtype != param.dtype:
                 g = g.astype(param.dtype)
             state = self._state.setdefault(param.id, {})
             step = self._steps.get(param.id, 0) + 1
             self._steps[param.id] = step
-            param._prepare_write("optimizer.step")
-            self._update(lr, param, g, state, step)
-            param._bump("optimizer.step")
+            with param.writable("optimizer.step") as values:
+                self._update(lr, values, g, state, step)
         return module
 
     def state_record(self) -> OptimizerRecord:
@@ -131,8 +131,7 @@ class SGD(Optimizer):
             "nesterov": self.nesterov,
         }
 
-    def _update(self, lr: float, param: Param, grad: Any, state: dict[str, Any], step: int) -> None:
-        p = param._data
+    def _update(self, lr: float, p: Any, grad: Any, state: dict[str, Any], step: int) -> None:
         if self.weight_decay:
             grad = grad + self.weight_decay * p
         if self.momentum:
@@ -165,9 +164,8 @@ class Adam(Optimizer):
     def hyperparameters(self) -> dict[str, Any]:
         return {"betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
 
-    def _update(self, lr: float, param: Param, grad: Any, state: dict[str, Any], step: int) -> None:
-        xp = backend.xp_of(param._data)
-        p = param._data
+    def _update(self, lr: float, p: Any, grad: Any, state: dict[str, Any], step: int) -> None:
+        xp = backend.xp_of(p)
         beta1, beta2 = self.betas
         if self.weight_decay:
             if self.decoupled:

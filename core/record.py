@@ -19,6 +19,7 @@ from .errors import (
     DtypeMismatchError,
     DuplicateParamError,
     FormatVersionError,
+    InvalidArgumentTypeError,
     InvalidFieldError,
     MissingGradientError,
     ShapeMismatchError,
@@ -185,8 +186,20 @@ class GradientRecordEntry:
             )
 
 
+def _json_copy(value: Any) -> Any:
+    """A deep copy of JSON-like ``value`` (dicts, lists and tuples copied; the rest shared)."""
+    if isinstance(value, Mapping):
+        return {key: _json_copy(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_copy(item) for item in value]
+    return value
+
+
 class GradientsParamsRecord:
     """An immutable list of gradient entries plus format version and metadata.
+
+    Immutable throughout: the entries' arrays are read-only, and ``metadata`` hands out
+    a copy.
 
     Iterating gives the entries in order; ``record[param_id]`` finds one by id. Every
     entry is validated (``GradientRecordEntry.validate``), ids must be unique and the
@@ -200,7 +213,35 @@ class GradientsParamsRecord:
         *,
         metadata: Mapping[str, Any] | None = None,
         format_version: int = FORMAT_VERSION,
-        _validated: bool = False,
+    ) -> None:
+        self._build(entries, metadata, format_version, check_entries=True)
+
+    @classmethod
+    def from_checked_entries(
+        cls,
+        entries: list[GradientRecordEntry] | tuple[GradientRecordEntry, ...],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> GradientsParamsRecord:
+        """A record of entries whose fields are known to agree: made by
+        ``GradientRecordEntry.from_array`` or ``from_bytes`` (which check every field), or
+        read back by the store against a validated manifest.
+
+        The entries are not validated again (a capture or a restore of many gradients
+        would spend its time there); ids must still be unique and the metadata JSON.
+        Entries built any other way go through the constructor.
+        """
+        record = cls.__new__(cls)
+        record._build(entries, metadata, FORMAT_VERSION, check_entries=False)
+        return record
+
+    def _build(
+        self,
+        entries: list[GradientRecordEntry] | tuple[GradientRecordEntry, ...],
+        metadata: Mapping[str, Any] | None,
+        format_version: int,
+        *,
+        check_entries: bool,
     ) -> None:
         if format_version != FORMAT_VERSION:
             raise FormatVersionError(
@@ -208,32 +249,32 @@ class GradientsParamsRecord:
                 f"{FORMAT_VERSION}"
             )
         self._entries = tuple(entries)
-        # A validated record's ids are unique by construction (dict keys, a validated
-        # manifest): its index is built on first lookup, not while a trainer waits.
-        self._index: dict[ParamId, GradientRecordEntry] | None = None
-        if not _validated:
-            by_id: dict[ParamId, GradientRecordEntry] = {}
-            for entry in self._entries:
-                if not isinstance(entry, GradientRecordEntry):
-                    raise TypeError(
-                        f"a record holds GradientRecordEntry objects; got {type(entry).__name__}"
-                    )
-                if entry.param_id in by_id:
-                    raise DuplicateParamError(
-                        f"param {entry.param_id} ({entry.name!r}) appears twice in the record "
-                        f"(first as {by_id[entry.param_id].name!r})"
-                    )
+        self._by_id: dict[ParamId, GradientRecordEntry] = {}
+        for entry in self._entries:
+            if check_entries and not isinstance(entry, GradientRecordEntry):
+                raise InvalidArgumentTypeError(
+                    f"a record holds GradientRecordEntry objects; got {type(entry).__name__}"
+                )
+            if entry.param_id in self._by_id:
+                raise DuplicateParamError(
+                    f"param {entry.param_id} ({entry.name!r}) appears twice in the record "
+                    f"(first as {self._by_id[entry.param_id].name!r})"
+                )
+            if check_entries:
                 entry.validate()
-                by_id[entry.param_id] = entry
-            self._index = by_id
-        self.metadata: dict[str, Any] = check_metadata(metadata)
-        self.format_version = format_version
+            self._by_id[entry.param_id] = entry
+        self._metadata: dict[str, Any] = _json_copy(check_metadata(metadata))
+        self._format_version = format_version
 
     @property
-    def _by_id(self) -> dict[ParamId, GradientRecordEntry]:
-        if self._index is None:
-            self._index = {entry.param_id: entry for entry in self._entries}
-        return self._index
+    def metadata(self) -> dict[str, Any]:
+        """The record's metadata: a copy, so changing it never changes the record."""
+        return _json_copy(self._metadata)
+
+    @property
+    def format_version(self) -> int:
+        """The record format version (``FORMAT_VERSION``)."""
+        return self._format_version
 
     @property
     def entries(self) -> tuple[GradientRecordEntry, ...]:

@@ -16,6 +16,7 @@ lone surrogates (``"\\ud800"``), which no JSON encoder can write, are refused.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any
@@ -84,7 +85,12 @@ def is_run(value: object) -> bool:
 
 
 def is_step(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+    """Whether ``value`` is a step: an integer (a NumPy one too, never a bool) in range."""
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool | np.bool_)
+        and 0 <= value <= MAX_STEP
+    )
 
 
 def is_tags(value: object) -> bool:

@@ -15,15 +15,24 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Coroutine, Generator, Mapping
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from . import backend
-from .errors import RecorderError, SnapshotBusyError
-from .grads import GradientsParams
+from . import backend as array_backend
+from .errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    RecorderError,
+    SnapshotBusyError,
+    StoreNotFoundError,
+)
+from .grads import GradientsCapture, GradientsParams
 from .record import GradientsParamsRecord
 from .record_rules import check_snapshot_fields
-from .store import RetentionRules, SnapshotInfo, SnapshotStore, open_store
+from .store import RetentionRules, SnapshotInfo, SnapshotStore, open_store, parse_compression
+
+if TYPE_CHECKING:
+    from .nn.module import Module
 
 T = TypeVar("T")
 _log = logging.getLogger("gradvault.recorder")
@@ -76,12 +85,17 @@ class Recorder:
         **store_options: Any,
     ) -> None:
         if on_busy not in ("wait", "reject"):
-            raise ValueError(f"on_busy must be 'wait' or 'reject'; got {on_busy!r}")
-        self._store_arg = store
-        self._store_options = store_options
-        self._store: SnapshotStore | None = store if isinstance(store, SnapshotStore) else None
-        self.on_busy = on_busy
+            raise InvalidArgumentError(f"on_busy must be 'wait' or 'reject'; got {on_busy!r}")
+        try:
+            parse_compression(compression)
+        except ValueError as error:
+            raise InvalidArgumentError(str(error)) from None
         self._retention = RetentionRules(keep_last, keep_every)
+        # opening reads and creates nothing; it refuses a malformed URL or option here
+        self._store = (
+            store if isinstance(store, SnapshotStore) else open_store(store, **store_options)
+        )
+        self.on_busy = on_busy
         self.keep_last, self.keep_every = self._retention.keep_last, self._retention.keep_every
         self.compression = compression
         self._loop = asyncio.new_event_loop()
@@ -95,9 +109,23 @@ class Recorder:
         self.sync = SyncRecorder(self)
 
     # ------------------------------------------------------------------ plumbing
-    def _get_store(self) -> SnapshotStore:
-        if self._store is None:
-            self._store = open_store(self._store_arg, **self._store_options)
+    @property
+    def store(self) -> SnapshotStore:
+        """The SnapshotStore this recorder writes to and reads from."""
+        return self._store
+
+    def _existing_store(self) -> SnapshotStore:
+        """The store, for a read: a local store folder that does not exist is an error.
+
+        Only a snapshot creates the folder, so a mistyped path raises StoreNotFoundError
+        instead of reading as a store without snapshots.
+        """
+        location = self._store.location
+        if "://" not in location and not os.path.isdir(location):
+            raise StoreNotFoundError(
+                f"no store folder at {location}; a snapshot creates it, a read does not "
+                "(is the path right?)"
+            )
         return self._store
 
     def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -106,22 +134,27 @@ class Recorder:
             raise RecorderError("the recorder is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await asyncio.wrap_future(self._submit(coro))
+    async def _read(self, operation: Callable[[SnapshotStore], Awaitable[T]]) -> T:
+        """Run ``operation(store)`` on the recorder's loop, once the store is known to exist."""
+
+        async def run() -> T:
+            return await operation(self._existing_store())
+
+        return await asyncio.wrap_future(self._submit(run()))
 
     # ------------------------------------------------------------------ snapshots
-    @staticmethod
-    def _check(run: str, step: int, tags: Mapping[str, str] | None) -> None:
-        check_snapshot_fields(run, step, tags)  # before the capture, not in the background
+    def _in_flight(self) -> list[concurrent.futures.Future[SnapshotInfo]]:
+        with self._lock:
+            return [future for future in self._inflight if not future.done()]
 
     def _try_launch(
         self,
         grads: GradientsParams | GradientsParamsRecord,
         run: str,
         step: int,
-        tags: Mapping[str, str] | None,
-    ) -> SnapshotHandle | list[concurrent.futures.Future[SnapshotInfo]]:
-        """Capture and launch the commit, or return the snapshots still in flight.
+        tags: dict[str, str],
+    ) -> SnapshotHandle | None:
+        """Capture and launch the commit; None while another snapshot is still committing.
 
         One snapshot commits at a time: that bounds the memory a recorder holds and keeps
         snapshots in the order they were taken.
@@ -129,53 +162,45 @@ class Recorder:
         with self._lock:
             if self._closed:
                 raise RecorderError("the recorder is closed")
-            busy = [future for future in self._inflight if not future.done()]
-            if busy:
+            if any(not future.done() for future in self._inflight):
                 if self.on_busy == "reject":
                     raise SnapshotBusyError(
                         "a snapshot is still committing and this recorder rejects new ones "
                         "while busy (on_busy='reject'); wait for its handle or use "
                         "on_busy='wait'"
                     )
-                return busy
-            captured, metadata = _capture(grads)
-            future = self._submit(self._commit(captured, metadata, run, step, dict(tags or {})))
+                return None
+            captured = _capture(grads)
+            future = self._submit(self._commit(captured, run, step, tags))
             self._inflight.add(future)
             future.add_done_callback(self._inflight.discard)
-            if isinstance(captured, GradientsParamsRecord):
-                return SnapshotHandle(future, captured.nbytes, len(captured))
-            nbytes = sum(int(data.nbytes) for _, _, data in captured)
-            return SnapshotHandle(future, nbytes, len(captured))
+            return SnapshotHandle(future, captured.nbytes, len(captured))
 
     async def _commit(
         self,
-        captured: GradientsParamsRecord | list[tuple[Any, str, Any]],
-        metadata: dict[str, Any],
+        captured: GradientsCapture | GradientsParamsRecord,
         run: str,
         step: int,
         tags: dict[str, str],
     ) -> SnapshotInfo:
         if isinstance(captured, GradientsParamsRecord):
             record = captured
-        elif metadata.get("device") == "cpu":
-            record = GradientsParams._to_record(captured, metadata)
-        else:  # device-to-host copies, off the recorder's loop
-            record = await asyncio.to_thread(GradientsParams._to_record, captured, metadata)
-        store = self._get_store()
-        info = await store.write_snapshot(
+        else:  # device-to-host reads go to a thread, off the recorder's loop
+            record = await captured.to_record_async()
+        info = await self._store.write_snapshot(
             record,
             run=run,
             step=step,
             tags=tags,
-            device=str(metadata.get("device", "cpu")),
+            device=str(record.metadata.get("device", "cpu")),
             compression=self.compression,
         )
         if not self._retention.keeps_everything:
             try:
-                await store.apply_retention(
+                await self._store.apply_retention(
                     self.keep_last, self.keep_every, run=run, keep=[info.id]
                 )
-            except Exception as error:  # noqa: BLE001 - the snapshot itself is committed
+            except Exception as error:  # the snapshot itself is committed
                 _log.warning(
                     "snapshot %s committed; retention failed: %s: %s",
                     info.id,
@@ -198,12 +223,10 @@ class Recorder:
         ``on_busy="wait"`` this blocks while a previous snapshot is still committing (in
         async code, ``await recorder.snapshot(...)`` waits without blocking the loop).
         """
-        self._check(run, step, tags)
-        while True:
-            launched = self._try_launch(grads, run, step, tags)
-            if isinstance(launched, SnapshotHandle):
-                return launched
-            concurrent.futures.wait(launched)
+        run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
+        while (handle := self._try_launch(grads, run, step, plain_tags)) is None:
+            concurrent.futures.wait(self._in_flight())
+        return handle
 
     async def snapshot(
         self,
@@ -214,20 +237,20 @@ class Recorder:
         tags: Mapping[str, str] | None = None,
     ) -> SnapshotInfo:
         """Capture and commit ``grads``; returns the committed snapshot's info."""
-        self._check(run, step, tags)
-        while True:
-            launched = self._try_launch(grads, run, step, tags)
-            if isinstance(launched, SnapshotHandle):
-                return await launched
-            await asyncio.wait([asyncio.wrap_future(future) for future in launched])
+        run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
+        while (handle := self._try_launch(grads, run, step, plain_tags)) is None:
+            busy = self._in_flight()
+            if busy:
+                await asyncio.wait([asyncio.wrap_future(future) for future in busy])
+        return await handle
 
     # ------------------------------------------------------------------ reads
     async def restore(
         self,
         snapshot_id: str,
-        device: backend.Device | str = "cpu",
+        device: array_backend.Device | str = "cpu",
         *,
-        module: Any = None,
+        module: Module | None = None,
         match: str = "id",
     ) -> GradientsParams:
         """The snapshot's gradients on ``device`` (checksums verified)."""
@@ -237,38 +260,33 @@ class Recorder:
 
     async def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
         """The snapshot as a record (checksums verified)."""
-        return await self._call(self._get_store_async("read_snapshot", snapshot_id))
+        return await self._read(lambda store: store.read_snapshot(snapshot_id))
 
     async def list(
         self, run: str | None = None, step_min: int | None = None, step_max: int | None = None
     ) -> list[SnapshotInfo]:
         """Committed snapshots, newest first."""
-        return await self._call(
-            self._get_store_async("list", run=run, step_min=step_min, step_max=step_max)
+        return await self._read(
+            lambda store: store.list(run=run, step_min=step_min, step_max=step_max)
         )
 
     async def info(self, snapshot_id: str) -> dict[str, Any]:
         """The snapshot's manifest."""
-        return await self._call(self._get_store_async("info", snapshot_id))
+        return await self._read(lambda store: store.info(snapshot_id))
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete one committed snapshot."""
-        await self._call(self._get_store_async("delete", snapshot_id))
+        await self._read(lambda store: store.delete(snapshot_id))
 
     async def gc(self, grace_seconds: float = 3600.0) -> list[str]:
         """Remove leftovers of interrupted snapshots older than ``grace_seconds``."""
-        return await self._call(self._get_store_async("gc", grace_seconds=grace_seconds))
+        return await self._read(lambda store: store.gc(grace_seconds=grace_seconds))
 
     async def apply_retention(
         self, keep_last: int | None = None, keep_every: int | None = None, run: str | None = None
     ) -> list[str]:
         """Delete what the retention policy does not keep; returns the deleted ids."""
-        return await self._call(
-            self._get_store_async("apply_retention", keep_last, keep_every, run=run)
-        )
-
-    async def _get_store_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await getattr(self._get_store(), method)(*args, **kwargs)
+        return await self._read(lambda store: store.apply_retention(keep_last, keep_every, run=run))
 
     # ------------------------------------------------------------------ lifetime
     async def aclose(self) -> None:
@@ -283,8 +301,7 @@ class Recorder:
             self._closed = True
             pending = list(self._inflight)
         concurrent.futures.wait(pending)
-        if self._store is not None:
-            asyncio.run_coroutine_threadsafe(self._store.close(), self._loop).result()
+        asyncio.run_coroutine_threadsafe(self._store.close(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
@@ -304,13 +321,15 @@ class Recorder:
 
 def _capture(
     grads: GradientsParams | GradientsParamsRecord,
-) -> tuple[GradientsParamsRecord | list[tuple[Any, str, Any]], dict[str, Any]]:
+) -> GradientsCapture | GradientsParamsRecord:
     """The point-in-time capture of ``grads`` (copy-on-write; a record is taken as it is)."""
     if isinstance(grads, GradientsParamsRecord):
-        return grads, {"device": str(grads.metadata.get("device", "cpu"))}
+        return grads
     if not isinstance(grads, GradientsParams):
-        raise TypeError(f"expected GradientsParams or a record; got {type(grads).__name__}")
-    return grads._capture()
+        raise InvalidArgumentTypeError(
+            f"expected GradientsParams or a record; got {type(grads).__name__}"
+        )
+    return grads.capture()
 
 
 class SyncRecorder:
@@ -356,7 +375,7 @@ class SyncRecorder:
         return self._recorder.start_snapshot(grads, run=run, step=step, tags=tags)
 
     def restore(
-        self, snapshot_id: str, device: backend.Device | str = "cpu", **kwargs: Any
+        self, snapshot_id: str, device: array_backend.Device | str = "cpu", **kwargs: Any
     ) -> GradientsParams:
         return self._run("restore", self._recorder.restore(snapshot_id, device, **kwargs))
 

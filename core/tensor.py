@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import operator
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import backend
-from .autograd.function import AccumulateGrad, Node, RemovableHandle
-from .autograd.grad_mode import _state, no_grad
 from .backend import Device
-from .errors import AutogradError
+from .errors import AutogradError, InvalidArgumentError, InvalidArgumentTypeError
+from .grad_mode import _state, no_grad
+from .gradients import Gradients
+from .graph import AccumulateGrad, Node, RemovableHandle
+from .op_table import op_table
 
 float16 = np.dtype("float16")
 float32 = np.dtype("float32")
@@ -40,18 +44,53 @@ def as_dtype(dtype: DTypeLike) -> np.dtype | None:
     try:
         return np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"unknown dtype {dtype!r}") from exc
+        raise InvalidArgumentTypeError(f"unknown dtype {dtype!r}") from exc
 
 
 def _is_floating(dtype: np.dtype) -> bool:
     return dtype.kind == "f"
 
 
-class _Storage:
+def array_from(data: Any, dtype: np.dtype | None, device: DeviceLike) -> Any:
+    """A new array holding a copy of ``data`` as ``dtype`` on ``device`` (for ``tensor()``).
+
+    Lists of floats become float32 and of ints int64; a NumPy array keeps its dtype; a
+    tensor or a device array stays on its device unless ``device`` says otherwise.
+    """
+    if isinstance(data, Tensor):
+        array = data._data.copy()
+        if device is None:
+            device = data.device
+    elif isinstance(data, np.ndarray):
+        array = data.copy()
+    elif hasattr(data, "__cuda_array_interface__"):
+        array = data.copy()
+        if device is None:
+            device = backend.device_of(data)
+    else:
+        array = np.array(data)
+        if dtype is None and array.dtype == np.float64 and not isinstance(data, np.generic):
+            array = array.astype(DEFAULT_FLOAT)
+        elif dtype is None and array.dtype.kind in "iu":
+            array = array.astype(int64)
+    if array.dtype.kind not in "fiub":
+        raise InvalidArgumentTypeError(f"can't make a tensor from data of dtype {array.dtype}")
+    dev = backend.device(device)
+    if dtype is not None and array.dtype != dtype:
+        array = array.astype(dtype)
+    if dev.type != "cpu":
+        array = backend.to_device(array, dev)
+    return array
+
+
+class Storage:
     """What a tensor shares with its views: the version counter and the aliases of its buffer.
 
-    ``aliased`` is set once a view or a raw array of the buffer has been handed out (see
-    the copy-on-write section of Tensor); ``views_in_graph`` once such a view requires grad.
+    The one owner of these facts; only Tensor's copy-on-write and in-place methods read or
+    change them. ``version`` counts in-place writes (``last_op`` names the latest) so that
+    autograd can refuse a tensor changed after it was saved; ``aliased`` is set once a
+    view or a raw array of the buffer has been handed out (see the copy-on-write section
+    of Tensor); ``views_in_graph`` once such a view requires grad.
     """
 
     __slots__ = ("version", "last_op", "aliased", "views_in_graph")
@@ -61,6 +100,11 @@ class _Storage:
         self.last_op: str | None = None
         self.aliased = False
         self.views_in_graph = False
+
+    def bump(self, op: str) -> None:
+        """Count one in-place write, done by ``op``."""
+        self.version += 1
+        self.last_op = op
 
 
 class Tensor:
@@ -89,27 +133,28 @@ class Tensor:
         device: DeviceLike = None,
         requires_grad: bool = False,
     ) -> None:
-        from .factories import tensor  # noqa: PLC0415
-
-        made = tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
-        for name in Tensor.__slots__[:-1]:
-            setattr(self, name, getattr(made, name))
+        self._set_up(array_from(data, as_dtype(dtype), device), False, None)
+        if requires_grad:
+            self.requires_grad_(True)
 
     @classmethod
     def _make(cls, data: Any, requires_grad: bool = False, grad_fn: Node | None = None) -> Tensor:
         """Wrap an array without copying (internal)."""
         t = object.__new__(cls)
-        t._data = data
-        t._requires_grad = requires_grad
-        t._grad = None
-        t.grad_fn = grad_fn
-        t._storage = _Storage()  # shared with views
-        t._hooks = {}  # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
-        t._inference = _state.inference
-        t._base = None
-        t._cow = False
-        t._accumulator = None
+        t._set_up(data, requires_grad, grad_fn)
         return t
+
+    def _set_up(self, data: Any, requires_grad: bool, grad_fn: Node | None) -> None:
+        self._data = data
+        self._requires_grad = requires_grad
+        self._grad = None
+        self.grad_fn = grad_fn
+        self._storage = Storage()  # shared with views
+        self._hooks = {}  # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
+        self._inference = _state.inference
+        self._base = None
+        self._cow = False
+        self._accumulator = None
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -180,7 +225,9 @@ class Tensor:
     def grad(self, value: Tensor | None) -> None:
         if value is not None:
             if not isinstance(value, Tensor):
-                raise TypeError(f"grad must be a Tensor or None; got {type(value).__name__}")
+                raise InvalidArgumentTypeError(
+                    f"grad must be a Tensor or None; got {type(value).__name__}"
+                )
             if value is self:
                 raise AutogradError("a tensor cannot be assigned as its own grad")
             for what, found, expected in (
@@ -211,7 +258,7 @@ class Tensor:
         grad only takes floating data.
         """
         if not isinstance(value, Tensor):
-            raise TypeError(f"data must be a Tensor; got {type(value).__name__}")
+            raise InvalidArgumentTypeError(f"data must be a Tensor; got {type(value).__name__}")
         if self.requires_grad and not _is_floating(value.dtype):
             raise AutogradError(
                 f"data of a tensor that requires grad must be floating point; got {value.dtype}"
@@ -220,7 +267,22 @@ class Tensor:
 
     @property
     def _version(self) -> int:
+        """PyTorch's ``tensor._version``: in-place writes so far, shared with views."""
         return self._storage.version
+
+    @property
+    def last_inplace_op(self) -> str | None:
+        """The in-place op that last wrote this tensor's storage (None if none did)."""
+        return self._storage.last_op
+
+    def is_inference(self) -> bool:
+        """Whether this tensor was made under ``inference_mode`` (or is a view of one)."""
+        return self._inference
+
+    @property
+    def grad_hooks(self) -> dict[int, Callable[[Tensor], Tensor | None]]:
+        """A leaf's hooks from ``register_hook``, by handle id (a non-leaf's are on its node)."""
+        return self._hooks
 
     # ------------------------------------------------------------------ graph helpers
     def detach(self) -> Tensor:
@@ -272,9 +334,7 @@ class Tensor:
         The returned ``Gradients`` maps each leaf reached to the gradient of this pass alone
         (Burn's ``B::Gradients``); ``GradientsParams.from_grads`` consumes it.
         """
-        from .autograd import backward  # noqa: PLC0415
-
-        return backward(self, gradient, retain_graph, create_graph, inputs)
+        return op_table.backward(self, gradient, retain_graph, create_graph, inputs)
 
     # ------------------------------------------------------------------ conversion
     def numpy(self) -> np.ndarray:
@@ -290,7 +350,9 @@ class Tensor:
     def item(self) -> Any:
         """The value of a one-element tensor as a Python number."""
         if self.numel() != 1:
-            raise ValueError(f"only one-element tensors can be converted; shape is {self.shape}")
+            raise InvalidArgumentError(
+                f"only one-element tensors can be converted; shape is {self.shape}"
+            )
         return backend.to_host(self._data).reshape(()).item()
 
     def tolist(self) -> Any:
@@ -304,23 +366,23 @@ class Tensor:
         converts = dtype is not None and np.dtype(dtype) != self.dtype
         if copy or converts:
             if copy is False:
-                raise ValueError(f"a {self.dtype} tensor cannot be read as {dtype} without a copy")
+                raise InvalidArgumentError(
+                    f"a {self.dtype} tensor cannot be read as {dtype} without a copy"
+                )
             return np.array(self._data, dtype=dtype, copy=True)
         return self._alias_array()
 
     def to(self, device: DeviceLike | DTypeLike = None, dtype: DTypeLike = None) -> Tensor:
         """This tensor on ``device`` and/or as ``dtype``; itself when nothing changes."""
-        from . import ops  # noqa: PLC0415
-
         if device is not None and not isinstance(device, Device | str):
             device, dtype = None, device
         if isinstance(device, str) and device not in ("cpu",) and not device.startswith("cuda"):
             device, dtype = None, device
         out = self
         if dtype is not None and as_dtype(dtype) != self.dtype:
-            out = ops.ToDtype.apply(out, as_dtype(dtype))
+            out = op_table.to_dtype(out, as_dtype(dtype))
         if device is not None and backend.device(device) != self.device:
-            out = ops.ToDevice.apply(out, backend.device(device))
+            out = op_table.to_device(out, backend.device(device))
         return out
 
     def cpu(self) -> Tensor:
@@ -343,10 +405,10 @@ class Tensor:
 
     def __len__(self) -> int:
         if self.ndim == 0:
-            raise TypeError("len() of a 0-d tensor")
+            raise InvalidArgumentTypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return (self[i] for i in range(len(self)))
 
     def __bool__(self) -> bool:
@@ -364,7 +426,9 @@ class Tensor:
 
     def __index__(self) -> int:
         if self.dtype.kind not in "iub":
-            raise TypeError("only integer tensors of a single element can be an index")
+            raise InvalidArgumentTypeError(
+                "only integer tensors of a single element can be an index"
+            )
         return int(self.item())
 
     __hash__ = object.__hash__
@@ -382,18 +446,232 @@ class Tensor:
             extra.append("requires_grad=True")
         return "tensor(" + ", ".join([body, *extra]) + ")"
 
+    # ------------------------------------------------------------------ ops as methods
+    # Thin calls into the op functions (registered in ``op_table`` by ``core/ops``); the
+    # forward and backward rules live with each op.
+    def __add__(self, other: Any) -> Tensor:
+        return op_table.add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return op_table.add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return op_table.sub(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return op_table.sub(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return op_table.mul(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return op_table.mul(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return op_table.div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return op_table.div(other, self)
+
+    def __pow__(self, exponent: Any) -> Tensor:
+        return op_table.pow(self, exponent)
+
+    def __rpow__(self, base: Any) -> Tensor:
+        return op_table.pow(base, self)
+
+    def __neg__(self) -> Tensor:
+        return op_table.neg(self)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return op_table.matmul(self, other)
+
+    def __rmatmul__(self, other: Tensor) -> Tensor:
+        return op_table.matmul(other, self)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return op_table.getitem(self, index)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return op_table.less(self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return op_table.less_equal(self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return op_table.greater(self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return op_table.greater_equal(self, other)
+
+    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return op_table.equal(self, other)
+
+    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return op_table.not_equal(self, other)
+
+    def __and__(self, other: Any) -> Tensor:
+        return op_table.logical_and(self, other)
+
+    def __or__(self, other: Any) -> Tensor:
+        return op_table.logical_or(self, other)
+
+    def __invert__(self) -> Tensor:
+        return op_table.logical_not(self)
+
+    def add(self, other: Any) -> Tensor:
+        return op_table.add(self, other)
+
+    def sub(self, other: Any) -> Tensor:
+        return op_table.sub(self, other)
+
+    def mul(self, other: Any) -> Tensor:
+        return op_table.mul(self, other)
+
+    def div(self, other: Any) -> Tensor:
+        return op_table.div(self, other)
+
+    def pow(self, exponent: Any) -> Tensor:
+        return op_table.pow(self, exponent)
+
+    def neg(self) -> Tensor:
+        return op_table.neg(self)
+
+    def exp(self) -> Tensor:
+        return op_table.exp(self)
+
+    def log(self) -> Tensor:
+        return op_table.log(self)
+
+    def sqrt(self) -> Tensor:
+        return op_table.sqrt(self)
+
+    def abs(self) -> Tensor:
+        return op_table.abs(self)
+
+    def tanh(self) -> Tensor:
+        return op_table.tanh(self)
+
+    def sigmoid(self) -> Tensor:
+        return op_table.sigmoid(self)
+
+    def relu(self) -> Tensor:
+        return op_table.relu(self)
+
+    def erf(self) -> Tensor:
+        return op_table.erf(self)
+
+    def square(self) -> Tensor:
+        return op_table.mul(self, self)
+
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:
+        return op_table.clamp(self, min, max)
+
+    clip = clamp
+
+    def matmul(self, other: Tensor) -> Tensor:
+        return op_table.matmul(self, other)
+
+    def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        return op_table.sum(self, dim, keepdim)
+
+    def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        return op_table.mean(self, dim, keepdim)
+
+    def max(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        return op_table.max(self, dim, keepdim)
+
+    def min(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        return op_table.min(self, dim, keepdim)
+
+    def var(
+        self,
+        dim: Any = None,
+        *,
+        correction: int = 1,
+        unbiased: bool | None = None,
+        keepdim: bool = False,
+    ) -> Tensor:
+        return op_table.var(self, dim, correction=correction, unbiased=unbiased, keepdim=keepdim)
+
+    def std(
+        self,
+        dim: Any = None,
+        *,
+        correction: int = 1,
+        unbiased: bool | None = None,
+        keepdim: bool = False,
+    ) -> Tensor:
+        return op_table.std(self, dim, correction=correction, unbiased=unbiased, keepdim=keepdim)
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        return op_table.argmax(self, dim, keepdim)
+
+    def reshape(self, *shape: Any) -> Tensor:
+        return op_table.reshape(self, *shape)
+
+    view = reshape
+
+    def view_as(self, other: Tensor) -> Tensor:
+        return op_table.reshape(self, other.shape)
+
+    def permute(self, *dims: Any) -> Tensor:
+        return op_table.permute(self, *dims)
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        return op_table.transpose(self, dim0, dim1)
+
+    @property
+    def T(self) -> Tensor:
+        """The dims reversed (a view)."""
+        return op_table.permute(self, tuple(reversed(range(self.ndim))))
+
+    @property
+    def mT(self) -> Tensor:
+        """The last two dims swapped (a view)."""
+        return op_table.transpose(self, -1, -2)
+
+    def expand(self, *shape: Any) -> Tensor:
+        return op_table.expand(self, *shape)
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return op_table.expand(self, other.shape)
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        return op_table.unsqueeze(self, dim)
+
+    def squeeze(self, dim: int | None = None) -> Tensor:
+        return op_table.squeeze(self, dim)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        return op_table.flatten(self, start_dim, end_dim)
+
+    def contiguous(self) -> Tensor:
+        return op_table.contiguous(self)
+
+    def is_contiguous(self) -> bool:
+        return bool(self._data.flags.c_contiguous)
+
+    def softmax(self, dim: int) -> Tensor:
+        return op_table.softmax(self, dim)
+
+    def log_softmax(self, dim: int) -> Tensor:
+        return op_table.log_softmax(self, dim)
+
+    def clone(self) -> Tensor:
+        return op_table.clone(self)
+
     # ------------------------------------------------------------------ copy-on-write
     # A snapshot, or another tensor, may hold this tensor's buffer instead of a copy. Two
     # facts keep later writes away from such a holder, and only these methods touch them:
     #   _cow              the buffer is held elsewhere too: the next write through this
     #                     tensor, or the next alias of it handed out, first moves this tensor
-    #                     to a buffer of its own (_unshare);
+    #                     to a buffer of its own (unshare_);
     #   _storage.aliased  a view, a ``.data``/``detach()`` alias or a raw array (numpy(),
     #                     np.asarray) of the buffer was handed out: those write without
-    #                     passing through here, so a new holder gets a copy (_lend).
+    #                     passing through here, so a new holder gets a copy (lend).
     # Holding costs a flag per tensor, not a copy of its bytes, unless it was aliased.
     # Copies keep the strides' order (order="K"): a gradient keeps the layout it was given.
-    def _unshare(self) -> None:
+    def unshare_(self) -> None:
         """Give this tensor its own buffer if a snapshot or another tensor still reads it.
 
         Called before any write and before a view or alias of the buffer is handed out, so
@@ -405,7 +683,7 @@ class Tensor:
 
     def _alias_array(self) -> Any:
         """The buffer itself, for a caller who may write through it (``numpy()``, ``__array__``)."""
-        self._unshare()
+        self.unshare_()
         self._storage.aliased = True
         return self._data
 
@@ -414,7 +692,7 @@ class Tensor:
 
         ``detach()`` shares the version counter; ``.data`` (``share_version=False``) does not.
         """
-        self._unshare()
+        self.unshare_()
         self._storage.aliased = True
         out = Tensor._make(self._data)
         if share_version:
@@ -430,13 +708,13 @@ class Tensor:
         The buffer it had stays with whatever else holds it (a snapshot, views); the two
         tensors keep their own version counters, and both count as aliased.
         """
-        source._unshare()
+        source.unshare_()
         source._storage.aliased = True
         self._data = source._data
         self._cow = False
         self._storage.aliased = True
 
-    def _adopt_view(self, view: Tensor) -> None:
+    def adopt_view(self, view: Tensor) -> None:
         """Make ``view`` (whose array shares this tensor's buffer) a view of this tensor.
 
         They share the version counter; the buffer counts as aliased from now on.
@@ -448,7 +726,7 @@ class Tensor:
         if view.requires_grad:
             self._storage.views_in_graph = True
 
-    def _lend(self) -> Any:
+    def lend(self) -> Any:
         """This tensor's values as a buffer that nothing done to this tensor later changes.
 
         The buffer itself, flagged copy-on-write, when only this tensor can write to it; a
@@ -465,19 +743,20 @@ class Tensor:
         self._cow = True
         return data
 
-    def _twin(self) -> Tensor:
+    def twin(self) -> Tensor:
         """A new tensor with this one's values, sharing the buffer until either is written."""
-        data = self._lend()
+        data = self.lend()
         twin = Tensor._make(data)
         twin._cow = data is self._data
         return twin
 
-    def _accumulate_(self, array: Any) -> None:
-        """``self += array`` for gradient accumulation, honouring copy-on-write.
+    def accumulate_(self, grad: Tensor) -> None:
+        """``self += grad`` for gradient accumulation, honouring copy-on-write.
 
         A shared buffer is not copied first: the sum goes straight into a new one (one pass
         over the bytes, as an in-place add), keeping this tensor's dtype.
         """
+        array = grad._data
         if self._cow:
             total = backend.xp_of(self._data).empty_like(self._data)
             backend.xp_of(self._data).add(self._data, array, out=total)
@@ -494,11 +773,56 @@ class Tensor:
                 f"in-place update ({op}) of an inference tensor outside inference_mode is not "
                 "allowed"
             )
-        self._unshare()
+        self.unshare_()
 
     def _bump(self, op: str) -> None:
-        self._storage.version += 1
-        self._storage.last_op = op
+        self._storage.bump(op)
+
+    @contextlib.contextmanager
+    def writable(self, op: str) -> Iterator[Any]:
+        """The buffer, to be written in place by ``op`` (an optimizer's update), outside the graph.
+
+        Copy-on-write first gives this tensor a buffer of its own if a snapshot holds it;
+        the version counter counts the write when the block ends.
+        """
+        self._prepare_write(op)
+        yield self._data
+        self._bump(op)
+
+    def set_values_(self, op: str, array: Any) -> None:
+        """Replace the values with ``array`` (same shape and dtype, taken as it is), in place.
+
+        For ``op`` (``load_record``) outside the graph; counted by the version counter.
+        """
+        self._prepare_write(op)
+        self._data = array
+        self._bump(op)
+
+    def move_to_(self, device: DeviceLike) -> None:
+        """Move this tensor, and its ``.grad``, to ``device`` in place (``Module.to``)."""
+        dev = backend.device(device)
+        self._data = backend.to_device(self._data, dev)
+        if self._grad is not None:
+            self._grad = self._grad.to(dev)
+
+    def host_copy(self) -> np.ndarray:
+        """A NumPy array with this tensor's values and a buffer of its own (never an alias)."""
+        host = backend.to_host(self._data)
+        return host.copy() if host is self._data else host
+
+    def init_leaf_from(self, source: Tensor) -> None:
+        """Make this new tensor (a Tensor subclass being built) a leaf on ``source``'s buffer.
+
+        For ``Param``: it takes ``source``'s buffer, storage and flags, without graph,
+        gradient or hooks, as a tensor of its own class.
+        """
+        for name in Tensor.__slots__[:-1]:
+            setattr(self, name, getattr(source, name))
+        self.grad_fn = None
+        self._grad = None
+        self._hooks = {}
+        self._accumulator = None
+        self._requires_grad = False
 
     def _inplace(
         self, op: str, out_of_place: Callable[[Tensor], Tensor], others: Sequence[Any] = ()
@@ -563,7 +887,7 @@ class Tensor:
     def pow_(self, exponent: Any) -> Tensor:
         return self._inplace("pow_", lambda s: s**exponent, (exponent,))
 
-    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:
         return self._inplace("clamp_", lambda s: s.clamp(min, max))
 
     def zero_(self) -> Tensor:
@@ -584,16 +908,12 @@ class Tensor:
 
     def copy_(self, src: Any) -> Tensor:
         if not isinstance(src, Tensor):
-            from .factories import tensor  # noqa: PLC0415
-
-            src = tensor(src, dtype=self.dtype, device=self.device)
+            src = Tensor(src, dtype=self.dtype, device=self.device)
         src = src.to(self.device)
         return self._inplace("copy_", lambda s: (s * 0 + src).to(dtype=self.dtype), (src,))
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        from . import ops  # noqa: PLC0415
-
-        self._inplace("__setitem__", lambda s: ops.index_put(s, index, value), (value,))
+        self._inplace("__setitem__", lambda s: op_table.index_put(s, index, value), (value,))
 
     def __iadd__(self, other: Any) -> Tensor:
         return self.add_(other)
@@ -608,12 +928,18 @@ class Tensor:
         return self.div_(other)
 
 
-def _leaf_node(t: Tensor) -> AccumulateGrad:
+#: The array a tensor reads, for the ops' forward rules and the engine. Read it, never
+#: write through it or keep a view of it: views go through ``Tensor.adopt_view``, writes
+#: through the in-place methods, so copy-on-write and the version counter see them.
+array_of: Callable[[Tensor], Any] = operator.attrgetter("_data")
+
+#: A tensor on ``array`` (not copied) for an op's result: ``wrap(array, requires_grad,
+#: grad_fn)``. The array must be new, never one that a caller still holds.
+wrap = Tensor._make
+
+
+def leaf_node(t: Tensor) -> AccumulateGrad:
     """The AccumulateGrad node of a leaf that requires grad (one per leaf)."""
     if t._accumulator is None:
         t._accumulator = AccumulateGrad(t)
     return t._accumulator
-
-
-from . import ops as _ops  # noqa: E402, F401  (installs the operator methods on Tensor)
-from .autograd.gradients import Gradients  # noqa: E402

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# GPU checks: the gpu-marked tests on cuda:0 (they skip without CuPy or a device).
-# CuPy comes from the `cuda` extra; where the machine cannot reach a package index, have
-# CuPy installed in .venv beforehand.
+# GPU checks: the gpu-marked tests on cuda:0.
+# On a machine without an NVIDIA GPU (no nvidia-smi, or it lists none) there is nothing to
+# check: say so and exit 0, installing nothing. With a GPU, CuPy comes from the `cuda`
+# extra; where the machine cannot reach a package index, have CuPy installed in .venv
+# beforehand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no NVIDIA GPU on this machine (nvidia-smi is missing or lists none);" \
+    "the gpu tests are skipped, nothing was installed"
+  exit 0
+fi
 if ! "$PY" -c "import cupy" 2>/dev/null; then
   "$PY" -m pip install --quiet -e '.[dev,cuda]'
 fi

@@ -10,43 +10,26 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import backend
-from ..errors import AutogradError
-from .function import AccumulateGrad, Context, Function, Hook, Node
-from .grad_mode import _state
-
-if TYPE_CHECKING:
-    from ..tensor import Tensor
-
-
-def sum_to_shape(grad: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """``grad`` summed over the dimensions that broadcasting added or stretched to get ``shape``."""
-    if tuple(grad.shape) == tuple(shape):
-        return grad
-    extra = grad.ndim - len(shape)
-    if extra < 0:
-        raise AutogradError(f"gradient of shape {tuple(grad.shape)} cannot reduce to {shape}")
-    dims = tuple(range(extra)) + tuple(
-        extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1
-    )
-    if dims:
-        grad = grad.sum(dim=dims, keepdim=True)
-    if extra:
-        grad = grad.reshape(shape)
-    return grad
+from ..errors import AutogradError, ConflictingOptionsError, InvalidArgumentTypeError
+from ..factories import ones_like, zeros_like
+from ..function import Function, sum_to_shape
+from ..grad_mode import _state
+from ..gradients import Gradients
+from ..graph import AccumulateGrad, Context, Hook, Node
+from ..tensor import Tensor, array_of, leaf_node
+from ._arguments import as_tuple
 
 
 def _root_node(tensor: Tensor, index: int) -> Node:
-    from ..tensor import _leaf_node  # noqa: PLC0415
-
     if not tensor.requires_grad:
         raise AutogradError(
             f"element {index} of tensors does not require grad and does not have a grad_fn "
             f"(shape {tuple(tensor.shape)})"
         )
-    return tensor.grad_fn if tensor.grad_fn is not None else _leaf_node(tensor)
+    return tensor.grad_fn if tensor.grad_fn is not None else leaf_node(tensor)
 
 
 def _needed(roots: Sequence[Node], targets: set[Node] | None) -> dict[Node, int]:
@@ -126,7 +109,7 @@ def run_backward(
             if grad is None:
                 continue
             leaf = node.variable() if isinstance(node, AccumulateGrad) else None
-            hooks = leaf._hooks if leaf is not None else node.tensor_hooks
+            hooks = leaf.grad_hooks if leaf is not None else node.tensor_hooks
             if hooks:
                 grad = _call_hooks(hooks, grad)
             if node.retained is not None:
@@ -163,15 +146,13 @@ def run_backward(
 
 def _call_hooks(hooks: dict[int, Hook], grad: Tensor) -> Tensor:
     """Run the tensor hooks in order; each may return a replacement of the same kind."""
-    from ..tensor import Tensor  # noqa: PLC0415
-
     for hook in tuple(hooks.values()):  # a hook may remove itself
         replaced = hook(grad)
         if replaced is None:
             continue
         name = getattr(hook, "__qualname__", None) or repr(hook)
         if not isinstance(replaced, Tensor):
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"hook {name!r} returned a {type(replaced).__name__}; expected a Tensor "
                 f"(shape {tuple(grad.shape)}, dtype {grad.dtype}) or None"
             )
@@ -227,12 +208,12 @@ class LayoutCopy(Function):
 
     @staticmethod
     def forward(ctx: Context, grad: Tensor, like: Any | None) -> Any:
-        xp = backend.xp_of(grad._data)
+        xp = backend.xp_of(array_of(grad))
         if like is not None and _is_dense(like):
             out = xp.empty_like(like, dtype=grad.dtype, order="K")
         else:
             out = xp.empty(grad.shape, dtype=grad.dtype)
-        out[...] = grad._data
+        out[...] = array_of(grad)
         return out
 
     @staticmethod
@@ -249,8 +230,8 @@ def _first_grad(grad: Tensor, like: Any | None, create_graph: bool) -> Tensor:
     another leaf fed by the same op) moves that one to its own buffer. Called during the
     walk, where grad mode is ``create_graph``.
     """
-    if not create_graph and _obeys_layout(grad._data, like):
-        return grad._twin()
+    if not create_graph and _obeys_layout(array_of(grad), like):
+        return grad.twin()
     return LayoutCopy.apply(grad, like)
 
 
@@ -265,11 +246,11 @@ def _accumulate_into(leaf: Tensor, grad: Tensor, create_graph: bool) -> None:
         grad = grad.to(dtype=leaf.dtype)
     existing = leaf.grad
     if existing is None:
-        leaf._grad = _first_grad(grad, leaf._data, create_graph)
+        leaf.grad = _first_grad(grad, array_of(leaf), create_graph)
     elif create_graph:
-        leaf._grad = existing + grad
+        leaf.grad = existing + grad
     else:
-        existing._accumulate_(grad._data)
+        existing.accumulate_(grad)
 
 
 def _retain_into(tensor: Tensor, grad: Tensor, create_graph: bool) -> None:
@@ -281,4 +262,115 @@ def _retain_into(tensor: Tensor, grad: Tensor, create_graph: bool) -> None:
     if grad.dtype != tensor.dtype:
         grad = grad.to(dtype=tensor.dtype)
     existing = tensor.grad
-    tensor._grad = _first_grad(grad, None, create_graph) if existing is None else existing + grad
+    tensor.grad = _first_grad(grad, None, create_graph) if existing is None else existing + grad
+
+
+def _seeds(outputs: tuple[Any, ...], given: Any, name: str) -> list[Any]:
+    """The gradient to start from at each output: ``given``, or ones for scalar outputs."""
+
+    seeds = as_tuple(given) if given is not None else (None,) * len(outputs)
+    if len(seeds) != len(outputs):
+        raise AutogradError(f"{name} has {len(seeds)} entries; there are {len(outputs)} outputs")
+    prepared = []
+    for out, seed in zip(outputs, seeds, strict=True):
+        if seed is None:
+            if out.numel() != 1:
+                raise AutogradError(
+                    f"grad can be implicitly created only for scalar outputs; an output has "
+                    f"shape {out.shape}: pass {name}"
+                )
+            seed = ones_like(out)
+        elif not isinstance(seed, Tensor):
+            seed = Tensor(seed, dtype=out.dtype, device=out.device)
+        elif seed.shape != out.shape:
+            raise AutogradError(
+                f"{name} entry has shape {seed.shape}; its output has shape {out.shape}"
+            )
+        prepared.append(seed)
+    return prepared
+
+
+def grad(
+    outputs: Any,
+    inputs: Any,
+    grad_outputs: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool | None = None,
+    materialize_grads: bool = False,
+) -> tuple[Any, ...]:
+    """Gradients of ``outputs`` with respect to ``inputs``, leaving every ``.grad`` untouched.
+
+    Returns a tuple with one entry per input; an input the outputs do not depend on gives
+    None with ``allow_unused=True`` (zeros with ``materialize_grads=True``) and raises
+    otherwise.
+    """
+    if materialize_grads and allow_unused is False:
+        raise ConflictingOptionsError(
+            "materialize_grads=True fills unused inputs with zeros, which needs "
+            "allow_unused=True (or not passed); got allow_unused=False"
+        )
+    outputs = as_tuple(outputs)
+    inputs = as_tuple(inputs)
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    seeds = _seeds(outputs, grad_outputs, "grad_outputs")
+    if retain_graph is None:
+        retain_graph = create_graph
+    captured, _ = run_backward(
+        list(outputs),
+        seeds,
+        retain_graph=retain_graph,
+        create_graph=create_graph,
+        capture=list(inputs),
+        accumulate=False,
+    )
+    result = []
+    for index, t in enumerate(inputs):
+        node = t.grad_fn if t.grad_fn is not None else leaf_node(t)
+        g = captured.get(node)
+        if g is None:
+            if materialize_grads:
+                g = zeros_like(t)
+            elif not allow_unused:
+                raise AutogradError(
+                    f"input {index} (shape {t.shape}) was not used in the graph; pass "
+                    "allow_unused=True if this is what you want"
+                )
+        result.append(g)
+    return tuple(result)
+
+
+def backward(
+    tensors: Any,
+    grad_tensors: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    inputs: Any = None,
+) -> Gradients:
+    """Accumulate the gradients of ``tensors`` into the leaves' ``.grad`` (PyTorch's form).
+
+    Returns the gradients of this pass, as ``Tensor.backward`` does.
+    """
+    outputs = as_tuple(tensors)
+    prepared = _seeds(outputs, grad_tensors, "grad_tensors")
+    if retain_graph is None:
+        retain_graph = create_graph
+    targets = None
+    if inputs is not None:
+        targets = list(as_tuple(inputs))
+        if not targets:
+            raise AutogradError(
+                "the inputs argument to backward() cannot be empty; pass None to reach every leaf"
+            )
+        for t in targets:  # a non-leaf input keeps its .grad from now on, as in PyTorch
+            if t.grad_fn is not None:
+                t.retain_grad()
+    _, delivered = run_backward(
+        list(outputs),
+        prepared,
+        retain_graph=retain_graph,
+        create_graph=create_graph,
+        capture=targets,
+    )
+    return Gradients(delivered.values())

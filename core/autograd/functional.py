@@ -11,12 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import AutogradError, UnsupportedOptionError
-from .grad_mode import enable_grad
-
-
-def _as_tuple(x: Any) -> tuple[Any, ...]:
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
+from ..errors import (
+    AutogradError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    UnsupportedOptionError,
+)
+from ..factories import ones_like, zeros, zeros_like
+from ..grad_mode import enable_grad
+from ..ops import reshape, stack
+from ..tensor import Tensor
+from ._arguments import as_tuple
+from .engine import grad
 
 
 def _shape_like(values: tuple[Any, ...], was_tuple: bool) -> Any:
@@ -24,12 +30,10 @@ def _shape_like(values: tuple[Any, ...], was_tuple: bool) -> Any:
 
 
 def _prepare_inputs(inputs: tuple[Any, ...], create_graph: bool) -> tuple[Any, ...]:
-    from ..tensor import Tensor  # noqa: PLC0415
-
     out = []
     for t in inputs:
         if not isinstance(t, Tensor):
-            raise TypeError(f"inputs must be tensors; got {type(t).__name__}")
+            raise InvalidArgumentTypeError(f"inputs must be tensors; got {type(t).__name__}")
         if create_graph and t.requires_grad:
             out.append(t.view_as(t) if t.grad_fn is None else t)
         else:
@@ -47,8 +51,6 @@ def _grad(
     grad_outputs: tuple[Any, ...],
     create_graph: bool,
 ) -> tuple[Any, ...]:
-    from . import grad  # noqa: PLC0415
-
     kept = [(o, g) for o, g in zip(outputs, grad_outputs, strict=True) if o.requires_grad]
     if not kept:
         return (None,) * len(inputs)
@@ -65,8 +67,6 @@ def _grad(
 def _fill_unused(
     grads: tuple[Any, ...], like: tuple[Any, ...], strict: bool, what: str
 ) -> tuple[Any, ...]:
-    from ..factories import zeros_like  # noqa: PLC0415
-
     out = []
     for i, (g, t) in enumerate(zip(grads, like, strict=True)):
         if g is None:
@@ -81,8 +81,6 @@ def _fill_unused(
 
 
 def _check_v(v: Any, like: tuple[Any, ...], name: str) -> tuple[Any, ...]:
-    from ..factories import ones_like  # noqa: PLC0415
-    from ..tensor import Tensor  # noqa: PLC0415
 
     if v is None:
         for t in like:
@@ -92,7 +90,7 @@ def _check_v(v: Any, like: tuple[Any, ...], name: str) -> tuple[Any, ...]:
                     f"element; got shape {t.shape}"
                 )
         return tuple(ones_like(t) for t in like)
-    values = _as_tuple(v)
+    values = as_tuple(v)
     if len(values) != len(like):
         raise AutogradError(f"{name} has {len(values)} tensors; expected {len(like)}")
     for value, t in zip(values, like, strict=True):
@@ -114,10 +112,10 @@ def vjp(
     """``(func(inputs), v^T J)``."""
     was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
+        inp = _prepare_inputs(as_tuple(inputs), create_graph)
         outputs = func(*inp)
         out_tuple = isinstance(outputs, tuple | list)
-        outs = _as_tuple(outputs)
+        outs = as_tuple(outputs)
         vs = _check_v(v, outs, "v")
         grads = _grad(outs, inp, vs, create_graph)
     grads = _fill_unused(grads, inp, strict, "vjp")
@@ -135,14 +133,12 @@ def jvp(
     strict: bool = False,
 ) -> tuple[Any, Any]:
     """``(func(inputs), J v)``, by the double-vjp trick."""
-    from ..factories import zeros_like  # noqa: PLC0415
-
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
+        inp = _prepare_inputs(as_tuple(inputs), create_graph)
         vs = _check_v(v, inp, "v")
         outputs = func(*inp)
         out_tuple = isinstance(outputs, tuple | list)
-        outs = _as_tuple(outputs)
+        outs = as_tuple(outputs)
         dummies = tuple(zeros_like(o).requires_grad_(True) for o in outs)
         grads = _grad(outs, inp, dummies, create_graph=True)
         if strict and any(g is None for g in grads):
@@ -176,11 +172,11 @@ def jacobian(
     strategy: str = "reverse-mode",
 ) -> Any:
     """The Jacobian: ``J[i][j]`` has shape ``outputs[i].shape + inputs[j].shape``."""
-    from ..factories import zeros  # noqa: PLC0415
-    from ..ops import reshape, stack  # noqa: PLC0415
 
     if strategy not in ("reverse-mode", "forward-mode"):
-        raise ValueError(f"strategy must be 'reverse-mode' or 'forward-mode'; got {strategy!r}")
+        raise InvalidArgumentError(
+            f"strategy must be 'reverse-mode' or 'forward-mode'; got {strategy!r}"
+        )
     if strategy == "forward-mode":
         # PyTorch's limits for forward mode; the values themselves come from reverse mode
         if create_graph:
@@ -200,10 +196,10 @@ def jacobian(
             )
     was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
+        inp = _prepare_inputs(as_tuple(inputs), create_graph)
         outputs = func(*inp)
         out_tuple = isinstance(outputs, tuple | list)
-        outs = _as_tuple(outputs)
+        outs = as_tuple(outputs)
         table = []
         for i, o in enumerate(outs):
             flat = reshape(o, (-1,))
@@ -237,8 +233,6 @@ def jacobian(
 
 
 def _one(t: Any) -> Any:
-    from ..factories import ones_like  # noqa: PLC0415
-
     return ones_like(t)
 
 
@@ -250,24 +244,54 @@ def hessian(
     vectorize: bool = False,
     outer_jacobian_strategy: str = "reverse-mode",
 ) -> Any:
-    """The Hessian of a scalar function: the Jacobian of its gradient."""
+    """The Hessian of a scalar function: the Jacobian of its gradient.
+
+    ``vectorize`` and ``outer_jacobian_strategy`` go to ``jacobian`` as in PyTorch (the
+    outer Jacobian takes the strategy), with ``jacobian``'s rules for them.
+    """
     was_tuple = isinstance(inputs, tuple | list)
 
     def gradient(*args: Any) -> Any:
         out = func(*args)
         _check_scalar(out, "hessian")
-        return jacobian(func, args if was_tuple else args[0], create_graph=True, strict=strict)
+        return jacobian(
+            func,
+            args if was_tuple else args[0],
+            create_graph=True,
+            strict=strict,
+            vectorize=vectorize,
+        )
 
-    return jacobian(gradient, inputs, create_graph=create_graph, strict=strict)
+    return jacobian(
+        gradient,
+        inputs,
+        create_graph=create_graph,
+        strict=strict,
+        vectorize=vectorize,
+        strategy=outer_jacobian_strategy,
+    )
 
 
 def _check_scalar(out: Any, name: str) -> None:
-    from ..tensor import Tensor  # noqa: PLC0415
-
     if not isinstance(out, Tensor) or out.numel() != 1:
         raise AutogradError(
             f"the function given to {name} should return a single tensor with a single element"
         )
+
+
+def _first_gradient(
+    func: Callable[..., Any], inputs: Any, v: Any, create_graph: bool, strict: bool, name: str
+) -> tuple[tuple[Any, ...], tuple[Any, ...], Any, tuple[Any, ...]]:
+    """What vhp and hvp share: ``(inputs, v, func(inputs), its gradient with a graph)``.
+
+    Runs under ``enable_grad``; the gradient keeps its graph so it can be differentiated.
+    """
+    inp = _prepare_inputs(as_tuple(inputs), create_graph)
+    vs = _check_v(v, inp, "v")
+    out = func(*inp)
+    _check_scalar(out, name)
+    jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict, name)
+    return inp, vs, out, tuple(jac)
 
 
 def vhp(
@@ -278,15 +302,11 @@ def vhp(
     strict: bool = False,
 ) -> tuple[Any, Any]:
     """``(func(inputs), v^T H)`` for a scalar function."""
-    was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
-        vs = _check_v(v, inp, "v")
-        out = func(*inp)
-        _check_scalar(out, "vhp")
-        jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict, "vhp")
-        result = _grad(tuple(jac), inp, vs, create_graph)
+        inp, vs, out, jac = _first_gradient(func, inputs, v, create_graph, strict, "vhp")
+        result = _grad(jac, inp, vs, create_graph)
     result = _fill_unused(result, inp, strict, "vhp")
+    was_tuple = isinstance(inputs, tuple | list)
     return _finish((out,), create_graph)[0], _shape_like(_finish(result, create_graph), was_tuple)
 
 
@@ -298,17 +318,10 @@ def hvp(
     strict: bool = False,
 ) -> tuple[Any, Any]:
     """``(func(inputs), H v)`` for a scalar function, by the double-backward trick."""
-    from ..factories import zeros_like  # noqa: PLC0415
-
-    was_tuple = isinstance(inputs, tuple | list)
     with enable_grad():
-        inp = _prepare_inputs(_as_tuple(inputs), create_graph)
-        vs = _check_v(v, inp, "v")
-        out = func(*inp)
-        _check_scalar(out, "hvp")
-        jac = _fill_unused(_grad((out,), inp, (_one(out),), create_graph=True), inp, strict, "hvp")
+        inp, vs, out, jac = _first_gradient(func, inputs, v, create_graph, strict, "hvp")
         dummies = tuple(zeros_like(t).requires_grad_(True) for t in inp)
-        double_back = _grad(tuple(jac), inp, dummies, create_graph=True)
+        double_back = _grad(jac, inp, dummies, create_graph=True)
         pairs = [
             (d, v_)
             for d, v_ in zip(double_back, vs, strict=True)
@@ -321,7 +334,5 @@ def hvp(
         else:
             result = (None,) * len(inp)
     result = _fill_unused(result, inp, strict, "hvp")
+    was_tuple = isinstance(inputs, tuple | list)
     return _finish((out,), create_graph)[0], _shape_like(_finish(result, create_graph), was_tuple)
-
-
-__all__ = ["hessian", "hvp", "jacobian", "jvp", "vhp", "vjp"]

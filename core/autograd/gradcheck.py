@@ -7,28 +7,22 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AutogradError
-from .grad_mode import enable_grad
-
-
-class GradcheckError(AutogradError):
-    """An analytic gradient disagrees with finite differences."""
-
-
-def _as_tuple(x: Any) -> tuple[Any, ...]:
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
+from .. import backend
+from ..errors import AutogradError, GradcheckError
+from ..factories import zeros_like
+from ..grad_mode import enable_grad
+from ..tensor import Tensor, array_of, float64, wrap
+from ._arguments import as_tuple
+from .engine import grad
 
 
 def _prepare(inputs: Any) -> tuple[Any, ...]:
-    from .. import backend  # noqa: PLC0415
-    from ..tensor import Tensor, float64  # noqa: PLC0415
-
     prepared = []
-    for t in _as_tuple(inputs):
+    for t in as_tuple(inputs):
         if isinstance(t, Tensor) and t.dtype.kind == "f":
             # C-contiguous, so that perturbing the flat view perturbs the input itself
-            xp = backend.xp_of(t._data)
-            copy = Tensor._make(xp.array(t._data, dtype=float64, order="C", copy=True))
+            xp = backend.xp_of(array_of(t))
+            copy = wrap(xp.array(array_of(t), dtype=float64, order="C", copy=True))
             copy.requires_grad_(t.requires_grad)
             prepared.append(copy)
         else:
@@ -37,33 +31,30 @@ def _prepare(inputs: Any) -> tuple[Any, ...]:
 
 
 def _flat_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> list[Any]:
-    from ..tensor import Tensor  # noqa: PLC0415
-
-    return [o for o in _as_tuple(fn(*inputs)) if isinstance(o, Tensor) and o.dtype.kind == "f"]
+    return [o for o in as_tuple(fn(*inputs)) if isinstance(o, Tensor) and o.dtype.kind == "f"]
 
 
 def _numerical(
     fn: Callable[..., Any], inputs: tuple[Any, ...], index: int, eps: float, out_sizes: list[int]
 ) -> np.ndarray:
-    from .. import backend  # noqa: PLC0415
-
     t = inputs[index]
-    flat = t._data.reshape(-1)
     jac = np.zeros((t.numel(), sum(out_sizes)))
     for j in range(t.numel()):
-        original = flat[j].item()
+        original = array_of(t).reshape(-1)[j].item()
         values = []
         for delta in (eps, -eps):
-            flat[j] = original + delta
+            with t.writable("gradcheck") as flat:  # C-contiguous: reshape is a view
+                flat.reshape(-1)[j] = original + delta
             outs = _flat_outputs(fn, inputs)
             values.append(
                 np.concatenate(
-                    [backend.to_host(o._data).reshape(-1).astype(np.float64) for o in outs]
+                    [backend.to_host(array_of(o)).reshape(-1).astype(np.float64) for o in outs]
                 )
                 if outs
                 else np.zeros(0)
             )
-        flat[j] = original
+        with t.writable("gradcheck") as flat:
+            flat.reshape(-1)[j] = original
         jac[j] = (values[0] - values[1]) / (2 * eps)
     return jac
 
@@ -71,10 +62,6 @@ def _numerical(
 def _analytic(
     fn: Callable[..., Any], inputs: tuple[Any, ...], diff_indices: list[int]
 ) -> tuple[list[np.ndarray], list[int]]:
-    from .. import backend  # noqa: PLC0415
-    from ..factories import zeros_like  # noqa: PLC0415
-    from . import grad  # noqa: PLC0415
-
     with enable_grad():
         outs = _flat_outputs(fn, inputs)
     sizes = [o.numel() for o in outs]
@@ -83,14 +70,15 @@ def _analytic(
     for o in outs:
         for k in range(o.numel()):
             if o.requires_grad:
-                seed = zeros_like(o)
-                seed._data.reshape(-1)[k] = 1
+                one_hot = backend.xp_of(array_of(o)).zeros(o.numel(), dtype=o.dtype)
+                one_hot[k] = 1
+                seed = wrap(one_hot.reshape(o.shape))
                 grads = grad(
                     o, [inputs[i] for i in diff_indices], seed, retain_graph=True, allow_unused=True
                 )
                 for jac, g in zip(jacs, grads, strict=True):
                     if g is not None:
-                        jac[:, column] = backend.to_host(g._data).reshape(-1)
+                        jac[:, column] = backend.to_host(array_of(g)).reshape(-1)
             column += 1
     return jacs, sizes
 
@@ -148,9 +136,6 @@ def gradgradcheck(
     seed: int = 0,
 ) -> bool:
     """``gradcheck`` of the vector-Jacobian product of ``fn`` (second-order gradients)."""
-    from ..factories import zeros_like  # noqa: PLC0415
-    from ..tensor import Tensor  # noqa: PLC0415
-    from . import grad  # noqa: PLC0415
 
     inputs = _prepare(inputs)
     diff = [t for t in inputs if getattr(t, "requires_grad", False)]
@@ -158,9 +143,7 @@ def gradgradcheck(
         outs = _flat_outputs(fn, inputs)
     if grad_outputs is None:
         rng = np.random.default_rng(seed)
-        grad_outputs = tuple(
-            Tensor._make(rng.standard_normal(o.shape)).requires_grad_() for o in outs
-        )
+        grad_outputs = tuple(wrap(rng.standard_normal(o.shape)).requires_grad_() for o in outs)
     grad_outputs = _prepare(grad_outputs)
     count = len(inputs)
 

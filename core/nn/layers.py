@@ -9,15 +9,16 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..factories import generator, ones, zeros
 from ..ops._common import constant
-from ..tensor import DeviceLike, DTypeLike, Tensor, as_dtype
+from ..tensor import DeviceLike, DTypeLike, Tensor, as_dtype, wrap
 from .module import Module, Param
 
 
 def _uniform(shape: tuple[int, ...], bound: float, dtype: DTypeLike, device: DeviceLike) -> Param:
     data = generator().uniform(-bound, bound, size=shape).astype(as_dtype(dtype) or np.float32)
-    return Param(Tensor._make(data).to(device) if device else Tensor._make(data))
+    return Param(wrap(data).to(device) if device else wrap(data))
 
 
 class Linear(Module):
@@ -62,13 +63,11 @@ class Embedding(Module):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         data = generator().standard_normal((num_embeddings, embedding_dim))
-        self.weight = Param(
-            Tensor._make(data.astype(as_dtype(dtype) or np.float32)).to(device or "cpu")
-        )
+        self.weight = Param(wrap(data.astype(as_dtype(dtype) or np.float32)).to(device or "cpu"))
 
     def forward(self, indices: Tensor) -> Tensor:
         if indices.dtype.kind not in "iu":
-            raise TypeError(f"Embedding needs integer indices; got {indices.dtype}")
+            raise InvalidArgumentTypeError(f"Embedding needs integer indices; got {indices.dtype}")
         return self.weight[indices]
 
     def extra_repr(self) -> str:
@@ -116,7 +115,7 @@ class Dropout(Module):
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
         if not 0 <= p <= 1:
-            raise ValueError(f"dropout probability must be in [0, 1]; got {p}")
+            raise InvalidArgumentError(f"dropout probability must be in [0, 1]; got {p}")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
@@ -161,15 +160,15 @@ class _Activation(Module):
         return f"{self.name.upper() if self.name == 'relu' else self.name.capitalize()}()"
 
 
-def ReLU() -> Module:  # noqa: N802 - PyTorch's class name
+def ReLU() -> Module:  # PyTorch's class name
     return _Activation("relu")
 
 
-def GELU() -> Module:  # noqa: N802
+def GELU() -> Module:
     return _Activation("gelu")
 
 
-def Tanh() -> Module:  # noqa: N802
+def Tanh() -> Module:
     return _Activation("tanh")
 
 

@@ -27,17 +27,10 @@ class Param(Tensor):
         self,
         data: Any,
         *,
-        id: ParamId | None = None,  # noqa: A002
+        id: ParamId | None = None,
         requires_grad: bool = True,
     ) -> None:
-        source = data if isinstance(data, Tensor) else tensor(data)
-        for name in Tensor.__slots__[:-1]:
-            setattr(self, name, getattr(source, name))
-        self.grad_fn = None
-        self._grad = None
-        self._hooks = []
-        self._accumulator = None
-        self._requires_grad = False
+        self.init_leaf_from(data if isinstance(data, Tensor) else tensor(data))
         self.requires_grad_(requires_grad)
         self.id = id if id is not None else ParamId()
 
@@ -144,16 +137,14 @@ class Module:
         """Move every parameter (and its gradient) to ``device`` in place; returns self."""
         dev = backend.device(device)
         for p in self.parameters():
-            p._data = backend.to_device(p._data, dev)
-            if p.grad is not None:
-                p._grad = p.grad.to(dev)
+            p.move_to_(dev)
         return self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's ``.grad``: to None, or to zeros in place."""
         for p in self.parameters():
             if set_to_none:
-                p._grad = None
+                p.grad = None
             elif p.grad is not None:
                 p.grad.detach_()
                 p.grad.zero_()
@@ -161,10 +152,7 @@ class Module:
     def state_record(self) -> ModuleRecord:
         """Host copies of every parameter's value with its ParamId."""
         return ModuleRecord(
-            {
-                name: ParamState(p.id, backend.to_host(p._data).copy())
-                for name, p in self.named_parameters()
-            }
+            {name: ParamState(p.id, p.host_copy()) for name, p in self.named_parameters()}
         )
 
     def load_record(self, record: ModuleRecord, *, strict: bool = True) -> Module:
@@ -194,9 +182,7 @@ class Module:
                 raise DtypeMismatchError(
                     f"param {name!r} has dtype {p.dtype}; the record says {state.value.dtype}"
                 )
-            p._prepare_write("load_record")
-            p._data = backend.to_device(state.value.copy(), p.device)
-            p._bump("load_record")
+            p.set_values_("load_record", backend.to_device(state.value.copy(), p.device))
             p.id = state.id
         return self
 

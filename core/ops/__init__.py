@@ -1,13 +1,15 @@
-"""Every differentiable op, as functions and as Tensor methods (installed here)."""
+"""Every differentiable op as a function; each is registered once in ``op_table``, which
+Tensor's methods call (tensor.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .. import backend
-from ..autograd.function import Context, Function
-from ..tensor import Tensor
-from ._common import as_tensor_like, constant, xp
+from ..function import Function
+from ..graph import Context
+from ..op_table import register_op
+from ..tensor import Tensor, array_of
 from .elementwise import (
     abs,
     add,
@@ -33,7 +35,6 @@ from .nn import cross_entropy, linear, log_softmax, matmul, mse_loss, softmax
 from .reduction import ValuesIndices, argmax, max, mean, min, std, sum, var
 from .shape import (
     cat,
-    contiguous,
     expand,
     flatten,
     getitem,
@@ -52,7 +53,7 @@ class ToDtype(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, dtype: Any) -> Any:
         ctx.dtype = a.dtype
-        return a._data.astype(dtype)
+        return array_of(a).astype(dtype)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -63,7 +64,7 @@ class ToDevice(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, device: backend.Device) -> Any:
         ctx.device = a.device
-        return backend.to_device(a._data, device)
+        return backend.to_device(array_of(a), device)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -73,107 +74,30 @@ class ToDevice(Function):
 class Clone(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
-        return a._data.copy()
+        return array_of(a).copy()
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
         return g
 
 
+@register_op
 def clone(a: Tensor) -> Tensor:
     """A copy with its own storage, still in the graph."""
     return Clone.apply(a)
 
 
-def _compare(name: str) -> Any:
-    def method(self: Tensor, other: Any) -> Tensor:
-        other = as_tensor_like(other, self)
-        return constant(getattr(xp(self), name)(self._data, other._data))
-
-    return method
+@register_op
+def to_dtype(a: Tensor, dtype: Any) -> Tensor:
+    """``a`` as ``dtype``, in the graph (``Tensor.to(dtype=...)``)."""
+    return ToDtype.apply(a, dtype)
 
 
-def _reflected(fn: Any) -> Any:
-    return lambda self, other: fn(other, self)
+@register_op
+def to_device(a: Tensor, device: backend.Device) -> Tensor:
+    """``a`` on ``device``, in the graph (``Tensor.to(device)``)."""
+    return ToDevice.apply(a, device)
 
-
-def install_methods(cls: type[Tensor]) -> None:
-    """Give Tensor its operator and method forms of the ops."""
-    cls.__add__ = add
-    cls.__radd__ = _reflected(add)
-    cls.__sub__ = sub
-    cls.__rsub__ = _reflected(sub)
-    cls.__mul__ = mul
-    cls.__rmul__ = _reflected(mul)
-    cls.__truediv__ = div
-    cls.__rtruediv__ = _reflected(div)
-    cls.__pow__ = pow
-    cls.__rpow__ = _reflected(pow)
-    cls.__neg__ = neg
-    cls.__matmul__ = matmul
-    cls.__rmatmul__ = _reflected(matmul)
-    cls.__getitem__ = getitem
-    for dunder, ufunc in [
-        ("__lt__", "less"),
-        ("__le__", "less_equal"),
-        ("__gt__", "greater"),
-        ("__ge__", "greater_equal"),
-        ("__eq__", "equal"),
-        ("__ne__", "not_equal"),
-        ("__and__", "logical_and"),
-        ("__or__", "logical_or"),
-    ]:
-        setattr(cls, dunder, _compare(ufunc))
-    cls.__invert__ = lambda self: constant(xp(self).logical_not(self._data))
-    cls.__hash__ = object.__hash__
-    for name, fn in {
-        "add": add,
-        "sub": sub,
-        "mul": mul,
-        "div": div,
-        "pow": pow,
-        "neg": neg,
-        "exp": exp,
-        "log": log,
-        "sqrt": sqrt,
-        "abs": abs,
-        "tanh": tanh,
-        "sigmoid": sigmoid,
-        "relu": relu,
-        "erf": erf,
-        "clamp": clamp,
-        "clip": clamp,
-        "matmul": matmul,
-        "sum": sum,
-        "mean": mean,
-        "max": max,
-        "min": min,
-        "var": var,
-        "std": std,
-        "argmax": argmax,
-        "reshape": reshape,
-        "view": view,
-        "permute": permute,
-        "transpose": transpose,
-        "expand": expand,
-        "unsqueeze": unsqueeze,
-        "squeeze": squeeze,
-        "flatten": flatten,
-        "softmax": softmax,
-        "log_softmax": log_softmax,
-        "clone": clone,
-    }.items():
-        setattr(cls, name, fn)
-    cls.T = property(lambda self: permute(self, tuple(reversed(range(self.ndim)))))
-    cls.mT = property(lambda self: transpose(self, -1, -2))
-    cls.square = lambda self: mul(self, self)
-    cls.contiguous = contiguous
-    cls.is_contiguous = lambda self: bool(self._data.flags.c_contiguous)
-    cls.view_as = lambda self, other: reshape(self, other.shape)
-    cls.expand_as = lambda self, other: expand(self, other.shape)
-
-
-install_methods(Tensor)
 
 __all__ = [
     "ValuesIndices",

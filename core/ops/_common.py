@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..tensor import DEFAULT_FLOAT, Tensor
+from ..tensor import DEFAULT_FLOAT, Tensor, array_of, wrap
 
 
 def as_tensor_like(value: Any, like: Tensor) -> Tensor:
@@ -23,19 +23,19 @@ def as_tensor_like(value: Any, like: Tensor) -> Tensor:
             dtype = np.dtype("int64")
         else:
             dtype = DEFAULT_FLOAT
-        xp = backend.xp_of(like._data)
-        return Tensor._make(xp.asarray(value, dtype=dtype))
+        xp = backend.xp_of(array_of(like))
+        return wrap(xp.asarray(value, dtype=dtype))
     array = np.asarray(value)
-    return Tensor._make(backend.to_device(array, like.device))
+    return wrap(backend.to_device(array, like.device))
 
 
 def constant(data: Any) -> Tensor:
     """A tensor outside the graph (masks, indices)."""
-    return Tensor._make(data)
+    return wrap(data)
 
 
 def xp(t: Tensor) -> Any:
-    return backend.xp_of(t._data)
+    return backend.xp_of(array_of(t))
 
 
 def normalize_dims(dim: Any, ndim: int) -> tuple[int, ...] | None:

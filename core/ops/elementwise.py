@@ -7,15 +7,18 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.function import Context, Function
-from ..tensor import DEFAULT_FLOAT, Tensor
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..function import Function
+from ..graph import Context
+from ..op_table import register_op
+from ..tensor import DEFAULT_FLOAT, Tensor, array_of
 from ._common import as_tensor_like, constant, xp
 
 
 class Add(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
-        return a._data + b._data
+        return array_of(a) + array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor, Tensor]:
@@ -25,7 +28,7 @@ class Add(Function):
 class Sub(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
-        return a._data - b._data
+        return array_of(a) - array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor, Tensor]:
@@ -42,7 +45,7 @@ class Mul(Function):
         need_a, need_b = _needs(ctx)
         # keep only what the backward reads, so changing the other operand is allowed
         ctx.save_for_backward(a if need_b else None, b if need_a else None)
-        return a._data * b._data
+        return array_of(a) * array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -56,7 +59,7 @@ class Div(Function):
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
         need_a, need_b = _needs(ctx)
         ctx.save_for_backward(a if need_b else None, b)
-        return a._data / b._data
+        return array_of(a) / array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -68,7 +71,7 @@ class Div(Function):
 class Neg(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
-        return -a._data
+        return -array_of(a)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -82,7 +85,7 @@ class Pow(Function):
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
         ctx.save_for_backward(a, b)
         ctx.save_output()
-        return a._data**b._data
+        return array_of(a) ** array_of(b)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -105,7 +108,7 @@ class PowScalar(Function):
     def forward(ctx: Context, a: Tensor, exponent: float) -> Any:
         ctx.save_for_backward(a)
         ctx.exponent = exponent
-        return a._data**exponent
+        return array_of(a) ** exponent
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -120,7 +123,7 @@ class Exp(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
-        return xp(a).exp(a._data)
+        return xp(a).exp(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -132,7 +135,7 @@ class Log(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_for_backward(a)
-        return xp(a).log(a._data)
+        return xp(a).log(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -144,7 +147,7 @@ class Sqrt(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
-        return xp(a).sqrt(a._data)
+        return xp(a).sqrt(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -156,19 +159,19 @@ class Abs(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_for_backward(a)
-        return xp(a).abs(a._data)
+        return xp(a).abs(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
         (a,) = ctx.saved_tensors
-        return g * constant(xp(a).sign(a._data))
+        return g * constant(xp(a).sign(array_of(a)))
 
 
 class Tanh(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
-        return xp(a).tanh(a._data)
+        return xp(a).tanh(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -181,7 +184,7 @@ class Sigmoid(Function):
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
         m = xp(a)
-        x = a._data
+        x = array_of(a)
         # split by sign so that exp never overflows
         e = m.exp(-m.abs(x))
         return m.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
@@ -196,18 +199,18 @@ class Relu(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_output()
-        return xp(a).maximum(a._data, 0)
+        return xp(a).maximum(array_of(a), 0)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
         (out,) = ctx.saved_tensors
-        return g * constant(out._data > 0)
+        return g * constant(array_of(out) > 0)
 
 
 def _erf_array(x: Any) -> Any:
     m = np if isinstance(x, np.ndarray | np.generic) else None
     if m is None:
-        from cupyx.scipy.special import erf  # noqa: PLC0415 - only on the CUDA path
+        from cupyx.scipy.special import erf  # only on the CUDA path
 
         return erf(x)
     return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
@@ -217,7 +220,7 @@ class Erf(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_for_backward(a)
-        return _erf_array(a._data)
+        return _erf_array(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -231,7 +234,7 @@ class Gelu(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         ctx.save_for_backward(a)
-        x = a._data
+        x = array_of(a)
         return (x * 0.5 * (1 + _erf_array(x / math.sqrt(2)))).astype(x.dtype, copy=False)
 
     @staticmethod
@@ -247,12 +250,12 @@ class Clamp(Function):
     def forward(ctx: Context, a: Tensor, low: Any, high: Any) -> Any:
         ctx.save_for_backward(a)
         ctx.low, ctx.high = low, high
-        return xp(a).clip(a._data, low, high).astype(a.dtype, copy=False)
+        return xp(a).clip(array_of(a), low, high).astype(a.dtype, copy=False)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
         (a,) = ctx.saved_tensors
-        x = a._data
+        x = array_of(a)
         mask = xp(a).ones(x.shape, dtype=bool)
         if ctx.low is not None:
             mask &= x >= ctx.low
@@ -265,7 +268,7 @@ class Where(Function):
     @staticmethod
     def forward(ctx: Context, cond: Tensor, a: Tensor, b: Tensor) -> Any:
         ctx.cond = cond
-        return xp(a).where(cond._data, a._data, b._data)
+        return xp(a).where(array_of(cond), array_of(a), array_of(b))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[None, Tensor, Tensor]:
@@ -331,27 +334,33 @@ def _binary(fn: type[Function], a: Any, b: Any, *, true_division: bool = False) 
     return fn.apply(*_promoted(a, b, target))
 
 
+@register_op
 def add(a: Any, b: Any) -> Tensor:
     return _binary(Add, a, b)
 
 
+@register_op
 def sub(a: Any, b: Any) -> Tensor:
     return _binary(Sub, a, b)
 
 
+@register_op
 def mul(a: Any, b: Any) -> Tensor:
     return _binary(Mul, a, b)
 
 
+@register_op
 def div(a: Any, b: Any) -> Tensor:
     return _binary(Div, a, b, true_division=True)
 
 
+@register_op
 def neg(a: Tensor) -> Tensor:
     return Neg.apply(a)
 
 
-def pow(a: Any, exponent: Any) -> Tensor:  # noqa: A001 - PyTorch's name
+@register_op
+def pow(a: Any, exponent: Any) -> Tensor:  # PyTorch's name
     """``a ** exponent``; a Python-number exponent keeps the graph small."""
     if (
         isinstance(a, Tensor)
@@ -364,34 +373,42 @@ def pow(a: Any, exponent: Any) -> Tensor:  # noqa: A001 - PyTorch's name
     return _binary(Pow, a, exponent)
 
 
+@register_op
 def exp(a: Tensor) -> Tensor:
     return Exp.apply(a)
 
 
+@register_op
 def log(a: Tensor) -> Tensor:
     return Log.apply(a)
 
 
+@register_op
 def sqrt(a: Tensor) -> Tensor:
     return Sqrt.apply(a)
 
 
-def abs(a: Tensor) -> Tensor:  # noqa: A001 - PyTorch's name
+@register_op
+def abs(a: Tensor) -> Tensor:  # PyTorch's name
     return Abs.apply(a)
 
 
+@register_op
 def tanh(a: Tensor) -> Tensor:
     return Tanh.apply(a)
 
 
+@register_op
 def sigmoid(a: Tensor) -> Tensor:
     return Sigmoid.apply(a)
 
 
+@register_op
 def relu(a: Tensor) -> Tensor:
     return Relu.apply(a)
 
 
+@register_op
 def erf(a: Tensor) -> Tensor:
     return Erf.apply(a)
 
@@ -403,13 +420,14 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     if approximate == "tanh":
         c = math.sqrt(2 / math.pi)
         return a * 0.5 * (1 + tanh((a + a * a * a * 0.044715) * c))
-    raise ValueError(f"approximate must be 'none' or 'tanh'; got {approximate!r}")
+    raise InvalidArgumentError(f"approximate must be 'none' or 'tanh'; got {approximate!r}")
 
 
-def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+@register_op
+def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:
     """Values limited to [min, max]; the gradient passes where min <= a <= max."""
     if min is None and max is None:
-        raise ValueError("clamp needs at least one of min and max")
+        raise InvalidArgumentError("clamp needs at least one of min and max")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
         out = a
         if min is not None:
@@ -424,10 +442,10 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
     """Elements of ``a`` where ``condition`` holds, else of ``b``."""
     like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else condition
     if not isinstance(like, Tensor):
-        raise TypeError("where needs at least one tensor argument")
+        raise InvalidArgumentTypeError("where needs at least one tensor argument")
     cond = condition if isinstance(condition, Tensor) else as_tensor_like(condition, like)
     if cond.dtype != np.dtype(bool):
-        cond = constant(cond._data.astype(bool))
+        cond = constant(array_of(cond).astype(bool))
     a = as_tensor_like(a, like)
     b = as_tensor_like(b, like)
     return Where.apply(cond, *_promoted(a, b, result_type(a, b)))
@@ -435,12 +453,49 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
 
 def _compare(ufunc: str, a: Tensor, b: Any) -> Tensor:
     b = as_tensor_like(b, a)
-    return constant(getattr(xp(a), ufunc)(a._data, b._data))
+    return constant(getattr(xp(a), ufunc)(array_of(a), array_of(b)))
 
 
+@register_op
+def less(a: Tensor, b: Any) -> Tensor:
+    return _compare("less", a, b)
+
+
+@register_op
+def less_equal(a: Tensor, b: Any) -> Tensor:
+    return _compare("less_equal", a, b)
+
+
+@register_op
+def greater(a: Tensor, b: Any) -> Tensor:
+    return _compare("greater", a, b)
+
+
+@register_op
+def greater_equal(a: Tensor, b: Any) -> Tensor:
+    return _compare("greater_equal", a, b)
+
+
+@register_op
+def equal(a: Tensor, b: Any) -> Tensor:
+    return _compare("equal", a, b)
+
+
+@register_op
+def not_equal(a: Tensor, b: Any) -> Tensor:
+    return _compare("not_equal", a, b)
+
+
+@register_op
+def logical_not(a: Tensor) -> Tensor:
+    return constant(xp(a).logical_not(array_of(a)))
+
+
+@register_op
 def logical_and(a: Tensor, b: Any) -> Tensor:
     return _compare("logical_and", a, b)
 
 
+@register_op
 def logical_or(a: Tensor, b: Any) -> Tensor:
     return _compare("logical_or", a, b)

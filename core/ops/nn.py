@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..autograd.engine import sum_to_shape
-from ..autograd.function import Context, Function
-from ..tensor import Tensor
+from ..errors import InvalidArgumentError
+from ..function import Function, sum_to_shape
+from ..graph import Context
+from ..op_table import register_op
+from ..tensor import Tensor, array_of
 from ._common import constant, xp
 from .reduction import mean, sum
 from .shape import getitem, reshape, transpose
@@ -22,7 +24,7 @@ class Matmul(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
         ctx.save_for_backward(a, b)
-        return xp(a).matmul(a._data, b._data)
+        return xp(a).matmul(array_of(a), array_of(b))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -63,9 +65,9 @@ class Linear(Function):
     def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Any:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        out = xp(x).matmul(x._data, weight._data.T)
+        out = xp(x).matmul(array_of(x), array_of(weight).T)
         if bias is not None:
-            out += bias._data
+            out += array_of(bias)
         return out
 
     @staticmethod
@@ -90,7 +92,7 @@ class Softmax(Function):
         ctx.dim = dim
         ctx.save_output()
         m = xp(a)
-        shifted = a._data - a._data.max(axis=dim, keepdims=True)
+        shifted = array_of(a) - array_of(a).max(axis=dim, keepdims=True)
         e = m.exp(shifted)
         return e / e.sum(axis=dim, keepdims=True)
 
@@ -106,7 +108,7 @@ class LogSoftmax(Function):
         ctx.dim = dim
         ctx.save_output()
         m = xp(a)
-        shifted = a._data - a._data.max(axis=dim, keepdims=True)
+        shifted = array_of(a) - array_of(a).max(axis=dim, keepdims=True)
         return shifted - m.log(m.exp(shifted).sum(axis=dim, keepdims=True))
 
     @staticmethod
@@ -115,22 +117,25 @@ class LogSoftmax(Function):
         return g - out.exp() * sum(g, ctx.dim, keepdim=True)
 
 
+@register_op
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product, batched over leading dims."""
     if a.ndim == 0 or b.ndim == 0:
-        raise ValueError("matmul needs tensors of at least one dimension; use * for scalars")
+        raise InvalidArgumentError(
+            "matmul needs tensors of at least one dimension; use * for scalars"
+        )
     return Matmul.apply(a, b)
 
 
-def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` (PyTorch's ``F.linear``)."""
     if input.ndim == 0 or weight.ndim != 2:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"linear needs an input of at least 1 dim and a 2-d weight; got {input.shape} and "
             f"{weight.shape}"
         )
     if input.shape[-1] != weight.shape[1]:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"linear: input has {input.shape[-1]} features; weight expects {weight.shape[1]}"
         )
     if bias is None:
@@ -138,11 +143,13 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return Linear.apply(input, weight, bias)
 
 
+@register_op
 def softmax(a: Tensor, dim: int) -> Tensor:
     """exp(a) normalised along ``dim``."""
     return Softmax.apply(a, dim % max(a.ndim, 1))
 
 
+@register_op
 def log_softmax(a: Tensor, dim: int) -> Tensor:
     """log(softmax(a, dim)), computed stably."""
     return LogSoftmax.apply(a, dim % max(a.ndim, 1))
@@ -157,14 +164,14 @@ def _reduce(loss: Tensor, reduction: str, count: Any = None) -> Tensor:
         if count == 0:  # every target ignored: the loss is NaN, the gradient zero (PyTorch)
             return sum(loss) * 0 + float("nan")
         return mean(loss) if count is None else sum(loss) / count
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none'; got {reduction!r}")
+    raise InvalidArgumentError(f"reduction must be 'mean', 'sum' or 'none'; got {reduction!r}")
 
 
 def cross_entropy(
     input: Tensor,
     target: Tensor,
     *,
-    reduction: str = "mean",  # noqa: A002
+    reduction: str = "mean",
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
 ) -> Tensor:
@@ -176,7 +183,7 @@ def cross_entropy(
     logp = log_softmax(input, 1 if input.ndim > 1 else 0)
     if target.dtype.kind == "f":
         if target.shape != input.shape:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"probability targets must have the input's shape {input.shape}; got {target.shape}"
             )
         class_dim = 1 if input.ndim > 1 else 0
@@ -194,7 +201,7 @@ def cross_entropy(
         logp = reshape(moved, (-1, input.shape[1]))
         target = reshape(target, (-1,))
     m = xp(logp)
-    labels = target._data
+    labels = array_of(target)
     keep = labels != ignore_index
     classes = logp.shape[1]
     if bool(((labels < 0) & keep).any()) or bool((labels >= classes).any()):
@@ -213,7 +220,7 @@ def cross_entropy(
     return _reduce(nll, reduction, int(keep.sum()))
 
 
-def mse_loss(input: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:  # noqa: A002
+def mse_loss(input: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
     """Mean squared error."""
     diff = input - target
     return _reduce(diff * diff, reduction)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..autograd.function import Context, Function
-from ..tensor import Tensor
+from ..function import Function
+from ..graph import Context
+from ..op_table import register_op
+from ..tensor import Tensor, array_of
 from ._common import constant, normalize_dims, xp
 from .shape import expand, reshape
 
@@ -25,7 +27,7 @@ class Sum(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, dims: tuple[int, ...] | None, keepdim: bool) -> Any:
         ctx.shape, ctx.dims, ctx.keepdim = a.shape, dims, keepdim
-        out = a._data.sum(axis=dims, keepdims=keepdim)
+        out = array_of(a).sum(axis=dims, keepdims=keepdim)
         return xp(a).asarray(out, dtype=a.dtype) if a.dtype.kind == "f" else xp(a).asarray(out)
 
     @staticmethod
@@ -41,7 +43,7 @@ class Extreme(Function):
         ctx: Context, a: Tensor, dim: int | None, keepdim: bool, largest: bool, index: Any = None
     ) -> Any:
         m = xp(a)
-        x = a._data
+        x = array_of(a)
         if x.size == 0:
             raise RuntimeError(f"max()/min() of an empty tensor of shape {a.shape}")
         ctx.shape, ctx.dim, ctx.keepdim = a.shape, dim, keepdim
@@ -73,11 +75,13 @@ class ValuesIndices(NamedTuple):
     indices: Tensor
 
 
-def sum(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:  # noqa: A001
+@register_op
+def sum(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Sum over ``dim`` (all dims when None)."""
     return Sum.apply(a, normalize_dims(dim, a.ndim), keepdim)
 
 
+@register_op
 def mean(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Mean over ``dim`` (all dims when None)."""
     dims = normalize_dims(dim, a.ndim)
@@ -94,22 +98,25 @@ def _extreme(a: Tensor, dim: int | None, keepdim: bool, largest: bool) -> Any:
     if a.numel() == 0:
         raise RuntimeError(f"max()/min() of an empty tensor of shape {a.shape}")
     # one arg-reduction serves both the values (and their gradient) and the indices
-    index = (xp(a).argmax if largest else xp(a).argmin)(a._data, axis=d, keepdims=True)
+    index = (xp(a).argmax if largest else xp(a).argmin)(array_of(a), axis=d, keepdims=True)
     values = Extreme.apply(a, d, keepdim, largest, index)
     indices = index if keepdim else index.squeeze(axis=d)
     return ValuesIndices(values, constant(indices.astype("int64")))
 
 
-def max(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:  # noqa: A001
+@register_op
+def max(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """Largest element, or ``(values, indices)`` along ``dim``."""
     return _extreme(a, dim, keepdim, True)
 
 
-def min(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:  # noqa: A001
+@register_op
+def min(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """Smallest element, or ``(values, indices)`` along ``dim``."""
     return _extreme(a, dim, keepdim, False)
 
 
+@register_op
 def var(
     a: Tensor,
     dim: Any = None,
@@ -129,6 +136,7 @@ def var(
     return sum(centered * centered, dims, keepdim) / (count - correction)
 
 
+@register_op
 def std(
     a: Tensor,
     dim: Any = None,
@@ -141,6 +149,7 @@ def std(
     return var(a, dim, correction=correction, unbiased=unbiased, keepdim=keepdim).sqrt()
 
 
+@register_op
 def argmax(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """Index of the largest element (no gradient)."""
-    return constant(xp(a).argmax(a._data, axis=dim, keepdims=keepdim).astype("int64"))
+    return constant(xp(a).argmax(array_of(a), axis=dim, keepdims=keepdim).astype("int64"))

@@ -7,20 +7,22 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.engine import sum_to_shape
-from ..autograd.function import Context, Function
-from ..tensor import Tensor
+from ..errors import InvalidArgumentError
+from ..function import Function, sum_to_shape
+from ..graph import Context
+from ..op_table import register_op
+from ..tensor import Tensor, array_of, wrap
 from ._common import as_tensor_like, xp
 
 
 def _as_view(out: Tensor, base: Tensor) -> Tensor:
     """Mark ``out`` as a view of ``base``: they share storage and the version counter."""
     if (
-        xp(base).shares_memory(out._data, base._data)
-        if out._data.size and base._data.size
+        xp(base).shares_memory(array_of(out), array_of(base))
+        if array_of(out).size and array_of(base).size
         else False
     ):
-        base._adopt_view(out)
+        base.adopt_view(out)
     return out
 
 
@@ -28,7 +30,7 @@ class Reshape(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, shape: tuple[int, ...]) -> Any:
         ctx.shape = a.shape
-        return a._data.reshape(shape)
+        return array_of(a).reshape(shape)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -39,7 +41,7 @@ class Permute(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, dims: tuple[int, ...]) -> Any:
         ctx.inverse = tuple(int(i) for i in np.argsort(dims))
-        return a._data.transpose(dims)
+        return array_of(a).transpose(dims)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -50,7 +52,7 @@ class Expand(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, shape: tuple[int, ...]) -> Any:
         ctx.shape = a.shape
-        return xp(a).broadcast_to(a._data, shape)
+        return xp(a).broadcast_to(array_of(a), shape)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -60,7 +62,7 @@ class Expand(Function):
 class Contiguous(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
-        return xp(a).ascontiguousarray(a._data)
+        return xp(a).ascontiguousarray(array_of(a))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -72,7 +74,7 @@ def _index_arrays(index: Any, m: Any) -> Any:
 
     def one(i: Any) -> Any:
         if isinstance(i, Tensor):
-            return i._data
+            return array_of(i)
         if isinstance(i, list):
             return m.asarray(i)
         return i
@@ -89,7 +91,7 @@ class Index(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, index: Any) -> Any:
         ctx.shape, ctx.index = a.shape, index
-        return a._data[index]
+        return array_of(a)[index]
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> Tensor:
@@ -105,13 +107,13 @@ class IndexScatter(Function):
         m = xp(g)
         out = m.zeros(shape, dtype=g.dtype)
         if _is_basic(index):
-            out[index] = g._data
+            out[index] = array_of(g)
         elif m is np:
-            np.add.at(out, index, g._data)
+            np.add.at(out, index, array_of(g))
         else:  # pragma: no cover - CUDA path
-            import cupyx  # noqa: PLC0415
+            import cupyx
 
-            cupyx.scatter_add(out, index, g._data)
+            cupyx.scatter_add(out, index, array_of(g))
         return out
 
     @staticmethod
@@ -125,8 +127,8 @@ class IndexPut(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, value: Tensor, index: Any) -> Any:
         ctx.index, ctx.value_shape = index, value.shape
-        out = a._data.copy()
-        out[index] = value._data
+        out = array_of(a).copy()
+        out[index] = array_of(value)
         return out
 
     @staticmethod
@@ -137,7 +139,7 @@ class IndexPut(Function):
 def _masked(g: Tensor, index: Any) -> Tensor:
     mask = xp(g).ones(g.shape, dtype=bool)
     mask[index] = False
-    return g * Tensor._make(mask)
+    return g * wrap(mask)
 
 
 class Cat(Function):
@@ -146,7 +148,7 @@ class Cat(Function):
         *tensors, dim = args
         ctx.dim = dim
         ctx.sizes = [t.shape[dim] for t in tensors]
-        return xp(tensors[0]).concatenate([t._data for t in tensors], axis=dim)
+        return xp(tensors[0]).concatenate([array_of(t) for t in tensors], axis=dim)
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor, ...]:
@@ -161,30 +163,33 @@ class Cat(Function):
 
 
 # ---------------------------------------------------------------------- functional API
+@register_op
 def reshape(a: Tensor, *shape: Any) -> Tensor:
     """The same elements in ``shape`` (one dim may be -1)."""
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
         shape = tuple(shape[0])
     shape = tuple(int(n) for n in shape)
     # a new view even when the shape is unchanged, as in PyTorch (never ``a`` itself)
-    a._unshare()
+    a.unshare_()
     return _as_view(Reshape.apply(a, shape), a)
 
 
 view = reshape
 
 
+@register_op
 def permute(a: Tensor, *dims: Any) -> Tensor:
     """Dimensions reordered as ``dims``."""
     if len(dims) == 1 and isinstance(dims[0], tuple | list):
         dims = tuple(dims[0])
     dims = tuple(int(d) % max(a.ndim, 1) for d in dims)
     if sorted(dims) != list(range(a.ndim)):
-        raise ValueError(f"permute dims {dims} are not a permutation of {a.ndim} dims")
-    a._unshare()
+        raise InvalidArgumentError(f"permute dims {dims} are not a permutation of {a.ndim} dims")
+    a.unshare_()
     return _as_view(Permute.apply(a, dims), a)
 
 
+@register_op
 def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
     """Dims ``dim0`` and ``dim1`` swapped."""
     dims = list(range(a.ndim))
@@ -192,6 +197,7 @@ def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
     return permute(a, tuple(dims))
 
 
+@register_op
 def expand(a: Tensor, *shape: Any) -> Tensor:
     """A broadcast view of ``a`` with ``shape`` (-1 keeps a dim)."""
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
@@ -200,15 +206,17 @@ def expand(a: Tensor, *shape: Any) -> Tensor:
     shape = tuple(a.shape[i - lead] if n == -1 else int(n) for i, n in enumerate(shape))
     # a read-only broadcast of a's buffer: a view like any other, so that it follows a
     # (copy-on-write keeps a's buffer in place while the view lives)
-    a._unshare()
+    a.unshare_()
     return _as_view(Expand.apply(a, shape), a)
 
 
+@register_op
 def unsqueeze(a: Tensor, dim: int) -> Tensor:
     dim = dim % (a.ndim + 1)
     return reshape(a, a.shape[:dim] + (1,) + a.shape[dim:])
 
 
+@register_op
 def squeeze(a: Tensor, dim: int | None = None) -> Tensor:
     if dim is None:
         return reshape(a, tuple(n for n in a.shape if n != 1))
@@ -218,6 +226,7 @@ def squeeze(a: Tensor, dim: int | None = None) -> Tensor:
     return reshape(a, a.shape[:dim] + a.shape[dim + 1 :])
 
 
+@register_op
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     """Dims ``start_dim`` to ``end_dim`` merged into one; ``a`` itself when that is one dim
     already (PyTorch returns the tensor itself there, a new view otherwise)."""
@@ -232,13 +241,15 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     return reshape(a, a.shape[:start] + (size,) + a.shape[end + 1 :])
 
 
+@register_op
 def contiguous(a: Tensor) -> Tensor:
     """``a`` itself when its elements lie in C order, else a C-ordered copy in the graph."""
-    if a._data.flags.c_contiguous:
+    if array_of(a).flags.c_contiguous:
         return a
     return Contiguous.apply(a)
 
 
+@register_op
 def getitem(a: Tensor, index: Any) -> Tensor:
     """``a[index]`` with NumPy/PyTorch indexing; differentiable (repeated indices sum)."""
     index = _index_arrays(index, xp(a))
@@ -247,11 +258,12 @@ def getitem(a: Tensor, index: Any) -> Tensor:
         if Ellipsis not in parts:
             # x[0] of a 1-d array is a NumPy scalar (a copy); x[0, ...] is a 0-d view
             index = (*parts, Ellipsis)
-        a._unshare()
+        a.unshare_()
         return _as_view(Index.apply(a, index), a)
     return Index.apply(a, index)
 
 
+@register_op
 def index_put(a: Tensor, index: Any, value: Any) -> Tensor:
     """A copy of ``a`` with ``value`` written at ``index``."""
     index = _index_arrays(index, xp(a))
@@ -265,7 +277,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along ``dim``."""
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("cat needs at least one tensor")
+        raise InvalidArgumentError("cat needs at least one tensor")
     dim = dim % max(tensors[0].ndim, 1)
     return Cat.apply(*tensors, dim)
 
@@ -274,6 +286,6 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along a new dim ``dim``."""
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("stack needs at least one tensor")
+        raise InvalidArgumentError("stack needs at least one tensor")
     dim = dim % (tensors[0].ndim + 1)
     return cat([unsqueeze(t, dim) for t in tensors], dim)

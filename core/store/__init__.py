@@ -8,7 +8,12 @@ from ._manifest import SnapshotInfo
 from ._open import open_store
 from ._retention import RetentionRules
 from ._snapshot_store import SnapshotStore
-from ._zarr_format import DEFAULT_CHUNK_BYTES, DEFAULT_PACK_THRESHOLD, STORE_FORMAT_VERSION
+from ._zarr_format import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_PACK_THRESHOLD,
+    STORE_FORMAT_VERSION,
+    parse_compression,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -19,5 +24,6 @@ __all__ = [
     "SnapshotStore",
     "new_snapshot_id",
     "open_store",
+    "parse_compression",
     "parse_snapshot_id",
 ]

@@ -133,7 +133,7 @@ class CupyCopier:
     """DeviceCopier on CUDA through CuPy: pinned memory, one non-blocking side stream."""
 
     def __init__(self, device: int = 0) -> None:
-        import cupy  # noqa: PLC0415 - optional dependency, only where a GPU is used
+        import cupy  # optional dependency, only where a GPU is used
 
         self._cupy = cupy
         self._device = device

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
+from ..errors import InvalidArgumentError
 from ._backend import ThreadRunner
 from ._local import LocalBackend
 from ._snapshot_store import SnapshotStore
@@ -53,10 +54,15 @@ def open_store(
         raise ValueError(f"max_concurrency must be an int >= 1; got {max_concurrency!r}")
     text = os.fspath(url_or_path)
     threads = ThreadRunner(max_concurrency)
-    scheme = urlparse(text).scheme if "://" in text else ""
+    scheme = urlparse(text).scheme
+    if scheme not in ("", "file") and "://" not in text:
+        raise InvalidArgumentError(
+            f"store {text!r} looks like a URL missing its '//': an S3 store is "
+            "s3://<bucket>/<prefix>; a folder whose name has a ':' is written ./<name>"
+        )
     if scheme == "s3":
         # obstore (the s3 extra) is imported only for an S3 store
-        from ._s3 import S3Backend  # noqa: PLC0415
+        from ._s3 import S3Backend
 
         backend: Any = S3Backend.from_url(text, options, threads, max_concurrency)
     elif scheme in ("", "file"):

@@ -218,11 +218,7 @@ class SnapshotStore:
             for key in ("id", "run", "step", "created_at", "device", "tags")
         }
         # entries are built from the manifest's own dtype and shape: consistent by construction
-        return GradientsParamsRecord(
-            ordered,  # type: ignore[arg-type]
-            metadata=metadata,
-            _validated=True,
-        )
+        return GradientsParamsRecord.from_checked_entries(ordered, metadata=metadata)
 
     async def read_gradient(self, snapshot_id: str, param_id: ParamId | str) -> GradientRecordEntry:
         """One gradient of a snapshot (only its chunks are read and verified)."""

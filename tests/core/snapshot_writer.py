@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 import gradvault.core as gv
+from gradvault.core.tensor import wrap
 
 SHAPES = [(256, 1024), (1024,), (64, 64), (3,)]
 
@@ -23,7 +24,7 @@ def seeded_grads(seed: int) -> gv.GradientsParams:
     for index, shape in enumerate(SHAPES):
         array = rng.standard_normal(shape).astype(np.float32)
         pid = gv.ParamId(int(rng.integers(0, 2**63)))
-        grads.register(pid, gv.Tensor._make(array), name=f"layer{index}")
+        grads.register(pid, wrap(array), name=f"layer{index}")
     return grads
 
 

@@ -21,6 +21,7 @@ from hypothesis.extra import numpy as hnp
 import gradvault.core as gv
 from gradvault.core import autograd
 from gradvault.core.autograd.function import Function
+from gradvault.core.tensor import array_of
 
 MAX_DIMS = 3
 MAX_SIDE = 4
@@ -656,7 +657,7 @@ class _WrongSquare(Function):
     @staticmethod
     def forward(ctx: Any, a: gv.Tensor) -> Any:
         ctx.save_for_backward(a)
-        return a._data * a._data
+        return array_of(a) * array_of(a)
 
     @staticmethod
     def backward(ctx: Any, g: gv.Tensor) -> gv.Tensor:
@@ -670,12 +671,12 @@ class _CubeWithFrozenBackward(Function):
     @staticmethod
     def forward(ctx: Any, a: gv.Tensor) -> Any:
         ctx.save_for_backward(a)
-        return a._data**3
+        return array_of(a) ** 3
 
     @staticmethod
     def backward(ctx: Any, g: gv.Tensor) -> gv.Tensor:
         (a,) = ctx.saved_tensors
-        return g * gv.tensor(3 * a._data**2)
+        return g * gv.tensor(3 * array_of(a) ** 2)
 
 
 def test_gradcheck_rejects_a_wrong_first_derivative() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 import gradvault.core as gv
 from gradvault.core import GradientsParams
+from gradvault.core.tensor import wrap
 
 
 def _model_with_grads() -> gv.Linear:
@@ -197,7 +198,7 @@ def test_capture_shares_buffers_that_nothing_else_reaches() -> None:
     buffers = [np.arange(6, dtype=np.float32) + i for i in range(3)]
     grads = GradientsParams()
     for i, array in enumerate(buffers):
-        grads.register(gv.ParamId(), gv.Tensor._make(array), name=f"p{i}")
+        grads.register(gv.ParamId(), wrap(array), name=f"p{i}")
     record = grads.try_to_record()
     assert all(np.shares_memory(e.array, b) for e, b in zip(record, buffers, strict=True))
     grads.get(next(iter(grads))).add_(1.0)  # and the first write moves the gradient off

@@ -296,3 +296,23 @@ def test_functional_strict_errors_match_torch() -> None:
         with pytest.raises(gv.AutogradError):
             getattr(F, name)(_ignores_y, gi, strict=True)
         _compare(getattr(F, name)(_ignores_y, gi), getattr(tf, name)(_ignores_y, ti), name)
+
+
+def test_hessian_passes_its_jacobian_options_on() -> None:
+    x = gv.tensor([1.0, 2.0], dtype=gv.float64)
+
+    def cube(t: gv.Tensor) -> gv.Tensor:
+        return (t**3).sum()
+
+    expected = F.hessian(cube, x)
+    forward = F.hessian(cube, x, vectorize=True, outer_jacobian_strategy="forward-mode")
+    assert np.array_equal(forward.numpy(), expected.numpy())
+    with pytest.raises(gv.UnsupportedOptionError, match="vectorize"):
+        F.hessian(cube, x, outer_jacobian_strategy="forward-mode")
+    with pytest.raises(gv.InvalidArgumentError, match="strategy"):
+        F.hessian(cube, x, outer_jacobian_strategy="sideways")
+
+
+def test_a_failed_gradcheck_raises_an_error_of_the_tree() -> None:
+    assert issubclass(gv.GradcheckError, gv.AutogradError)
+    assert issubclass(gv.GradcheckError, gv.GradvaultError)

@@ -45,7 +45,7 @@ def test_second_order_gradient_matches_finite_differences_on_gpu(
 @pytest.mark.parametrize("seed", range(320))
 def test_random_expression_matches_torch_on_gpu(seed: int) -> None:
     pytest.importorskip("torch")
-    from tests.core.test_autograd_parity import check_expression  # noqa: PLC0415
+    from tests.core.test_autograd_parity import check_expression
 
     check_expression(seed, DEVICE)
 
@@ -54,7 +54,7 @@ def test_random_expression_matches_torch_on_gpu(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(1000, 1030))
 def test_random_expression_second_order_matches_torch_on_gpu(seed: int) -> None:
     pytest.importorskip("torch")
-    from tests.core.test_autograd_parity import check_grad_second_order  # noqa: PLC0415
+    from tests.core.test_autograd_parity import check_grad_second_order
 
     check_grad_second_order(seed, DEVICE)
 

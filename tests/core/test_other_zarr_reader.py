@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 import gradvault.core as gv
+from gradvault.core.tensor import wrap
 
 ts = pytest.importorskip("tensorstore")
 
 
-def _open(path: Path):  # noqa: ANN202
+def _open(path: Path):
     return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}).result()
 
 
@@ -29,7 +30,7 @@ def test_tensorstore_reads_own_and_packed_gradients(
         np.asarray(2.5, dtype=np.float32),
     ]  # 0-d, packed
     for index, array in enumerate(arrays):
-        grads.register(gv.ParamId(), gv.Tensor._make(array), name=f"p{index}")
+        grads.register(gv.ParamId(), wrap(array), name=f"p{index}")
     with gv.Recorder(tmp_path, compression=compression, chunk_bytes=1 << 16) as recorder:
         info = recorder.sync.snapshot(grads, run="other", step=0)
         manifest = recorder.sync.info(info.id)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import gradvault.core as gv
+from gradvault.core.tensor import wrap
 
 READER = r"""
 import hashlib, json, sys
@@ -59,7 +60,7 @@ def test_zarr_python_alone_reads_a_snapshot(tmp_path: Path, compression: str | N
         rng.standard_normal(100_000).astype(np.float16),
     ]  # float16, own array
     for index, array in enumerate(arrays):
-        grads.register(gv.ParamId(), gv.Tensor._make(array), name=f"p{index}")
+        grads.register(gv.ParamId(), wrap(array), name=f"p{index}")
     with gv.Recorder(tmp_path, compression=compression) as recorder:
         info = recorder.sync.snapshot(grads, run="plain", step=0)
     site_packages = sysconfig.get_paths()["purelib"]

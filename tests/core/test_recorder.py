@@ -10,6 +10,7 @@ import pytest
 
 import gradvault.core as gv
 from gradvault.core import GradientsParams, ParamId, Recorder, RecorderError, SnapshotBusyError
+from gradvault.core.tensor import wrap
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def _grads(seed: int, shapes: list[tuple[int, ...]], dtype: str = "float32") -> 
     grads = GradientsParams()
     for index, shape in enumerate(shapes):
         array = rng.standard_normal(shape).astype(dtype)
-        grads.register(ParamId(), gv.Tensor._make(array), name=f"layer{index}.weight")
+        grads.register(ParamId(), wrap(array), name=f"layer{index}.weight")
     return grads
 
 
@@ -193,7 +194,7 @@ def test_a_closed_recorder_refuses_new_work(recorder_factory) -> None:
 
 def test_a_failing_retention_does_not_hide_the_commit(recorder_factory, caplog) -> None:
     recorder = recorder_factory(keep_last=1)
-    store = recorder._get_store()
+    store = recorder.store
 
     async def broken(*args: object, **kwargs: object) -> list[str]:
         raise gv.StoreUnavailableError("delete failed (injected)")

@@ -21,6 +21,7 @@ from gradvault.core import (
     ShapeMismatchError,
     SizeMismatchError,
 )
+from gradvault.core.tensor import wrap
 
 
 def _model_and_grads(seed: int = 0) -> tuple[gv.MLP, GradientsParams]:
@@ -59,7 +60,7 @@ def test_round_trip_is_bit_identical(dtype: str) -> None:
         ParamId(): np.array([np.nan, np.inf, -np.inf, -0.0], dtype=dtype),
     }
     for pid, array in arrays.items():
-        grads.register(pid, gv.Tensor._make(array))
+        grads.register(pid, wrap(array))
     restored = GradientsParams.from_record(grads.try_to_record(), "cpu")
     for pid, array in arrays.items():
         got = restored.get(pid).numpy()
@@ -232,3 +233,40 @@ def test_restore_by_name_checks_shapes() -> None:
     other = gv.MLP(6, [9, 8], 3)
     with pytest.raises(ShapeMismatchError, match="layers.0.weight"):
         GradientsParams.from_record(record, "cpu", module=other, match="name")
+
+
+async def test_a_capture_is_the_point_in_time_that_records_are_made_from() -> None:
+    _, grads = _model_and_grads()
+    before = _snapshot_values(grads)
+    capture = grads.capture()
+    assert len(capture) == len(grads) and capture.device == "cpu"
+    assert capture.nbytes == sum(len(values) for values in before.values())
+    with gv.no_grad():
+        for pid in grads:
+            grads.get(pid).add_(1.0)  # training goes on after the capture
+    for record in (capture.to_record(), await capture.to_record_async()):
+        assert {entry.param_id: entry.array.tobytes() for entry in record} == before
+        assert record.metadata == {"device": "cpu"}
+    assert [pid for pid, _, _ in capture.entries] == list(grads)
+    with pytest.raises(BackendMismatchError):
+        grads.capture(backend="cupy")
+
+
+def test_record_metadata_cannot_be_changed_through_the_record() -> None:
+    source = {"lr": 0.1, "nested": {"steps": [1, 2]}}
+    record = GradientsParamsRecord([], metadata=source)
+    record.metadata["lr"] = 9.0
+    record.metadata["nested"]["steps"].append(3)
+    source["nested"]["steps"].append(4)  # nor through the mapping it was built from
+    assert record.metadata == {"lr": 0.1, "nested": {"steps": [1, 2]}}
+    with pytest.raises(AttributeError):
+        record.metadata = {}  # type: ignore[misc]
+
+
+def test_a_record_of_checked_entries_still_refuses_duplicate_ids() -> None:
+    pid = ParamId()
+    entry = GradientRecordEntry.from_array(pid, "w", np.zeros(2, np.float32))
+    record = GradientsParamsRecord.from_checked_entries([entry], metadata={"a": 1})
+    assert record == GradientsParamsRecord([entry]) and record.metadata == {"a": 1}
+    with pytest.raises(DuplicateParamError, match=str(pid)):
+        GradientsParamsRecord.from_checked_entries([entry, entry])

@@ -169,6 +169,7 @@ def test_public_names_are_pinned() -> None:
         "SnapshotStore",
         "new_snapshot_id",
         "open_store",
+        "parse_compression",
         "parse_snapshot_id",
     ]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import gradvault.core as gv
 from gradvault.core import GradientsParams, ParamId, Recorder, StoreUnavailableError
+from gradvault.core.tensor import wrap
 
 from .conftest import S3_BUCKET, S3_CREDENTIALS
 from .snapshot_writer import seeded_grads
@@ -96,9 +96,9 @@ def small_disk(tmp_path: Path):
 def test_full_disk_raises_commits_nothing_and_keeps_earlier_snapshots(small_disk: Path) -> None:
     rng = np.random.default_rng(0)
     small, big = GradientsParams(), GradientsParams()
-    small.register(ParamId(), gv.Tensor._make(rng.standard_normal(1000).astype(np.float32)))
+    small.register(ParamId(), wrap(rng.standard_normal(1000).astype(np.float32)))
     for _ in range(4):
-        big.register(ParamId(), gv.Tensor._make(rng.standard_normal(300_000).astype(np.float32)))
+        big.register(ParamId(), wrap(rng.standard_normal(300_000).astype(np.float32)))
     with Recorder(small_disk / "store") as recorder:
         first = recorder.sync.snapshot(small, run="disk", step=0)
         with pytest.raises(StoreUnavailableError) as info:

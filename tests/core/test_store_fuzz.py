@@ -172,7 +172,7 @@ def _stated(files: LocalFiles | S3Files, snapshot_id: str) -> dict[str, list] | 
         return json.loads(files.read(manifest_key(snapshot_id)))["attributes"]["gradvault"][
             "gradients"
         ]
-    except Exception:  # noqa: BLE001 - any damage: then nothing is stated
+    except Exception:  # any damage: then nothing is stated
         return None
 
 

@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import gradvault.core as gv
 from gradvault.core import GradientsParams, ParamId, Recorder
 from gradvault.core.errors import SnapshotNotFoundError, StoreUnavailableError
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, new_snapshot_id, open_store
 from gradvault.core.store import _s3 as s3_backend
+from gradvault.core.tensor import wrap
 
 from .conftest import S3_BUCKET, S3_CREDENTIALS
 
@@ -59,7 +59,7 @@ def grads_bytes(grads: GradientsParams) -> dict[ParamId, bytes]:
 def small_grads(seed: int) -> GradientsParams:
     grads = GradientsParams()
     array = np.random.default_rng(seed).standard_normal((5, 3)).astype(np.float32)
-    grads.register(ParamId(), gv.Tensor._make(array), name="w")
+    grads.register(ParamId(), wrap(array), name="w")
     return grads
 
 
@@ -385,7 +385,7 @@ def recorders(store_url: str, connection_options: dict[str, object]):
 def test_retention_never_deletes_the_snapshot_its_own_commit_wrote(recorders, monkeypatch):
     """Two recorders on one run, keep_last=1: the older id commits after the newer one."""
     slow, fast = recorders(keep_last=1), recorders(keep_last=1)
-    slow_backend = slow._get_store()._backend
+    slow_backend = slow.store._backend
     staged, go = threading.Event(), threading.Event()
     begin = slow_backend.begin
 
@@ -495,7 +495,7 @@ async def test_bad_retention_rules_are_refused_up_front(tmp_path: Path, rules: d
 
 def test_any_failure_of_retention_leaves_the_commit_reported(recorders, caplog) -> None:
     recorder = recorders(keep_last=1)
-    store = recorder._get_store()
+    store = recorder.store
 
     async def broken(*args: object, **kwargs: object) -> list[str]:
         raise ValueError("keep_last went bad (injected)")

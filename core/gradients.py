@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..tensor import Tensor
+    from .tensor import Tensor
 
 
 class Gradients:

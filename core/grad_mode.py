@@ -84,7 +84,7 @@ def _wrap_generator(fn: Callable[..., Generator], mode: Callable[[], _Mode]) -> 
                     with mode():
                         generator.close()
                     raise
-                except BaseException as exc:  # noqa: BLE001 - handed on to the generator
+                except BaseException as exc:  # handed on to the generator
                     with mode():
                         response = generator.throw(exc)
                 else:
@@ -105,21 +105,21 @@ class _NoParamMode(_Mode):
         return cls()(orig_func)
 
 
-class no_grad(_NoParamMode):  # noqa: N801 - PyTorch's name
+class no_grad(_NoParamMode):  # PyTorch's name
     """Operations inside record no graph; results do not require grad."""
 
     def _enter(self) -> None:
         _state.grad_enabled = False
 
 
-class enable_grad(_NoParamMode):  # noqa: N801 - PyTorch's name
+class enable_grad(_NoParamMode):  # PyTorch's name
     """Turn grad mode back on inside a ``no_grad`` block (not inside ``inference_mode``)."""
 
     def _enter(self) -> None:
         _state.grad_enabled = True
 
 
-class inference_mode(_Mode):  # noqa: N801 - PyTorch's name
+class inference_mode(_Mode):  # PyTorch's name
     """Like ``no_grad``; tensors made inside are inference tensors, which no graph may save.
 
     ``@inference_mode`` decorates without parentheses too, as in PyTorch.
@@ -145,7 +145,7 @@ class inference_mode(_Mode):  # noqa: N801 - PyTorch's name
             _state.grad_enabled = True
 
 
-class set_grad_enabled(_Mode):  # noqa: N801 - PyTorch's name
+class set_grad_enabled(_Mode):  # PyTorch's name
     """Turn grad mode on or off: at once when called, restored on leaving a ``with``.
 
     As a decorator it changes nothing until the function runs, and only while it runs.
