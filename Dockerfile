@@ -11,7 +11,8 @@ ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
 # tini is PID 1: it hands SIGTERM to the server at once and reaps children, so
-# `docker stop` ends the service in well under a second.
+# `docker stop` ends the service in well under a second; the server then ends by that
+# signal (128 + 15), which tini reports as success (-e 143).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tini \
     && rm -rf /var/lib/apt/lists/* \
@@ -41,4 +42,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=4s --start-period=30s --retries=3 \
     CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('GRADVAULT_PORT', '8000'), timeout=4)"]
 
-ENTRYPOINT ["tini", "--", "python3", "-m", "gradvault.service"]
+ENTRYPOINT ["tini", "-e", "143", "--", "python3", "-m", "gradvault.service"]
