@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: run test bench lint gpu-check clean
+.PHONY: run test bench lint gpu-check deploy-check clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: $(VENV)/.installed-test
 
 gpu-check: $(VENV)/.installed-test
 	bash scripts/gpu-check.sh
+
+# the compose stack end to end (root, Docker; not part of make test): docs/DEPLOY.md
+deploy-check: $(VENV)/.installed-test
+	bash deploy/check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
