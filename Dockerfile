@@ -6,7 +6,8 @@
 #
 # Configuration is by environment (GRADVAULT_* and AWS_*, docs/SERVICE.md). With no
 # GRADVAULT_TOKENS the service refuses to listen on 0.0.0.0 unless GRADVAULT_ALLOW_OPEN=true.
-# The entry point is `python -m gradvault.service` (same flags as `gradvault serve`).
+# The entry point is `python -m gradvault.service`; arguments to `docker run` are its flags
+# (--store, --host, --port, --log-level).
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
