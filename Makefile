@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: run test bench load lint gpu-check clean
+.PHONY: run test bench load lint gpu-check deploy-check clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ lint: $(VENV)/.installed-test
 # without an NVIDIA GPU the script says so and exits 0 before installing anything
 gpu-check: $(VENV)/.installed-test
 	bash scripts/gpu-check.sh
+
+# the compose stack end to end (root, Docker; not part of make test): docs/DEPLOY.md
+deploy-check: $(VENV)/.installed-test
+	bash deploy/check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,34 +1,44 @@
-"""Fixtures shared by every test package: an S3 server (moto) on loopback, store locations."""
+"""Fixtures shared by every test package: an S3 server (SeaweedFS) on loopback, store locations.
+
+One SeaweedFS process serves the whole test session (``s3_server``, started at the first
+test that needs it, stopped at the end); tests keep apart by a fresh prefix each in
+``S3_BUCKET``. No test needs an S3 mock's fault injection (moto is gone): faults are
+injected into the store's backend (tests/core/test_store_races.py patches its requests),
+objects are damaged through ``boto3`` on the real server, and an unreachable endpoint is a
+closed port.
+"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
+
+from tests.s3server import SeaweedFS
 
 S3_BUCKET = "gradvault-test"
 S3_CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    """An S3-protocol server (moto) on 127.0.0.1, a free port, with one empty bucket."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name=S3_CREDENTIALS["region"],
-        aws_access_key_id=S3_CREDENTIALS["access_key_id"],
-        aws_secret_access_key=S3_CREDENTIALS["secret_access_key"],
-    ).create_bucket(Bucket=S3_BUCKET)
-    yield endpoint
-    server.stop()
+def s3_server() -> Iterator[SeaweedFS]:
+    """SeaweedFS on 127.0.0.1 (free ports, its own data folder) with ``S3_BUCKET`` created.
+
+    It checks signatures: only ``S3_CREDENTIALS`` may use it.
+    """
+    with SeaweedFS(
+        bucket=S3_BUCKET,
+        access_key_id=S3_CREDENTIALS["access_key_id"],
+        secret_access_key=S3_CREDENTIALS["secret_access_key"],
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_server: SeaweedFS) -> str:
+    """The S3 server's URL, ``http://127.0.0.1:<port>``."""
+    return s3_server.endpoint
 
 
 @pytest.fixture(params=["local", "s3"])

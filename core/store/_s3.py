@@ -3,9 +3,11 @@
 Object stores have no rename, so the commit protocol is ordering: every chunk and every
 array's ``zarr.json`` is written first, and the snapshot group's ``zarr.json`` (which
 carries the manifest) last. Listings only show snapshots whose manifest exists; deleting
-removes the manifest first. Prefixes without a manifest are leftovers of writes that never
-finished, and ``gc`` removes them once none of their objects is younger than the grace
-period.
+removes the manifest first, then the other objects and the emptied folders (on servers
+that keep folders, such as SeaweedFS, a listing would show the prefix for minutes, and a
+store that had seen the manifest would still list the snapshot). Prefixes without a
+manifest are leftovers of writes that never finished, and ``gc`` removes them once none
+of their objects is younger than the grace period.
 
 gc and a late commit are kept apart by a marker and two checks in opposite orders. gc
 PUTs ``snapshots/<id>/gc-collected``, then checks for the manifest, and removes the
@@ -83,6 +85,23 @@ def _next_joined(chunks: Iterator[EncodedChunk]) -> tuple[str, bytes] | None:
         return None
     key, buffers = item
     return key, b"".join(resolved(buffers))
+
+
+def _folders(keys: list[str], root: str) -> list[str]:
+    """The folders ``keys`` lie in, from the deepest up to ``root``, as object keys.
+
+    Some S3 servers keep folders: SeaweedFS's filer holds a folder for every key prefix
+    and keeps an emptied one (listed as a common prefix) for minutes, unless the folder
+    itself is deleted once empty. Deleting a folder that is not empty does nothing
+    there, and deleting a key that does not exist does nothing on any S3 server.
+    """
+    folders = {root}
+    for key in keys:
+        parent = key.rpartition("/")[0]
+        while parent.startswith(root + "/"):
+            folders.add(parent)
+            parent = parent.rpartition("/")[0]
+    return sorted(folders, key=lambda folder: folder.count("/"), reverse=True)
 
 
 class S3Backend(Backend):
@@ -306,7 +325,8 @@ class S3Backend(Backend):
         # pass that called it).
         try:
             objects = await self._list(snapshot_key(snapshot_id) + "/")
-            await self._delete([meta["path"] for meta in objects])
+            keys = [meta["path"] for meta in objects]
+            await self._delete(keys + _folders(keys, snapshot_key(snapshot_id)))
         except StoreUnavailableError as error:
             _log.warning(
                 "store %s: snapshot %s is deleted but removing its objects failed (%s); "

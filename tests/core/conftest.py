@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-import boto3
 import pytest
 
 from gradvault.core.store import SnapshotStore, open_store
 from tests.conftest import S3_BUCKET, S3_CREDENTIALS
+from tests.s3server import SeaweedFS
 
 __all__ = ["S3_BUCKET", "S3_CREDENTIALS"]
 
@@ -37,11 +37,6 @@ async def store(make_store: Callable[..., SnapshotStore]) -> SnapshotStore:
 
 
 @pytest.fixture
-def boto3_s3(s3_endpoint: str):
-    return boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name=S3_CREDENTIALS["region"],
-        aws_access_key_id=S3_CREDENTIALS["access_key_id"],
-        aws_secret_access_key=S3_CREDENTIALS["secret_access_key"],
-    )
+def boto3_s3(s3_server: SeaweedFS):
+    """A boto3 client of the session's S3 server, to look at or damage objects directly."""
+    return s3_server.client()

@@ -1,4 +1,4 @@
-"""The snapshot store: one suite run against a local folder and an S3 server (moto)."""
+"""The snapshot store: one suite run against a local folder and an S3 server (SeaweedFS)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ from gradvault.core.store import (
     parse_snapshot_id,
 )
 from gradvault.core.store import _local as local_backend
+
+from .conftest import S3_BUCKET, S3_CREDENTIALS
 
 
 def make_record(
@@ -313,6 +315,32 @@ async def test_a_second_handle_sees_committed_snapshots(store: SnapshotStore, ma
     assert [i.id for i in await other.list()] == [info.id]
     assert await other.info(info.id) == await store.info(info.id)
     assert_bit_identical(await other.read_snapshot(info.id), record)
+
+
+async def test_a_second_handle_stops_listing_what_the_first_deleted(
+    store: SnapshotStore, make_store
+) -> None:
+    record = make_record({"g": np.ones(600, np.float64)})
+    keep = await store.write_snapshot(record, run="r", step=1)
+    doomed = await store.write_snapshot(record, run="r", step=2)
+    other = make_store()
+    assert [i.id for i in await other.list()] == [doomed.id, keep.id]  # both manifests seen
+    await store.delete(doomed.id)
+    assert [i.id for i in await other.list()] == [keep.id]
+
+
+async def test_wrong_s3_credentials_raise_store_unavailable(s3_endpoint: str) -> None:
+    store = open_store(
+        f"s3://{S3_BUCKET}/wrong-credentials",
+        endpoint=s3_endpoint,
+        access_key_id=S3_CREDENTIALS["access_key_id"],
+        secret_access_key="not-the-secret",
+        retry_config={"max_retries": 0},
+    )
+    with pytest.raises(StoreUnavailableError) as caught:
+        await store.list()
+    assert f"s3://{S3_BUCKET}/wrong-credentials" in str(caught.value)
+    await store.close()
 
 
 async def test_concurrent_writers_get_distinct_ids(store: SnapshotStore, make_store) -> None:

@@ -173,8 +173,8 @@ async def test_writers_gc_delete_and_retention_at_once_lose_nothing_reported(
 
 
 def _empty_prefix(boto3_s3, url: str) -> None:
-    """Remove the run's objects: the moto server is shared by the session and lists slower
-    the more objects its bucket holds."""
+    """Remove the run's objects: the S3 server is shared by the session, and what this run
+    leaves would hold its disk until the session ends."""
     root = url.removeprefix(f"s3://{S3_BUCKET}/").rpartition("/")[0] + "/"
     for page in boto3_s3.get_paginator("list_objects_v2").paginate(Bucket=S3_BUCKET, Prefix=root):
         keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]

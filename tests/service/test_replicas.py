@@ -1,4 +1,8 @@
-"""Two service processes over one store see each other's snapshots within the index delay."""
+"""Two service processes over one store see each other's snapshots within the index delay.
+
+Over S3 this is the deployment of docker-compose.yml's scaled profile: replicas that share
+nothing but the object store (here the test session's SeaweedFS).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import asyncio
 import httpx
 
 from .processes import ServiceProcess
-from .safetensors_bodies import good_file
+from .safetensors_bodies import good_file, good_tensors
 
 #: far beyond the documented delay (index_refresh_seconds, 1 s by default); never waited out
 DEADLINE_SECONDS = 30
@@ -41,5 +45,11 @@ async def test_each_replica_sees_the_others_new_and_deleted_snapshot(store_url, 
             assert created.status_code == 201, created.text
             snapshot = created.json()["id"]
             await _wait_for(b, lambda ids: ids == [snapshot])
+            # and b serves it: the manifest and every gradient, bit for bit
+            assert (await b.get(f"/v1/snapshots/{snapshot}")).json()["run"] == "r"
+            for param_id, array in good_tensors()[2].items():
+                served = await b.get(f"/v1/snapshots/{snapshot}/grads/{param_id}")
+                assert served.status_code == 200, served.text
+                assert served.content == array.tobytes()
             assert (await b.delete(f"/v1/snapshots/{snapshot}")).status_code == 204
             await _wait_for(a, lambda ids: ids == [])

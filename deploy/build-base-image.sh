@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build a Debian 12 (bookworm) base image with Python 3.11 without any container registry:
+# debootstrap a root file system from the Debian mirror apt already uses, then `docker import`
+# it. The images of docker-compose.yml build FROM it with BASE_IMAGE=<tag>.
+#
+#   sudo deploy/build-base-image.sh [TAG]        (default tag: gradvault-base:bookworm)
+#
+# Needs root, debootstrap and a running Docker engine. MIRROR overrides the mirror.
+# CA certificates added to this machine (/usr/local/share/ca-certificates, e.g. those of a
+# TLS-inspecting proxy) are copied into the image, so pip and apt inside builds trust them.
+set -euo pipefail
+
+tag="${1:-gradvault-base:bookworm}"
+
+if [[ -z "${MIRROR:-}" ]]; then
+    # the first Debian mirror of apt's own sources (deb822 or one-line format)
+    MIRROR=$(
+        { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
+          grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}'
+        } | grep -v -e security -e updates | head -n 1 || true
+    )
+    MIRROR="${MIRROR:-http://deb.debian.org/debian}"
+fi
+
+rootfs=$(mktemp -d /tmp/gradvault-base.XXXXXX)
+trap 'rm -rf "$rootfs"' EXIT
+
+echo "debootstrap bookworm from $MIRROR into $rootfs"
+debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    bookworm "$rootfs" "$MIRROR" >"$rootfs.log" 2>&1 || { tail -n 20 "$rootfs.log"; exit 1; }
+rm -f "$rootfs.log"
+
+shopt -s nullglob
+extra_cas=(/usr/local/share/ca-certificates/*.crt)
+if ((${#extra_cas[@]})); then
+    cp "${extra_cas[@]}" "$rootfs/usr/local/share/ca-certificates/"
+    chroot "$rootfs" update-ca-certificates >/dev/null 2>&1
+fi
+rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin
+
+tar -C "$rootfs" -c . | docker import \
+    --change 'ENV LANG=C.UTF-8' \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'CMD ["python3"]' \
+    - "$tag" >/dev/null
+echo "built $tag ($(docker run --rm "$tag" python3 --version))"
