@@ -28,6 +28,7 @@ from gradvault.core import (
 )
 from gradvault.core.safetensors_file import record_header, safetensors_chunks
 from gradvault.core.store import SnapshotInfo
+from gradvault.core.torch_adapter import is_torch_module
 
 #: Statuses worth another try: the service or a proxy in front of it is briefly unable.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -226,6 +227,10 @@ class BaseClient:
     def _restored(
         record: GradientsParamsRecord, device: str, module: Any, match: str
     ) -> GradientsParams:
+        if is_torch_module(module):  # the gradients become its parameters' .grad
+            grads = GradientsParams.from_record(record, device)
+            grads.to_torch(module, match=match)
+            return grads
         return GradientsParams.from_record(record, device, module=module, match=match)
 
 
