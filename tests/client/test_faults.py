@@ -1,5 +1,6 @@
 """Faults on a real network: the service killed mid-download and started again, a byte
-flipped on the way. The service runs as its own process, or behind a loopback proxy."""
+flipped on the way, a 503 or 429 in front of it. The service runs as its own process, or
+behind a loopback proxy."""
 
 from __future__ import annotations
 
@@ -118,12 +119,15 @@ async def test_the_service_killed_mid_download_and_restarted_the_client_resumes(
         await asyncio.to_thread(restarter.service.stop)
 
 
-class FlippingProxy:
-    """A loopback TCP proxy to ``upstream`` that flips one bit of the last byte of
-    MARKER in what the service sends back, once."""
+class Proxy:
+    """A loopback TCP proxy to ``upstream``: it answers its first connection with
+    ``first_answer`` (raw HTTP) if given, and flips one bit of the last byte of MARKER in
+    what the service sends back, once."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, first_answer: bytes | None = None) -> None:
         self.upstream_port = upstream_port
+        self.first_answer = first_answer
+        self.connections = 0
         self.flipped = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -138,6 +142,10 @@ class FlippingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            self.connections += 1
+            if self.first_answer is not None and self.connections == 1:
+                self._answer(client, self.first_answer)
+                continue
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
             self._sockets += [client, upstream]
             for source, sink, flips in ((client, upstream, False), (upstream, client, True)):
@@ -146,6 +154,15 @@ class FlippingProxy:
                 )
                 thread.start()
                 self._threads.append(thread)
+
+    @staticmethod
+    def _answer(client: socket.socket, answer: bytes) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request and (chunk := client.recv(1 << 16)):
+            request += chunk
+        client.sendall(answer)
+        _shut(client)
+        client.close()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, flips: bool) -> None:
         sent_tail = b""  # the last bytes sent, where a marker split across reads begins
@@ -182,15 +199,47 @@ def _shut(*ends: socket.socket) -> None:
 
 
 @pytest.fixture
-def proxy(service_url: str) -> Iterator[FlippingProxy]:
-    running = FlippingProxy(int(service_url.rsplit(":", 1)[1]))
+def proxy(service_url: str) -> Iterator[Proxy]:
+    running = Proxy(int(service_url.rsplit(":", 1)[1]))
     yield running
     running.close()
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+        b"Connection: close\r\n\r\n",
+    ],
+    ids=["503", "429"],
+)
+async def test_a_503_or_429_in_front_of_the_service_is_retried(
+    client_kind: str, service_url: str, answer: bytes
+) -> None:
+    direct = ClientUnderTest(client_kind, service_url, WRITE_TOKEN)
+    summary = await direct.call("push", small_record(), run="retried", step=0)
+    await direct.close()
+    in_front = Proxy(int(service_url.rsplit(":", 1)[1]), first_answer=answer)
+    api = ClientUnderTest(client_kind, f"http://127.0.0.1:{in_front.port}", WRITE_TOKEN)
+    try:
+        listed = await api.list(run="retried")
+        assert [s.id for s in listed] == [summary.id]
+        assert in_front.connections == 2  # the refused try, then the one that got through
+    finally:
+        await api.close()
+        in_front.close()
+
+
+def small_record() -> GradientsParamsRecord:
+    return GradientsParamsRecord(
+        [GradientRecordEntry.from_array(ParamId(0x51), "w", np.arange(8, dtype="f4"))]
+    )
+
+
 @pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
 async def test_a_byte_flipped_on_the_way_is_detected_and_nothing_is_left(
-    client_kind: str, service_url: str, proxy: FlippingProxy, tmp_path: Path, suffix: str
+    client_kind: str, service_url: str, proxy: Proxy, tmp_path: Path, suffix: str
 ) -> None:
     record = GradientsParamsRecord(
         [
