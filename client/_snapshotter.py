@@ -34,7 +34,7 @@ from ._sync import Client
 _log = logging.getLogger("gradvault.client.snapshotter")
 
 #: What ``step`` takes: gradients, a record taken already, or a torch.nn.Module (its .grad)
-Gradients = Any
+StepGradients = Any
 
 
 class SnapshotterWarning(RuntimeWarning):
@@ -134,7 +134,7 @@ class _Snapshots:
         return summary
 
 
-def _gradients(grads: Gradients) -> GradientsParams | GradientsParamsRecord:
+def _gradients(grads: StepGradients) -> GradientsParams | GradientsParamsRecord:
     """``grads`` as gradients or a record (a torch.nn.Module's .grad, shared); TypeError."""
     if is_torch_module(grads):
         return GradientsParams.from_torch(grads)
@@ -191,7 +191,7 @@ class Snapshotter(_Snapshots):
         )
         self._worker.start()
 
-    def step(self, step: int, grads: Gradients) -> bool:
+    def step(self, step: int, grads: StepGradients) -> bool:
         """Take a snapshot of ``grads`` at ``step`` if it is due; whether one was taken.
 
         Returns once the capture is done; nothing the loop does afterwards changes it.
@@ -292,7 +292,7 @@ class AsyncSnapshotter(_Snapshots):
             self._sink = self._owned = Recorder(target, **dict(recorder_options or {}))
         self._worker: asyncio.Task[None] | None = None
 
-    async def step(self, step: int, grads: Gradients) -> bool:
+    async def step(self, step: int, grads: StepGradients) -> bool:
         """Take a snapshot of ``grads`` at ``step`` if it is due; whether one was taken.
 
         The capture happens before the first await (device reads then run in a thread);
