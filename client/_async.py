@@ -7,20 +7,32 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
 from gradvault.core import GradientsParams, GradientsParamsRecord
 from gradvault.core.safetensors_file import record_from_safetensors
 
-from ._base import BaseClient, SnapshotSummary, Upload
+from ._base import (
+    BaseClient,
+    ProgressCallback,
+    Resumption,
+    SnapshotSummary,
+    TransferMeter,
+    Upload,
+)
 from ._files import part_beside, place
 
 
 async def _async_chunks(chunks: Iterator[bytes | memoryview]) -> AsyncIterator[bytes | memoryview]:
     for chunk in chunks:  # views of the record's arrays: nothing here blocks
         yield chunk
+
+
+def _flush_to_disk(file: BinaryIO) -> None:
+    file.flush()
+    os.fsync(file.fileno())
 
 
 class AsyncClient(BaseClient):
@@ -63,13 +75,14 @@ class AsyncClient(BaseClient):
         path: str,
         *,
         params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
         upload: Upload | None = None,
         stream: bool = False,
     ) -> httpx.Response:
         """The first answer that is not an error, after retries; the core error otherwise."""
         attempt = 0
         while True:
-            headers = content = None
+            content = None
             if upload is not None:  # a fresh generator each try: the body is made again
                 headers, content = upload.headers, _async_chunks(upload.chunks())
             request = self._http.build_request(
@@ -124,8 +137,12 @@ class AsyncClient(BaseClient):
         run: str,
         step: int,
         tags: Mapping[str, str] | None = None,
+        progress: ProgressCallback | None = None,
     ) -> SnapshotSummary:
-        """Upload gradients as a new snapshot, streamed as safetensors; its summary."""
+        """Upload gradients as a new snapshot, streamed as safetensors; its summary.
+
+        ``progress(done_bytes, total_bytes)`` is told as the body's pieces are sent.
+        """
         record = (
             await grads_or_record.to_record_async()
             if isinstance(grads_or_record, GradientsParams)
@@ -135,55 +152,92 @@ class AsyncClient(BaseClient):
             "POST",
             "/v1/snapshots",
             params=self._push_params(run, step, tags),
-            upload=Upload(record),
+            upload=Upload(record, progress),
         )
         return SnapshotSummary.from_manifest(body)
 
-    async def _download_to(self, snapshot_id: str, path: Path) -> GradientsParamsRecord:
+    async def _download_to(
+        self, snapshot_id: str, path: Path, progress: ProgressCallback | None
+    ) -> GradientsParamsRecord:
+        """Download the file to ``path`` (resumed after a drop), fsync it, verify it."""
         manifest = await self.info(snapshot_id)
-        attempt = 0
-        while True:  # a connection dropped mid-body: the whole file again, as other retries
-            response = await self._send(
-                "GET", self._snapshot_path(snapshot_id) + "/safetensors", stream=True
-            )
-            try:
-                with open(path, "wb") as file:
+        meter = TransferMeter(progress)
+        resumption = Resumption()
+        attempt = furthest = 0
+        with open(path, "wb") as file:
+            while True:  # a connection dropped mid-body: the rest is asked for (Range)
+                response = await self._send(
+                    "GET",
+                    self._snapshot_path(snapshot_id) + "/safetensors",
+                    headers=resumption.request_headers(),
+                    stream=True,
+                )
+                try:
+                    file.seek(resumption.begin(response))
+                    file.truncate()
+                    meter.start(resumption.written, resumption.total)
                     async for chunk in response.aiter_bytes():
                         await asyncio.to_thread(file.write, chunk)
-                break
-            except httpx.TransportError as error:
-                delay = self._retry_delay(attempt, "GET", None, None)
-                if delay is None:
-                    raise self._unreachable(response.request, error) from error
-            finally:
-                await response.aclose()
-            await self._sleep(delay)
-            attempt += 1
+                        resumption.wrote(len(chunk))
+                        meter.moved(len(chunk))
+                    break
+                except httpx.TransportError as error:
+                    if resumption.written > furthest:  # got further: the tries count anew
+                        attempt, furthest = 0, resumption.written
+                    delay = self._retry_delay(attempt, "GET", None, None)
+                    if delay is None:
+                        raise self._unreachable(response.request, error) from error
+                finally:
+                    await response.aclose()
+                await self._sleep(delay)
+                attempt += 1
+            await asyncio.to_thread(_flush_to_disk, file)
+        if resumption.changed:  # the file changed between tries: check against its manifest
+            manifest = await self.info(snapshot_id)
         record = await asyncio.to_thread(record_from_safetensors, path)
         await asyncio.to_thread(self._verify, snapshot_id, record, manifest)
         return record
 
-    async def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
-        """The snapshot as a record, every gradient checked against the manifest's crc32c."""
+    async def fetch(
+        self, snapshot_id: str, *, progress: ProgressCallback | None = None
+    ) -> GradientsParamsRecord:
+        """The snapshot as a record, every gradient checked against the manifest's crc32c.
+
+        ``progress(done_bytes, total_bytes)`` is told as the file's bytes arrive.
+        """
         descriptor, name = tempfile.mkstemp(suffix=".safetensors")
         os.close(descriptor)
         try:  # the record maps the file; the mapping outlives its name
-            return await self._download_to(snapshot_id, Path(name))
+            return await self._download_to(snapshot_id, Path(name), progress)
         finally:
             os.unlink(name)
 
     async def restore(
-        self, snapshot_id: str, device: str = "cpu", *, module: Any = None, match: str = "id"
+        self,
+        snapshot_id: str,
+        device: str = "cpu",
+        *,
+        module: Any = None,
+        match: str = "id",
+        progress: ProgressCallback | None = None,
     ) -> GradientsParams:
         """The snapshot as gradients on ``device`` (``GradientsParams.from_record``)."""
-        return self._restored(await self.fetch(snapshot_id), device, module, match)
+        return self._restored(
+            await self.fetch(snapshot_id, progress=progress), device, module, match
+        )
 
-    async def download(self, snapshot_id: str, path: str | os.PathLike[str]) -> Path:
+    async def download(
+        self,
+        snapshot_id: str,
+        path: str | os.PathLike[str],
+        *,
+        progress: ProgressCallback | None = None,
+    ) -> Path:
         """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors."""
         path = Path(path)
         part = part_beside(path)
         try:
-            record = await self._download_to(snapshot_id, part)
+            record = await self._download_to(snapshot_id, part, progress)
             await asyncio.to_thread(place, path, part, record)
         finally:
             part.unlink(missing_ok=True)

@@ -43,6 +43,7 @@ from .errors import (
 )
 from .factories import (
     arange,
+    from_dlpack,
     full,
     full_like,
     manual_seed,
@@ -192,6 +193,7 @@ __all__ = [
     "float16",
     "float32",
     "float64",
+    "from_dlpack",
     "full",
     "full_like",
     "gelu",

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
+from .errors import DeviceError, DtypeMismatchError
 from .tensor import (
     DEFAULT_FLOAT,
     DeviceLike,
@@ -57,6 +58,40 @@ def tensor(
 ) -> Tensor:
     """A new leaf tensor holding a copy of ``data`` (lists of floats become float32)."""
     return Tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+#: DLPack's device types: host memory, and CUDA device memory
+_DLPACK_CPU, _DLPACK_CUDA = 1, 2
+
+
+def from_dlpack(array: Any) -> Tensor:
+    """A leaf tensor on ``array``'s own memory, shared, not copied (``torch.from_dlpack``).
+
+    ``array`` is anything that exports DLPack (a PyTorch tensor, a NumPy or CuPy array).
+    Host memory becomes a cpu tensor, CUDA memory a ``cuda:N`` tensor (CuPy needed).
+    Writes through either side are seen by the other, so a record taken of the tensor
+    copies its bytes. DeviceError for memory of another kind, DtypeMismatchError for a
+    dtype the array module cannot hold (bfloat16 in NumPy).
+    """
+    device_type, index = (int(n) for n in array.__dlpack_device__())
+    if device_type == _DLPACK_CPU:
+        module = np
+    elif device_type == _DLPACK_CUDA:
+        module = backend.array_module(backend.device(f"cuda:{index}"))
+    else:
+        raise DeviceError(
+            f"{type(array).__name__} lives on DLPack device type {device_type}; "
+            f"gradvault shares host ({_DLPACK_CPU}) and CUDA ({_DLPACK_CUDA}) memory only"
+        )
+    try:
+        data = module.from_dlpack(array)
+    except (BufferError, RuntimeError, TypeError) as error:
+        dtype = getattr(array, "dtype", "?")
+        raise DtypeMismatchError(
+            f"{type(array).__name__} of dtype {dtype} cannot be shared with "
+            f"{module.__name__}: {error}"
+        ) from error
+    return Tensor._make_shared(data)
 
 
 def _size(size: tuple[Any, ...]) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ from .param_id import ParamId, as_param_id
 from .record import GradientRecordEntry, GradientsParamsRecord, paused_gc
 from .record_rules import check_dtype, check_name
 from .tensor import Tensor, wrap
+from .torch_adapter import to_torch, torch_gradients
 
 if TYPE_CHECKING:
     from .nn.module import Module
@@ -137,6 +138,18 @@ class GradientsParams:
             if param.grad is not None:
                 out.register(param.id, param.grad, name=name)
         return out
+
+    @classmethod
+    def from_torch(cls, module: Any) -> GradientsParams:
+        """The ``.grad`` of a ``torch.nn.Module``'s parameters, memory shared (torch_adapter)."""
+        grads = cls()
+        for param_id, tensor, name in torch_gradients(module):
+            grads.register(param_id, tensor, name=name)
+        return grads
+
+    def to_torch(self, module: Any, *, match: str = "id") -> None:
+        """Set a ``torch.nn.Module``'s ``.grad`` to these gradients, shared (torch_adapter)."""
+        to_torch(module, self, match=match)
 
     # ------------------------------------------------------------------ container
     def _checked(

@@ -16,7 +16,7 @@ LAYERS = [
     ["core.tensor"],
     ["core.function"],
     ["core.ops", "core.factories"],
-    ["core.autograd", "core.nn", "core.record"],
+    ["core.autograd", "core.nn", "core.record", "core.torch_adapter"],
     ["core.grads", "core.optim", "core.safetensors_file"],
     ["core.accumulator", "core.store"],
     ["core.recorder"],
@@ -113,7 +113,7 @@ def test_the_layers_in_the_docs_are_the_ones_checked() -> None:
 
 def test_no_imports_inside_functions_but_optional_ones() -> None:
     """Imports inside functions hide a layer problem; only optional dependencies may wait."""
-    optional = {"cupy", "cupyx"}
+    optional = {"cupy", "cupyx", "torch"}
     # The S3 backend, and obstore with it, loads only when an S3 store is opened.
     deferred = {("core.store._open.open_store", "._s3")}
     found = []

@@ -112,6 +112,7 @@ EXPORTED_NAMES = [
     "float16",
     "float32",
     "float64",
+    "from_dlpack",
     "full",
     "full_like",
     "gelu",
