@@ -1,0 +1,34 @@
+"""The errors of the ``gradvault`` command, under the core's root::
+
+    GradvaultError
+    ├── UsageError (ValueError)       the command line asks for something impossible (exit 2)
+    └── MissingExtraError (ImportError)  a command needs an extra that is not installed (exit 1)
+
+Every other error a command meets is the core's (``gradvault.core.errors``) or an
+``OSError`` from a file; :func:`gradvault.cli.main` prints each as one line.
+"""
+
+from __future__ import annotations
+
+from gradvault.core.errors import GradvaultError
+
+
+class UsageError(GradvaultError, ValueError):
+    """A command line that cannot be carried out as given: exit status 2.
+
+    ``prog`` names the command whose line it is (``"gradvault ls"``), when known.
+    """
+
+    def __init__(self, message: str, prog: str | None = None) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class MissingExtraError(GradvaultError, ImportError):
+    """A command needs an optional dependency (an extra) that is not installed."""
+
+    def __init__(self, command: str, extra: str, cause: ImportError) -> None:
+        super().__init__(
+            f"'gradvault {command}' needs the {extra} extra ({cause.name or cause} is not "
+            f"installed): pip install 'gradvault[{extra}]'"
+        )
