@@ -248,7 +248,8 @@ def resume(plan: Plan, run: str, workdir: Path, url: str, token: str | None) -> 
 
     def after_step(done: int, loss: float) -> None:
         if done == step and micro:
-            _say(f"step {done}: window complete (loss of micro-batches {micro + 1}-: {loss:.4f})")
+            rest = f"{micro + 1}-{plan.micro_batches}"
+            _say(f"step {done}: window complete (loss of micro-batches {rest}: {loss:.4f})")
         else:
             _say(f"step {done}: loss {loss:.4f}")
 

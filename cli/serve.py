@@ -120,7 +120,12 @@ def serve_command(args: argparse.Namespace) -> int:
     """Run the service in the foreground until Ctrl-C or SIGTERM."""
     settings = settings_from(args)
     from gradvault.service import OpenBindingError, serve
+    from gradvault.service.settings import check_binding
 
+    try:
+        check_binding(settings)
+    except OpenBindingError as error:
+        raise UsageError(str(error), prog="gradvault serve") from None
     if settings.port:
         print(
             f"gradvault serve: store {settings.store}; API docs at "
@@ -131,8 +136,6 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         with sigterm_as_interrupt():
             serve(settings, log_level=args.log_level)
-    except OpenBindingError as error:
-        raise UsageError(str(error), prog="gradvault serve") from None
     except KeyboardInterrupt:
         pass  # uvicorn has shut down cleanly, then passed the signal on
     print("gradvault serve: stopped", file=sys.stderr)
