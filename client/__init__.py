@@ -2,7 +2,7 @@
 (:class:`AsyncClient`). docs/CLIENT.md says how to use them."""
 
 from ._async import AsyncClient
-from ._base import SnapshotSummary
+from ._base import ProgressCallback, SnapshotSummary
 from ._sync import Client
 
-__all__ = ["AsyncClient", "Client", "SnapshotSummary"]
+__all__ = ["AsyncClient", "Client", "ProgressCallback", "SnapshotSummary"]

@@ -14,7 +14,7 @@ import httpx
 from gradvault.core import GradientsParams, GradientsParamsRecord
 from gradvault.core.safetensors_file import record_from_safetensors
 
-from ._base import BaseClient, SnapshotSummary, Upload
+from ._base import BaseClient, ProgressCallback, SnapshotSummary, TransferMeter, Upload
 from ._files import part_beside, place
 
 
@@ -124,8 +124,12 @@ class AsyncClient(BaseClient):
         run: str,
         step: int,
         tags: Mapping[str, str] | None = None,
+        progress: ProgressCallback | None = None,
     ) -> SnapshotSummary:
-        """Upload gradients as a new snapshot, streamed as safetensors; its summary."""
+        """Upload gradients as a new snapshot, streamed as safetensors; its summary.
+
+        ``progress(done_bytes, total_bytes)`` is told as the body's pieces are sent.
+        """
         record = (
             await grads_or_record.to_record_async()
             if isinstance(grads_or_record, GradientsParams)
@@ -135,21 +139,26 @@ class AsyncClient(BaseClient):
             "POST",
             "/v1/snapshots",
             params=self._push_params(run, step, tags),
-            upload=Upload(record),
+            upload=Upload(record, progress),
         )
         return SnapshotSummary.from_manifest(body)
 
-    async def _download_to(self, snapshot_id: str, path: Path) -> GradientsParamsRecord:
+    async def _download_to(
+        self, snapshot_id: str, path: Path, progress: ProgressCallback | None
+    ) -> GradientsParamsRecord:
         manifest = await self.info(snapshot_id)
+        meter = TransferMeter(progress)
         attempt = 0
         while True:  # a connection dropped mid-body: the whole file again, as other retries
             response = await self._send(
                 "GET", self._snapshot_path(snapshot_id) + "/safetensors", stream=True
             )
             try:
+                meter.start(0, self._body_length(response))
                 with open(path, "wb") as file:
                     async for chunk in response.aiter_bytes():
                         await asyncio.to_thread(file.write, chunk)
+                        meter.moved(len(chunk))
                 break
             except httpx.TransportError as error:
                 delay = self._retry_delay(attempt, "GET", None, None)
@@ -163,27 +172,46 @@ class AsyncClient(BaseClient):
         await asyncio.to_thread(self._verify, snapshot_id, record, manifest)
         return record
 
-    async def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
-        """The snapshot as a record, every gradient checked against the manifest's crc32c."""
+    async def fetch(
+        self, snapshot_id: str, *, progress: ProgressCallback | None = None
+    ) -> GradientsParamsRecord:
+        """The snapshot as a record, every gradient checked against the manifest's crc32c.
+
+        ``progress(done_bytes, total_bytes)`` is told as the file's bytes arrive.
+        """
         descriptor, name = tempfile.mkstemp(suffix=".safetensors")
         os.close(descriptor)
         try:  # the record maps the file; the mapping outlives its name
-            return await self._download_to(snapshot_id, Path(name))
+            return await self._download_to(snapshot_id, Path(name), progress)
         finally:
             os.unlink(name)
 
     async def restore(
-        self, snapshot_id: str, device: str = "cpu", *, module: Any = None, match: str = "id"
+        self,
+        snapshot_id: str,
+        device: str = "cpu",
+        *,
+        module: Any = None,
+        match: str = "id",
+        progress: ProgressCallback | None = None,
     ) -> GradientsParams:
         """The snapshot as gradients on ``device`` (``GradientsParams.from_record``)."""
-        return self._restored(await self.fetch(snapshot_id), device, module, match)
+        return self._restored(
+            await self.fetch(snapshot_id, progress=progress), device, module, match
+        )
 
-    async def download(self, snapshot_id: str, path: str | os.PathLike[str]) -> Path:
+    async def download(
+        self,
+        snapshot_id: str,
+        path: str | os.PathLike[str],
+        *,
+        progress: ProgressCallback | None = None,
+    ) -> Path:
         """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors."""
         path = Path(path)
         part = part_beside(path)
         try:
-            record = await self._download_to(snapshot_id, part)
+            record = await self._download_to(snapshot_id, part, progress)
             await asyncio.to_thread(place, path, part, record)
         finally:
             part.unlink(missing_ok=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -28,6 +28,7 @@ from gradvault.core import (
 )
 from gradvault.core.safetensors_file import record_header, safetensors_chunks
 from gradvault.core.store import SnapshotInfo
+from gradvault.core.torch_adapter import is_torch_module
 
 #: Statuses worth another try: the service or a proxy in front of it is briefly unable.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -40,12 +41,41 @@ SNAPSHOTS = "/v1/snapshots"
 #: One snapshot as a listing shows it: the core's summary, read from the service's JSON.
 SnapshotSummary = SnapshotInfo
 
+#: ``progress(done_bytes, total_bytes)``: told how far a transfer is, each time bytes move.
+#: ``total_bytes`` is None when the service did not say. A try sent again starts again at
+#: the bytes it keeps (0 for an upload; what was written, for a resumed download).
+ProgressCallback = Callable[[int, "int | None"], None]
+
+
+@dataclass
+class TransferMeter:
+    """Counts one transfer's bytes and tells ``progress`` (if any) after each step."""
+
+    progress: ProgressCallback | None
+    done: int = 0
+    total: int | None = None
+
+    def start(self, done: int, total: int | None) -> None:
+        """A try begins with ``done`` bytes already in place, of ``total``."""
+        self.done, self.total = done, total
+        self._tell()
+
+    def moved(self, count: int) -> None:
+        """``count`` more bytes were sent or written."""
+        self.done += count
+        self._tell()
+
+    def _tell(self) -> None:
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
 
 @dataclass(frozen=True)
 class Upload:
     """A record as a safetensors request body that can be generated again for a retry."""
 
     record: GradientsParamsRecord
+    progress: ProgressCallback | None = field(default=None, compare=False)
 
     @cached_property
     def length(self) -> int:
@@ -57,7 +87,12 @@ class Upload:
         return {"Content-Length": str(self.length), "Content-Type": "application/octet-stream"}
 
     def chunks(self) -> Iterator[bytes | memoryview]:
-        return safetensors_chunks(self.record)
+        """The body from its first byte, ``progress`` told as each piece is taken to send."""
+        meter = TransferMeter(self.progress)
+        meter.start(0, self.length)
+        for chunk in safetensors_chunks(self.record):
+            yield chunk
+            meter.moved(memoryview(chunk).nbytes)
 
 
 class BaseClient:
@@ -158,6 +193,12 @@ class BaseClient:
         return error
 
     @staticmethod
+    def _body_length(response: httpx.Response) -> int | None:
+        """The answer's body length from ``Content-Length``; None if it does not say."""
+        text = response.headers.get("content-length", "")
+        return int(text) if text.isdigit() else None
+
+    @staticmethod
     def _page(body: Mapping[str, Any]) -> tuple[list[SnapshotSummary], str | None]:
         return [SnapshotSummary.from_manifest(item) for item in body["data"]], body["next_cursor"]
 
@@ -186,6 +227,10 @@ class BaseClient:
     def _restored(
         record: GradientsParamsRecord, device: str, module: Any, match: str
     ) -> GradientsParams:
+        if is_torch_module(module):  # the gradients become its parameters' .grad
+            grads = GradientsParams.from_record(record, device)
+            grads.to_torch(module, match=match)
+            return grads
         return GradientsParams.from_record(record, device, module=module, match=match)
 
 

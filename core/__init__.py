@@ -38,6 +38,7 @@ from .errors import (
 )
 from .factories import (
     arange,
+    from_dlpack,
     full,
     full_like,
     manual_seed,
@@ -180,6 +181,7 @@ __all__ = [
     "float16",
     "float32",
     "float64",
+    "from_dlpack",
     "full",
     "full_like",
     "gelu",

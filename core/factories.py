@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
+from .errors import DeviceError, DtypeMismatchError
 from .tensor import DEFAULT_FLOAT, DeviceLike, DTypeLike, Tensor, as_dtype, bool_, int64
 
 _generator = np.random.default_rng()
@@ -65,6 +66,40 @@ def tensor(
     if array.dtype.kind not in "fiub":
         raise TypeError(f"can't make a tensor from data of dtype {array.dtype}")
     return _finish(array, dtype, device, requires_grad)
+
+
+#: DLPack's device types: host memory, and CUDA device memory
+_DLPACK_CPU, _DLPACK_CUDA = 1, 2
+
+
+def from_dlpack(array: Any) -> Tensor:
+    """A leaf tensor on ``array``'s own memory, shared, not copied (``torch.from_dlpack``).
+
+    ``array`` is anything that exports DLPack (a PyTorch tensor, a NumPy or CuPy array).
+    Host memory becomes a cpu tensor, CUDA memory a ``cuda:N`` tensor (CuPy needed).
+    Writes through either side are seen by the other, so a record taken of the tensor
+    copies its bytes. DeviceError for memory of another kind, DtypeMismatchError for a
+    dtype the array module cannot hold (bfloat16 in NumPy).
+    """
+    device_type, index = (int(n) for n in array.__dlpack_device__())
+    if device_type == _DLPACK_CPU:
+        module = np
+    elif device_type == _DLPACK_CUDA:
+        module = backend.array_module(backend.device(f"cuda:{index}"))
+    else:
+        raise DeviceError(
+            f"{type(array).__name__} lives on DLPack device type {device_type}; "
+            f"gradvault shares host ({_DLPACK_CPU}) and CUDA ({_DLPACK_CUDA}) memory only"
+        )
+    try:
+        data = module.from_dlpack(array)
+    except (BufferError, RuntimeError, TypeError) as error:
+        dtype = getattr(array, "dtype", "?")
+        raise DtypeMismatchError(
+            f"{type(array).__name__} of dtype {dtype} cannot be shared with "
+            f"{module.__name__}: {error}"
+        ) from error
+    return Tensor._make_shared(data)
 
 
 def _size(size: tuple[Any, ...]) -> tuple[int, ...]:

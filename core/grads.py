@@ -93,6 +93,19 @@ class GradientsParams:
                 out.register(param.id, param.grad, name=name)
         return out
 
+    @classmethod
+    def from_torch(cls, module: Any) -> GradientsParams:
+        """The ``.grad`` of a ``torch.nn.Module``'s parameters, memory shared (torch_adapter)."""
+        from .torch_adapter import from_torch  # noqa: PLC0415 - torch is optional
+
+        return from_torch(module)
+
+    def to_torch(self, module: Any, *, match: str = "id") -> None:
+        """Set a ``torch.nn.Module``'s ``.grad`` to these gradients, shared (torch_adapter)."""
+        from .torch_adapter import to_torch  # noqa: PLC0415 - torch is optional
+
+        to_torch(module, self, match=match)
+
     # ------------------------------------------------------------------ container
     def _checked(
         self, param_id: ParamId | str, grad: Tensor | None, ndim: int | None

@@ -111,6 +111,13 @@ class Tensor:
         t._accumulator = None
         return t
 
+    @classmethod
+    def _make_shared(cls, data: Any) -> Tensor:
+        """Wrap an array that others can write too (internal): records of it copy its bytes."""
+        t = cls._make(data)
+        t._storage.aliased = True
+        return t
+
     # ------------------------------------------------------------------ attributes
     @property
     def shape(self) -> tuple[int, ...]:
@@ -286,6 +293,18 @@ class Tensor:
         if self.device.type != "cpu":
             return backend.to_host(self._data)  # a copy: nothing to keep apart
         return self._alias_array()
+
+    def __dlpack__(self, **options: Any) -> Any:
+        """The buffer itself as a DLPack capsule (``torch.from_dlpack(t)`` shares memory)."""
+        if self.requires_grad:
+            raise AutogradError(
+                "can't export a tensor that requires grad; use tensor.detach() first"
+            )
+        return self._alias_array().__dlpack__(**options)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """The DLPack (device type, index) of the buffer."""
+        return self._data.__dlpack_device__()
 
     def item(self) -> Any:
         """The value of a one-element tensor as a Python number."""
