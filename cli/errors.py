@@ -2,6 +2,7 @@
 
     GradvaultError
     ├── UsageError (ValueError)       the command line asks for something impossible (exit 2)
+    ├── ServeError (RuntimeError)     the service could not start (a port in use ...)
     └── MissingExtraError (ImportError)  a command needs an extra that is not installed (exit 1)
 
 Every other error a command meets is the core's (``gradvault.core.errors``) or an
@@ -32,3 +33,7 @@ class MissingExtraError(GradvaultError, ImportError):
             f"'gradvault {command}' needs the {extra} extra ({cause.name or cause} is not "
             f"installed): pip install 'gradvault[{extra}]'"
         )
+
+
+class ServeError(GradvaultError, RuntimeError):
+    """The service could not start, or stopped on an error (uvicorn has logged why)."""

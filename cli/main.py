@@ -184,8 +184,6 @@ def describe(error: BaseException) -> str:
         return f"not found: {text}"
     if isinstance(error, ClientRequestError) and getattr(error, "status", None) is None:
         return f"cannot reach the service (is 'gradvault serve' running there?): {text}"
-    if isinstance(error, FileNotFoundError) and error.filename is not None:
-        return f"no such file: {error.filename}"
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         return f"{error.strerror}: {error.filename}"
     from gradvault.core.errors import GradvaultError

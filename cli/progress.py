@@ -20,15 +20,22 @@ DELAY_SECONDS = 1.0
 class TransferProgress:
     """A bar for one transfer described by ``description``; use it as a context manager.
 
-    ``enabled`` defaults to whether stdout is a terminal.
+    ``enabled`` defaults to whether stdout is a terminal; ``console`` is the rich console
+    drawn on (default: stdout's).
     """
 
     def __init__(
-        self, description: str, *, enabled: bool | None = None, delay: float = DELAY_SECONDS
+        self,
+        description: str,
+        *,
+        enabled: bool | None = None,
+        delay: float = DELAY_SECONDS,
+        console: Any = None,
     ) -> None:
         self.description = description
         self.enabled = sys.stdout.isatty() if enabled is None else enabled
         self.delay = delay
+        self.console = console
         self._started = time.monotonic()
         self._bar: Any = None
         self._task: Any = None
@@ -40,7 +47,7 @@ class TransferProgress:
         if self._bar is None:
             if time.monotonic() - self._started < self.delay:
                 return
-            self._bar = _new_bar()
+            self._bar = _new_bar(self.console)
             if self._bar is None:
                 self.enabled = False
                 return
@@ -64,7 +71,7 @@ class TransferProgress:
         self.close()
 
 
-def _new_bar() -> Any:
+def _new_bar(console: Any) -> Any:
     try:
         from rich.progress import (
             BarColumn,
@@ -82,4 +89,5 @@ def _new_bar() -> Any:
         DownloadColumn(binary_units=True),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
+        console=console,
     )

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from .errors import MissingExtraError, UsageError
+from .errors import MissingExtraError, ServeError, UsageError
 from .main import EXIT_OK
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -138,6 +138,12 @@ def serve_command(args: argparse.Namespace) -> int:
             serve(settings, log_level=args.log_level)
     except KeyboardInterrupt:
         pass  # uvicorn has shut down cleanly, then passed the signal on
+    except SystemExit as stop:  # uvicorn's way to give up, a port in use for one
+        if stop.code:
+            raise ServeError(
+                f"the service did not start on {settings.host}:{settings.port} "
+                f"(uvicorn's exit status {stop.code}; its log above says why)"
+            ) from None
     print("gradvault serve: stopped", file=sys.stderr)
     return EXIT_OK
 

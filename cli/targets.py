@@ -118,7 +118,7 @@ class ServiceTarget:
         return self.client.info(snapshot_id)
 
     def pull(self, snapshot_id: str, path: Path, progress: Progress | None) -> Path:
-        return self.client.download(snapshot_id, path, **_progress_option(progress))
+        return self.client.download(snapshot_id, path, progress=progress)
 
     def push(
         self,
@@ -129,7 +129,7 @@ class ServiceTarget:
         tags: Mapping[str, str] | None,
         progress: Progress | None,
     ) -> SnapshotInfo:
-        return self.client.push(record, run=run, step=step, tags=tags, **_progress_option(progress))
+        return self.client.push(record, run=run, step=step, tags=tags, progress=progress)
 
     def delete(self, snapshot_id: str) -> None:
         self.client.delete(snapshot_id)
@@ -158,11 +158,6 @@ class ServiceTarget:
 
     def close(self) -> None:
         self.client.close()
-
-
-def _progress_option(progress: Progress | None) -> dict[str, Progress]:
-    """``progress=`` for the client's transfers, when there is a bar to feed."""
-    return {} if progress is None else {"progress": progress}
 
 
 class StoreTarget:

@@ -107,7 +107,9 @@ def test_push_ls_show_pull_rm_round_trip(
     path, record = gradients_file
     where = ["--url", service.url, "--token", WRITE_TOKEN]
 
-    result = gradvault("push", str(path), "--run", "round", "--step", "7", "--tag", "lr=0.1", *where)
+    result = gradvault(
+        "push", str(path), "--run", "round", "--step", "7", "--tag", "lr=0.1", *where
+    )
     assert result.code == 0, result.err
     assert result.out.startswith("pushed ")
     assert "run round, step 7, 3 gradients" in result.out
