@@ -118,7 +118,7 @@ def _service(args: argparse.Namespace) -> Iterator[tuple[str, str | None, Any, s
 
         from .serve import BackgroundService
     except ImportError as error:
-        raise MissingExtraError("demo", "service", error) from error
+        raise MissingExtraError("gradvault demo without --url", "service", error) from error
     with contextlib.ExitStack() as stack:
         if args.service_store is not None:
             store = str(Path(args.service_store).absolute())

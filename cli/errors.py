@@ -28,10 +28,11 @@ class UsageError(GradvaultError, ValueError):
 class MissingExtraError(GradvaultError, ImportError):
     """A command needs an optional dependency (an extra) that is not installed."""
 
-    def __init__(self, command: str, extra: str, cause: ImportError) -> None:
+    def __init__(self, what: str, extra: str, cause: ImportError) -> None:
+        missing = cause.name or str(cause)
         super().__init__(
-            f"'gradvault {command}' needs the {extra} extra ({cause.name or cause} is not "
-            f"installed): pip install 'gradvault[{extra}]'"
+            f"{what} needs the {extra} extra ({missing} is not installed): "
+            f"pip install 'gradvault[{extra}]'"
         )
 
 

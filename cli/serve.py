@@ -34,7 +34,7 @@ def _settings_class() -> Any:
     try:
         from gradvault.service import Settings
     except ImportError as error:
-        raise MissingExtraError("serve", "service", error) from error
+        raise MissingExtraError("gradvault serve", "service", error) from error
     return Settings
 
 
@@ -214,13 +214,17 @@ class BackgroundService:
 
     def wait(self) -> None:
         """Block until the service stops (Ctrl-C in this thread raises KeyboardInterrupt)."""
+        # sleep, not Thread.join: a KeyboardInterrupt that lands inside join() can leave
+        # the thread marked as finished while it still runs, and stop() would not wait
         while self._thread.is_alive():
-            self._thread.join(0.5)
+            time.sleep(0.2)
 
     def stop(self) -> None:
+        """Stop after the requests in flight; the socket is closed once uvicorn is done."""
         self._server.should_exit = True
         self._thread.join(STARTUP_DEADLINE_SECONDS)
-        self._socket.close()
+        if not self._thread.is_alive():
+            self._socket.close()
 
     def __enter__(self) -> BackgroundService:
         return self.start()

@@ -103,7 +103,7 @@ class ServiceTarget:
         try:
             from gradvault.client import Client
         except ImportError as error:
-            raise MissingExtraError("client commands", "client", error) from error
+            raise MissingExtraError("reaching a service (--url)", "client", error) from error
         self.where = url
         self.client = Client(url, token, retries=retries)
 

@@ -329,3 +329,31 @@ def test_store_mode_refuses_a_missing_folder(gradvault, tmp_path: Path) -> None:
     result = gradvault("ls", "--store", str(tmp_path / "typo"))
     assert result.code == 1
     one_error_line(result, "no store (no such folder)", "typo")
+
+
+def test_a_missing_extra_is_named_with_its_install_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from .conftest import clean_environment
+
+    program = (
+        "import sys; sys.modules['httpx'] = None; sys.modules['fastapi'] = None\n"
+        "from gradvault.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    for args, needle in [
+        (["ls"], "reaching a service (--url) needs the client extra"),
+        (["serve"], "gradvault serve needs the service extra"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-c", program, *args],
+            capture_output=True,
+            text=True,
+            env=clean_environment(),
+            cwd=tmp_path,
+            check=False,
+        )
+        assert done.returncode == 1, done.stderr
+        result = Result(done.returncode, done.stdout, done.stderr)
+        one_error_line(result, needle, "pip install 'gradvault[")

@@ -94,4 +94,7 @@ def test_demo_keeps_serving_until_ctrl_c(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGINT)
         code = process.wait(DEADLINE_SECONDS)
-    assert code == 0, process.stderr.read()
+    errors = process.stderr.read()
+    assert code == 0, errors
+    assert "Traceback" not in errors and "ERROR" not in errors, errors
+    assert lines.get(timeout=DEADLINE_SECONDS) == "stopping the service\n"
