@@ -145,6 +145,12 @@ def rm(args: argparse.Namespace) -> int:
 def gc(args: argparse.Namespace) -> int:
     """Collect leftovers of interrupted writes (--store) and apply retention rules."""
     retention = args.keep_last is not None or args.keep_every is not None
+    if args.run is not None and not retention:
+        raise UsageError(
+            "--run chooses the snapshots retention applies to; give --keep-last and/or "
+            "--keep-every with it",
+            prog="gradvault gc",
+        )
     if args.store is None and not retention:
         raise UsageError(
             "over the service, gc applies retention only: give --keep-last and/or "

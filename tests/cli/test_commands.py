@@ -83,6 +83,8 @@ def test_console_script_and_python_m_gradvault_cli(tmp_path: Path) -> None:
         (["ls", "--store", "x", "--token", "t"], "--token is for a service"),
         (["ls", "--url", "ftp://example"], "http:// or https:// URL"),
         (["gc"], "--keep-last"),
+        (["gc", "--store", ".", "--run", "r"], "--run chooses"),
+        (["gc", "--keep-every", "0"], "expected an integer >= 1"),
         (["demo", "--url", "http://127.0.0.1:1", "--keep-serving"], "--keep-serving"),
         (["serve", "--port", "70000"], "--port (GRADVAULT_PORT)"),
         (["serve", "--tokens", "secret-value:admin"], "scope is 'read' or 'write'"),
