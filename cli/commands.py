@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def ls(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(
             [
-                {**info.__dict__, "nan_count": nan, "inf_count": inf}
+                {**asdict(info), "nan_count": nan, "inf_count": inf}
                 for info, (nan, inf) in zip(infos, counts, strict=True)
             ]
         )
@@ -124,7 +125,7 @@ def push(args: argparse.Namespace) -> int:
     ):
         info = target.push(record, run=args.run, step=args.step, tags=tags, progress=progress)
     if args.json:
-        _print_json(info.__dict__)
+        _print_json(asdict(info))
     else:
         print(
             f"pushed {info.id}: run {info.run}, step {info.step}, {info.num_params} gradients, "
