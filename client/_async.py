@@ -7,20 +7,32 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
 from gradvault.core import GradientsParams, GradientsParamsRecord
 from gradvault.core.safetensors_file import record_from_safetensors
 
-from ._base import BaseClient, ProgressCallback, SnapshotSummary, TransferMeter, Upload
+from ._base import (
+    BaseClient,
+    ProgressCallback,
+    Resumption,
+    SnapshotSummary,
+    TransferMeter,
+    Upload,
+)
 from ._files import part_beside, place
 
 
 async def _async_chunks(chunks: Iterator[bytes | memoryview]) -> AsyncIterator[bytes | memoryview]:
     for chunk in chunks:  # views of the record's arrays: nothing here blocks
         yield chunk
+
+
+def _flush_to_disk(file: BinaryIO) -> None:
+    file.flush()
+    os.fsync(file.fileno())
 
 
 class AsyncClient(BaseClient):
@@ -63,13 +75,14 @@ class AsyncClient(BaseClient):
         path: str,
         *,
         params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
         upload: Upload | None = None,
         stream: bool = False,
     ) -> httpx.Response:
         """The first answer that is not an error, after retries; the core error otherwise."""
         attempt = 0
         while True:
-            headers = content = None
+            content = None
             if upload is not None:  # a fresh generator each try: the body is made again
                 headers, content = upload.headers, _async_chunks(upload.chunks())
             request = self._http.build_request(
@@ -146,28 +159,41 @@ class AsyncClient(BaseClient):
     async def _download_to(
         self, snapshot_id: str, path: Path, progress: ProgressCallback | None
     ) -> GradientsParamsRecord:
+        """Download the file to ``path`` (resumed after a drop), fsync it, verify it."""
         manifest = await self.info(snapshot_id)
         meter = TransferMeter(progress)
-        attempt = 0
-        while True:  # a connection dropped mid-body: the whole file again, as other retries
-            response = await self._send(
-                "GET", self._snapshot_path(snapshot_id) + "/safetensors", stream=True
-            )
-            try:
-                meter.start(0, self._body_length(response))
-                with open(path, "wb") as file:
+        resumption = Resumption()
+        attempt = furthest = 0
+        with open(path, "wb") as file:
+            while True:  # a connection dropped mid-body: the rest is asked for (Range)
+                response = await self._send(
+                    "GET",
+                    self._snapshot_path(snapshot_id) + "/safetensors",
+                    headers=resumption.request_headers(),
+                    stream=True,
+                )
+                try:
+                    file.seek(resumption.begin(response))
+                    file.truncate()
+                    meter.start(resumption.written, resumption.total)
                     async for chunk in response.aiter_bytes():
                         await asyncio.to_thread(file.write, chunk)
+                        resumption.wrote(len(chunk))
                         meter.moved(len(chunk))
-                break
-            except httpx.TransportError as error:
-                delay = self._retry_delay(attempt, "GET", None, None)
-                if delay is None:
-                    raise self._unreachable(response.request, error) from error
-            finally:
-                await response.aclose()
-            await self._sleep(delay)
-            attempt += 1
+                    break
+                except httpx.TransportError as error:
+                    if resumption.written > furthest:  # got further: the tries count anew
+                        attempt, furthest = 0, resumption.written
+                    delay = self._retry_delay(attempt, "GET", None, None)
+                    if delay is None:
+                        raise self._unreachable(response.request, error) from error
+                finally:
+                    await response.aclose()
+                await self._sleep(delay)
+                attempt += 1
+            await asyncio.to_thread(_flush_to_disk, file)
+        if resumption.changed:  # the file changed between tries: check against its manifest
+            manifest = await self.info(snapshot_id)
         record = await asyncio.to_thread(record_from_safetensors, path)
         await asyncio.to_thread(self._verify, snapshot_id, record, manifest)
         return record

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -93,6 +94,68 @@ class Upload:
         for chunk in safetensors_chunks(self.record):
             yield chunk
             meter.moved(memoryview(chunk).nbytes)
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+
+@dataclass
+class Resumption:
+    """A download between tries: the bytes kept, and the ETag they were sent under.
+
+    A try after a dropped connection asks for the rest only (``Range: bytes=<kept>-``)
+    and only if the file is still the one those bytes came from (``If-Range: <ETag>``);
+    otherwise the service sends the whole file, and the kept bytes are dropped.
+    """
+
+    written: int = 0
+    total: int | None = None
+    etag: str | None = None
+    #: the file changed under the download (another ETag): its manifest must be read again
+    changed: bool = False
+
+    def request_headers(self) -> dict[str, str]:
+        """The next try's headers; bytes as stored (no content coding) so offsets hold."""
+        headers = {"Accept-Encoding": "identity"}
+        if self.written and self.etag is not None:
+            headers.update({"Range": f"bytes={self.written}-", "If-Range": self.etag})
+        return headers
+
+    def begin(self, response: httpx.Response) -> int:
+        """Where in the file this answer's body goes; the bytes before it are kept.
+
+        ClientRequestError if a 206 is not the rest of the same file.
+        """
+        etag = response.headers.get("etag")
+        strong = etag if etag and not etag.startswith("W/") else None
+        if response.status_code == 206:
+            content_range = response.headers.get("content-range", "")
+            match = _CONTENT_RANGE.fullmatch(content_range.strip())
+            if (
+                match is None
+                or int(match[1]) != self.written
+                or int(match[2]) + 1 != int(match[3])
+                or strong != self.etag
+            ):
+                request = response.request
+                error = ClientRequestError(
+                    f"{request.method} {request.url}: HTTP 206 with Content-Range "
+                    f"{content_range!r} and ETag {etag!r}; the download asked for "
+                    f"bytes={self.written}- of ETag {self.etag}"
+                )
+                error.status = 206
+                error.request, error.response = request, response
+                raise error
+            self.total = int(match[3])
+        else:
+            self.changed = self.changed or (self.etag is not None and strong != self.etag)
+            self.written = 0
+            self.total = BaseClient._body_length(response)
+        self.etag = strong
+        return self.written
+
+    def wrote(self, count: int) -> None:
+        self.written += count
 
 
 class BaseClient:

@@ -14,7 +14,14 @@ import httpx
 from gradvault.core import GradientsParams, GradientsParamsRecord
 from gradvault.core.safetensors_file import record_from_safetensors
 
-from ._base import BaseClient, ProgressCallback, SnapshotSummary, TransferMeter, Upload
+from ._base import (
+    BaseClient,
+    ProgressCallback,
+    Resumption,
+    SnapshotSummary,
+    TransferMeter,
+    Upload,
+)
 from ._files import part_beside, place
 
 
@@ -59,13 +66,14 @@ class Client(BaseClient):
         path: str,
         *,
         params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
         upload: Upload | None = None,
         stream: bool = False,
     ) -> httpx.Response:
         """The first answer that is not an error, after retries; the core error otherwise."""
         attempt = 0
         while True:
-            headers = content = None
+            content = None
             if upload is not None:  # a fresh generator each try: the body is made again
                 headers, content = upload.headers, upload.chunks()
             request = self._http.build_request(
@@ -141,28 +149,42 @@ class Client(BaseClient):
     def _download_to(
         self, snapshot_id: str, path: Path, progress: ProgressCallback | None
     ) -> GradientsParamsRecord:
+        """Download the file to ``path`` (resumed after a drop), fsync it, verify it."""
         manifest = self.info(snapshot_id)
         meter = TransferMeter(progress)
-        attempt = 0
-        while True:  # a connection dropped mid-body: the whole file again, as other retries
-            response = self._send(
-                "GET", self._snapshot_path(snapshot_id) + "/safetensors", stream=True
-            )
-            try:
-                meter.start(0, self._body_length(response))
-                with open(path, "wb") as file:
+        resumption = Resumption()
+        attempt = furthest = 0
+        with open(path, "wb") as file:
+            while True:  # a connection dropped mid-body: the rest is asked for (Range)
+                response = self._send(
+                    "GET",
+                    self._snapshot_path(snapshot_id) + "/safetensors",
+                    headers=resumption.request_headers(),
+                    stream=True,
+                )
+                try:
+                    file.seek(resumption.begin(response))
+                    file.truncate()
+                    meter.start(resumption.written, resumption.total)
                     for chunk in response.iter_bytes():
                         file.write(chunk)
+                        resumption.wrote(len(chunk))
                         meter.moved(len(chunk))
-                break
-            except httpx.TransportError as error:
-                delay = self._retry_delay(attempt, "GET", None, None)
-                if delay is None:
-                    raise self._unreachable(response.request, error) from error
-            finally:
-                response.close()
-            self._sleep(delay)
-            attempt += 1
+                    break
+                except httpx.TransportError as error:
+                    if resumption.written > furthest:  # got further: the tries count anew
+                        attempt, furthest = 0, resumption.written
+                    delay = self._retry_delay(attempt, "GET", None, None)
+                    if delay is None:
+                        raise self._unreachable(response.request, error) from error
+                finally:
+                    response.close()
+                self._sleep(delay)
+                attempt += 1
+            file.flush()
+            os.fsync(file.fileno())
+        if resumption.changed:  # the file changed between tries: check against its manifest
+            manifest = self.info(snapshot_id)
         record = record_from_safetensors(path)
         self._verify(snapshot_id, record, manifest)
         return record

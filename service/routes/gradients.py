@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
+import crc32c
 from fastapi import APIRouter, Header, Path, Query, Response
 
 from gradvault.core import MissingGradientError, ParamId
-from gradvault.core.store import parse_snapshot_id
+from gradvault.core.safetensors_file import data_order
+from gradvault.core.store import SnapshotStore, parse_snapshot_id
 
 from ..deps import MetricsDep, ReadAccess, StoreDep
 from ..error_handlers import error_responses
@@ -123,28 +126,110 @@ async def get_gradient(
     )
 
 
+_SAFETENSORS_HEADERS = {
+    "ETag": _header(
+        "strong, \"st-<8 hex>\": the crc32c of the file's header and its gradients' checksums"
+    ),
+    "Accept-Ranges": _header("bytes"),
+}
+
+
+def _safetensors_etag(header: bytes, manifest: dict[str, Any]) -> str:
+    """A strong validator of the file: its header (layout, names, summary) and data checksums."""
+    value = crc32c.crc32c(header)
+    for checksum in manifest["gradients"]["checksum"]:
+        value = crc32c.crc32c(checksum.encode(), value)
+    return f'"st-{value:08x}"'
+
+
+async def _safetensors_range(
+    store: SnapshotStore,
+    snapshot_id: str,
+    manifest: dict[str, Any],
+    header: bytes,
+    start: int,
+    stop: int,
+) -> AsyncIterator[bytes | memoryview]:
+    """Bytes ``[start, stop)`` of the safetensors file: only the gradients' bytes it covers
+    are read from the store, in the file's data order."""
+    if start < len(header):
+        yield header[start:stop]
+    table = manifest["gradients"]
+    entries = list(
+        zip(table["param_id"], table["dtype"], table["shape"], table["nbytes"], strict=True)
+    )
+    offset = len(header)
+    for position in data_order(entries):
+        param_id, nbytes = entries[position][0], entries[position][3]
+        first, last = max(start - offset, 0), min(stop - offset, nbytes)
+        if first < last:
+            async for piece in store.iter_gradient(snapshot_id, param_id, first, last):
+                yield piece
+        offset += nbytes
+        if offset >= stop:
+            return
+
+
 @router.get(
     "/safetensors",
     response_class=OctetStreamResponse,
     dependencies=[ReadAccess],
     responses={
-        200: {"content": _BINARY, "description": "The snapshot as one safetensors file"},
-        **error_responses(400, 401, 403, 404, 422, 500, 503, binary_route=True),
+        200: {
+            "content": _BINARY,
+            "description": "The snapshot as one safetensors file",
+            "headers": _SAFETENSORS_HEADERS,
+        },
+        206: {
+            "content": _BINARY,
+            "description": "One byte range of it (a download resumed)",
+            "headers": {
+                **_SAFETENSORS_HEADERS,
+                "Content-Range": _header("bytes <first>-<last>/<size>"),
+            },
+        },
+        304: {
+            "description": "If-None-Match names the ETag",
+            "headers": {"ETag": _SAFETENSORS_HEADERS["ETag"]},
+        },
+        **error_responses(400, 401, 403, 404, 416, 422, 500, 503, binary_route=True),
     },
 )
 async def get_safetensors(
-    snapshot_id: SnapshotIdPath, store: StoreDep, metrics: MetricsDep
+    snapshot_id: SnapshotIdPath,
+    store: StoreDep,
+    metrics: MetricsDep,
+    range_header: Annotated[str | None, Header(alias="Range")] = None,
+    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
+    if_range: Annotated[str | None, Header(alias="If-Range")] = None,
 ) -> Response:
-    """The whole snapshot as one safetensors file (keys: ParamIds), streamed and verified."""
+    """The whole snapshot as one safetensors file (keys: ParamIds), streamed and verified;
+    Range (one), If-Range and ETag, so that a broken download resumes."""
     snapshot_id = parse_snapshot_id(snapshot_id)
+    manifest = await store.info(snapshot_id)
     length, pieces = await store.iter_safetensors(snapshot_id)
+    header = bytes(await anext(pieces))  # iter_safetensors yields the header first
+    etag = _safetensors_etag(header, manifest)
+    headers = {
+        "ETag": etag,
+        "Accept-Ranges": "bytes",
+        "Content-Disposition": f'attachment; filename="{snapshot_id}.safetensors"',
+    }
+    try:
+        if etag_matches(if_none_match, etag):
+            return Response(status_code=304, headers=headers)
+        chosen = select_range(range_header, length) if range_applies(if_range, etag) else None
+    except BaseException:
+        await pieces.aclose()
+        raise
+    if chosen is None:
+        source = prefixed(header, pieces)
+    else:
+        await pieces.aclose()
+        source = _safetensors_range(store, snapshot_id, manifest, header, chosen.start, chosen.stop)
+        headers["Content-Range"] = chosen.content_range
     body = await started_stream(
-        pieces, what=lambda: f"the safetensors file of snapshot {snapshot_id}", metrics=metrics
+        source, what=lambda: f"the safetensors file of snapshot {snapshot_id}", metrics=metrics
     )
-    return OctetStreamResponse(
-        body,
-        headers={
-            "Content-Length": str(length),
-            "Content-Disposition": f'attachment; filename="{snapshot_id}.safetensors"',
-        },
-    )
+    headers["Content-Length"] = str(chosen.length if chosen else length)
+    return OctetStreamResponse(body, status_code=206 if chosen else 200, headers=headers)

@@ -14,7 +14,13 @@ import httpx
 import pytest
 
 from gradvault.client import AsyncClient, Client
-from gradvault.core import ChecksumMismatchError, ClientRequestError, SnapshotNotFoundError
+from gradvault.core import (
+    AuthError,
+    ChecksumMismatchError,
+    ClientRequestError,
+    GradientsParamsRecord,
+    SnapshotNotFoundError,
+)
 from gradvault.core.safetensors_file import safetensors_chunks
 from tests.service.conftest import make_record
 
@@ -205,3 +211,118 @@ async def test_a_download_that_keeps_dropping_is_reported(kind: str) -> None:
     )
     with pytest.raises(ClientRequestError, match="ReadError"):
         await call(script, kind, "fetch", SNAPSHOT_ID, client_options={"retries": 1})
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (400, ClientRequestError),
+        (401, AuthError),
+        (403, AuthError),
+        (404, SnapshotNotFoundError),
+        (409, ClientRequestError),
+        (413, ClientRequestError),
+        (416, ClientRequestError),
+        (422, ClientRequestError),
+    ],
+)
+async def test_no_other_4xx_is_retried(kind: str, code: int, error: type[Exception]) -> None:
+    script = Script([status(code)])
+    with pytest.raises(error, match=f"HTTP {code}"):
+        await call(script, kind, "info", SNAPSHOT_ID)
+    assert len(script.requests) == 1 and script.sleeps == []
+
+
+def _served(record: GradientsParamsRecord) -> tuple[bytes, dict[str, Any]]:
+    body = b"".join(bytes(chunk) for chunk in safetensors_chunks(record))
+    manifest = {
+        "gradients": [{"param_id": str(e.param_id), "checksum": _crc(e.data)} for e in record]
+    }
+    return body, manifest
+
+
+async def test_a_dropped_download_asks_for_the_rest_under_its_etag(kind: str) -> None:
+    record = make_record(seed=6, sizes=((40, 40), (9,)))
+    body, manifest = _served(record)
+    half = len(body) // 2
+    etag = '"st-0badf00d"'
+
+    def rest(request: httpx.Request) -> httpx.Response:
+        assert request.headers["range"] == f"bytes={half}-"
+        assert request.headers["if-range"] == etag
+        assert request.headers["accept-encoding"] == "identity"
+        return httpx.Response(
+            206,
+            headers={"ETag": etag, "Content-Range": f"bytes {half}-{len(body) - 1}/{len(body)}"},
+            content=body[half:],
+        )
+
+    script = Script(
+        [
+            status(200, body=manifest),
+            lambda request: httpx.Response(
+                200, headers={"ETag": etag}, stream=DroppedBody(body, half)
+            ),
+            rest,
+        ]
+    )
+    dones: list[int] = []
+    fetched = await call(
+        script, kind, "fetch", SNAPSHOT_ID, progress=lambda done, total: dones.append(done)
+    )
+    assert [bytes(e.data) for e in fetched] == [bytes(e.data) for e in record]
+    assert "range" not in script.requests[1].headers
+    assert dones == sorted(dones) and dones[-1] == len(body)
+
+
+async def test_a_file_changed_between_tries_is_taken_whole_and_checked_anew(kind: str) -> None:
+    old_body, old_manifest = _served(make_record(seed=7))
+    new_body, new_manifest = _served(make_record(seed=8))
+    script = Script(
+        [
+            status(200, body=old_manifest),
+            lambda request: httpx.Response(
+                200, headers={"ETag": '"st-1"'}, stream=DroppedBody(old_body, 40)
+            ),
+            # If-Range names "st-1"; the service has "st-2" now, so it sends all of it
+            lambda request: httpx.Response(200, headers={"ETag": '"st-2"'}, content=new_body),
+            status(200, body=new_manifest),
+        ]
+    )
+    fetched = await call(script, kind, "fetch", SNAPSHOT_ID)
+    assert script.requests[2].headers["if-range"] == '"st-1"'
+    assert [bytes(e.data) for e in fetched] == [bytes(e.data) for e in make_record(seed=8)]
+    assert len(script.requests) == 4  # the manifest was read again
+
+
+async def test_a_206_that_is_not_the_rest_is_refused(kind: str) -> None:
+    body, manifest = _served(make_record(seed=9))
+    script = Script(
+        [
+            status(200, body=manifest),
+            lambda request: httpx.Response(
+                200, headers={"ETag": '"st-1"'}, stream=DroppedBody(body, 40)
+            ),
+            lambda request: httpx.Response(
+                206,
+                headers={"ETag": '"st-1"', "Content-Range": f"bytes 0-9/{len(body)}"},
+                content=body[:10],
+            ),
+        ]
+    )
+    with pytest.raises(ClientRequestError, match=r"HTTP 206 with Content-Range 'bytes 0-9/"):
+        await call(script, kind, "fetch", SNAPSHOT_ID)
+
+
+async def test_without_an_etag_a_dropped_download_starts_again(kind: str) -> None:
+    body, manifest = _served(make_record(seed=10))
+    script = Script(
+        [
+            status(200, body=manifest),
+            lambda request: httpx.Response(200, stream=DroppedBody(body, 40)),
+            lambda request: httpx.Response(200, content=body),
+        ]
+    )
+    fetched = await call(script, kind, "fetch", SNAPSHOT_ID)
+    assert "range" not in script.requests[2].headers
+    assert [bytes(e.data) for e in fetched] == [bytes(e.data) for e in make_record(seed=10)]

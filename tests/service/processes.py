@@ -1,4 +1,5 @@
-"""ServiceProcess: ``python -m gradvault.service`` in a subprocess on 127.0.0.1, a free port."""
+"""ServiceProcess: ``python -m gradvault.service`` in a subprocess on 127.0.0.1 (a free port,
+or the one given)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ class ServiceProcess:
         store_options: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         python: list[str] | None = None,
+        port: int = 0,
     ) -> None:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("GRADVAULT_")}
         environment["GRADVAULT_STORE_OPTIONS"] = json.dumps(store_options or {})
         environment.update(env or {})
         command = [*(python or [sys.executable]), "-m", "gradvault.service"]
         self._process = subprocess.Popen(
-            [*command, "--store", store, "--host", "127.0.0.1", "--port", "0"],
+            [*command, "--store", store, "--host", "127.0.0.1", "--port", str(port)],
             env=environment,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

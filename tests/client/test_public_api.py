@@ -1,0 +1,20 @@
+"""The names gradvault.client exports."""
+
+from __future__ import annotations
+
+import gradvault.client
+
+
+def test_exported_names_are_pinned() -> None:
+    assert sorted(gradvault.client.__all__) == [
+        "AsyncClient",
+        "AsyncSnapshotter",
+        "Client",
+        "ProgressCallback",
+        "SnapshotSummary",
+        "Snapshotter",
+        "SnapshotterSummary",
+        "SnapshotterWarning",
+    ]
+    for name in gradvault.client.__all__:
+        assert getattr(gradvault.client, name) is not None, name
