@@ -3,23 +3,33 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+GV     := $(VENV)/bin/gradvault
+# where `make run` and `make demo` serve (loopback only)
+PORT   ?= 8000
+STORE  ?= .gradvault/store
 
-.PHONY: run test bench load lint gpu-check deploy-check clean
+.PHONY: run demo test bench load lint gpu-check deploy-check clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e '.[cli]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install --quiet -e '.[dev,torch,service,client]'
+	$(PIP) install --quiet -e '.[dev,torch,cli]'
 	touch $(VENV)/.installed $@
 
+# The service on $(STORE) at 127.0.0.1:$(PORT), the demo against it, the URLs and the
+# listing; the service then stays in the foreground until Ctrl-C.
 run: $(VENV)/.installed
-	$(PY) -m gradvault.core.demo
+	$(GV) demo --service-store $(STORE) --port $(PORT) --keep-serving
+
+# The same, and the service stops when the demo ends (for scripts).
+demo: $(VENV)/.installed
+	$(GV) demo --service-store $(STORE) --port $(PORT)
 
 # pytest exits 5 when it collected no tests; that is a failure here, not a pass.
 test: lint

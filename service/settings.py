@@ -69,16 +69,20 @@ class Settings(BaseSettings):
     store_options: dict[str, Any] = Field(
         default_factory=dict, description="extra open_store options (JSON), e.g. an S3 endpoint"
     )
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(8000, ge=0, le=65535, description="port to bind (0: a free one)")
     tokens: Annotated[dict[str, Scope], NoDecode] = Field(
         default_factory=dict, description="comma-separated token:scope pairs"
     )
-    public_read: bool = False
-    allow_open: bool = False
-    max_upload_bytes: int = Field(8 << 30, ge=1)
-    max_header_bytes: int = Field(16 << 20, ge=8)
-    index_refresh_seconds: float = Field(1.0, ge=0)
+    public_read: bool = Field(False, description="reads need no token (writes still do)")
+    allow_open: bool = Field(
+        False, description="allow serving without tokens on a non-loopback address"
+    )
+    max_upload_bytes: int = Field(8 << 30, ge=1, description="largest upload (413 beyond)")
+    max_header_bytes: int = Field(
+        16 << 20, ge=8, description="largest safetensors JSON header in an upload"
+    )
+    index_refresh_seconds: float = Field(1.0, ge=0, description="how old the listing index may be")
     spool_dir: str | None = Field(None, description="where uploads are spooled (system temp)")
 
     @field_validator("tokens", mode="before")

@@ -1,0 +1,234 @@
+"""Where a command finds snapshots: a service (``--url``, ``--token``) or a store (``--store``).
+
+:class:`ServiceTarget` goes through :class:`gradvault.client.Client`; :class:`StoreTarget`
+opens the store itself (:func:`gradvault.core.open_store`), no service involved. Both
+answer in the same shapes: :class:`SnapshotInfo` summaries, and a snapshot's detail as the
+service's ``GET /v1/snapshots/{id}`` gives it (``gradients`` as a list of objects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from gradvault.core import GradientsParamsRecord, SnapshotNotFoundError
+from gradvault.core.store import RetentionRules, SnapshotInfo, open_store
+
+from .errors import MissingExtraError, UsageError
+from .files import save_npz, save_stream
+
+Progress = Callable[[int, int | None], None]
+
+
+class Target(Protocol):
+    """What the snapshot commands need of a service or a store."""
+
+    where: str
+
+    def list(
+        self, run: str | None, step_min: int | None, step_max: int | None, limit: int | None
+    ) -> list[SnapshotInfo]: ...
+
+    def detail(self, snapshot_id: str) -> dict[str, Any]: ...
+
+    def pull(self, snapshot_id: str, path: Path, progress: Progress | None) -> Path: ...
+
+    def push(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None,
+        progress: Progress | None,
+    ) -> SnapshotInfo: ...
+
+    def delete(self, snapshot_id: str) -> None: ...
+
+    def apply_retention(
+        self, keep_last: int | None, keep_every: int | None, run: str | None
+    ) -> list[str]: ...
+
+    def collect_garbage(self, grace_seconds: float) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+def detail_from_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A store manifest (gradients by column) in the service's detail shape (by row)."""
+    table = manifest["gradients"]
+    stats = table["stats"]
+    gradients = [
+        {
+            "param_id": table["param_id"][i],
+            "name": table["name"][i],
+            "dtype": table["dtype"][i],
+            "shape": table["shape"][i],
+            "nbytes": table["nbytes"][i],
+            "checksum": table["checksum"][i],
+            "stats": {key: stats[key][i] for key in stats},
+        }
+        for i in range(len(table["param_id"]))
+    ]
+    summary = ("id", "run", "step", "created_at", "nbytes", "num_params", "device")
+    return {
+        **{key: manifest[key] for key in summary},
+        "backend": manifest.get("backend"),
+        "tags": manifest.get("tags", {}),
+        "metadata": manifest.get("metadata"),
+        "compression": manifest.get("compression"),
+        "gradients": gradients,
+    }
+
+
+def doomed_by_retention(
+    newest_first: list[SnapshotInfo], keep_last: int | None, keep_every: int | None
+) -> list[str]:
+    """The ids a retention pass with these rules deletes (never the newest)."""
+    return RetentionRules(keep_last, keep_every).doomed(newest_first, protected=())
+
+
+class ServiceTarget:
+    """The service at ``url`` through the blocking client."""
+
+    def __init__(self, url: str, token: str | None, *, retries: int = 3) -> None:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise UsageError(f"--url takes an http:// or https:// URL; got {url!r}")
+        try:
+            from gradvault.client import Client
+        except ImportError as error:
+            raise MissingExtraError("reaching a service (--url)", "client", error) from error
+        self.where = url
+        self.client = Client(url, token, retries=retries)
+
+    def list(
+        self, run: str | None, step_min: int | None, step_max: int | None, limit: int | None
+    ) -> list[SnapshotInfo]:
+        page_size = min(limit, 1000) if limit else 1000
+        found = self.client.list(run=run, step_min=step_min, step_max=step_max, page_size=page_size)
+        return list(itertools.islice(found, limit))
+
+    def detail(self, snapshot_id: str) -> dict[str, Any]:
+        return self.client.info(snapshot_id)
+
+    def pull(self, snapshot_id: str, path: Path, progress: Progress | None) -> Path:
+        return self.client.download(snapshot_id, path, progress=progress)
+
+    def push(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None,
+        progress: Progress | None,
+    ) -> SnapshotInfo:
+        return self.client.push(record, run=run, step=step, tags=tags, progress=progress)
+
+    def delete(self, snapshot_id: str) -> None:
+        self.client.delete(snapshot_id)
+
+    def apply_retention(
+        self, keep_last: int | None, keep_every: int | None, run: str | None
+    ) -> list[str]:
+        """Retention decided here from a listing, carried out by deletes over HTTP."""
+        deleted = []
+        for snapshot_id in doomed_by_retention(
+            self.list(run, None, None, None), keep_last, keep_every
+        ):
+            try:
+                self.client.delete(snapshot_id)
+            except SnapshotNotFoundError:
+                continue  # someone else deleted it meanwhile
+            deleted.append(snapshot_id)
+        return deleted
+
+    def collect_garbage(self, grace_seconds: float) -> list[str]:
+        raise UsageError(
+            "leftovers of interrupted writes are collected on the store itself: give --store "
+            "(over the service, gc applies --keep-last/--keep-every only)",
+            prog="gradvault gc",
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class StoreTarget:
+    """The store at ``url`` (a folder, ``file://`` or ``s3://``), opened by this process.
+
+    With ``must_exist``, a local folder that is not there is an error (a typo should not
+    read as an empty store).
+    """
+
+    def __init__(self, url: str, *, must_exist: bool) -> None:
+        local = "://" not in url or url.startswith("file:")
+        if must_exist and local:
+            folder = Path(urlparse(url).path if url.startswith("file:") else url).expanduser()
+            if not folder.is_dir():
+                raise FileNotFoundError(2, "no store (no such folder)", os.fspath(folder))
+        self.where = url
+        self._runner = asyncio.Runner()
+        self._store = open_store(url)
+
+    def _run(self, coroutine: Any) -> Any:
+        return self._runner.run(coroutine)
+
+    def list(
+        self, run: str | None, step_min: int | None, step_max: int | None, limit: int | None
+    ) -> list[SnapshotInfo]:
+        found = self._run(self._store.list(run=run, step_min=step_min, step_max=step_max))
+        return found[:limit] if limit else found
+
+    def detail(self, snapshot_id: str) -> dict[str, Any]:
+        return detail_from_manifest(self._run(self._store.info(snapshot_id)))
+
+    def pull(self, snapshot_id: str, path: Path, progress: Progress | None) -> Path:
+        if path.suffix == ".npz":
+            save_npz(path, self._run(self._store.read_snapshot(snapshot_id)))
+            return path
+
+        async def write() -> None:
+            total, pieces = await self._store.iter_safetensors(snapshot_id)
+            await save_stream(path, pieces, progress, total)
+
+        self._run(write())
+        return path
+
+    def push(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None,
+        progress: Progress | None,
+    ) -> SnapshotInfo:
+        return self._run(
+            self._store.write_snapshot(
+                record, run=run, step=step, tags=dict(tags) if tags else None
+            )
+        )
+
+    def delete(self, snapshot_id: str) -> None:
+        self._run(self._store.delete(snapshot_id))
+
+    def apply_retention(
+        self, keep_last: int | None, keep_every: int | None, run: str | None
+    ) -> list[str]:
+        return self._run(self._store.apply_retention(keep_last, keep_every, run=run))
+
+    def collect_garbage(self, grace_seconds: float) -> list[str]:
+        return self._run(self._store.gc(grace_seconds))
+
+    def close(self) -> None:
+        try:
+            self._run(self._store.close())
+        finally:
+            self._runner.close()
