@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install --quiet -e '.[dev,torch,service,client]'
+	$(PIP) install --quiet -e '.[dev,torch,service,client,hf]'
 	touch $(VENV)/.installed $@
 
 run: $(VENV)/.installed
