@@ -213,6 +213,12 @@ class GradvaultCallback(TrainerCallback):
             control.should_save = True  # the step finished: a normal checkpoint-N
             self._stop(control)
 
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._trainer is not None:
+            self._trainer._gradvault_checkpoint_saved()
+
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:

@@ -25,6 +25,7 @@ from ._rng import RngStates
 FOLDER_PREFIX = "gradvault-checkpoint"
 STATE_FILE = "gradvault_resume.json"
 STATE_FORMAT = 1
+LOGGING_FILE = "gradvault_logging.json"
 _FOLDER = re.compile(rf"^{FOLDER_PREFIX}-(\d+)$")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -112,13 +113,7 @@ class WindowState:
     def write(self, folder: Path) -> Path:
         """Write the state file into ``folder`` atomically (fsynced, then renamed)."""
         path = folder / state_file_name(self.process_index, self.world_size)
-        partial = path.with_suffix(".json.partial")
-        with open(partial, "w", encoding="utf-8") as handle:
-            json.dump(asdict(self), handle, allow_nan=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-        _fsync_folder(folder)
+        _write_json(path, asdict(self))
         return path
 
     @classmethod
@@ -170,6 +165,37 @@ class WindowState:
             )
         RngStates.from_json(self.rng_at_window_start, str(path))
         RngStates.from_json(self.rng_at_micro_step, str(path))
+
+
+def write_logging_state(folder: Path, state: dict[str, Any]) -> None:
+    """Write ``gradvault_logging.json`` (the loss not yet logged) into a checkpoint folder."""
+    _write_json(folder / LOGGING_FILE, {"format": STATE_FORMAT, **state})
+
+
+def read_logging_state(folder: Path) -> dict[str, Any] | None:
+    """The checkpoint's ``gradvault_logging.json``, or None when it has none."""
+    path = folder / LOGGING_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        last_logged = data["globalstep_last_logged"]
+        tr_loss = data["tr_loss"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ResumeStateError(f"{path} cannot be read: {type(error).__name__}: {error}") from None
+    if data.get("format") != STATE_FORMAT or type(last_logged) is not int:
+        raise ResumeStateError(f"{path} is not a logging state this release reads")
+    return {"tr_loss": tr_loss, "globalstep_last_logged": last_logged}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, allow_nan=False)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+    _fsync_folder(path.parent)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -33,7 +33,14 @@ from gradvault.core import GradientsParams
 from gradvault.core.errors import ResumeStateError, UnsupportedSetupError
 
 from ._callback import GradvaultCallback
-from ._folder import WindowState, folder_for, is_resume_folder, latest_checkpoint
+from ._folder import (
+    WindowState,
+    folder_for,
+    is_resume_folder,
+    latest_checkpoint,
+    read_logging_state,
+    write_logging_state,
+)
 from ._rng import RngStates, generators_at
 
 _log = logging.getLogger("gradvault.integrations.transformers")
@@ -86,6 +93,7 @@ class GradvaultTrainerMixin:
     _gradvault_resume: _Resume | None = None
     _gradvault_epoch_rng: RngStates | None = None
     _gradvault_epoch_fresh: bool = False
+    _gradvault_logging: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ train
     def train(
@@ -104,12 +112,13 @@ class GradvaultTrainerMixin:
                     resume_from_checkpoint = str(found)
             self._gradvault_resume = None
             self._gradvault_window = None
-            if isinstance(resume_from_checkpoint, str | os.PathLike) and is_resume_folder(
-                resume_from_checkpoint
-            ):
-                self._gradvault_resume = self._gradvault_load(
-                    Path(resume_from_checkpoint), callback
-                )
+            self._gradvault_logging = None
+            if isinstance(resume_from_checkpoint, str | os.PathLike):
+                folder = Path(resume_from_checkpoint)
+                if is_resume_folder(folder):
+                    self._gradvault_resume = self._gradvault_load(folder, callback)
+                else:
+                    self._gradvault_logging = read_logging_state(folder)
                 resume_from_checkpoint = os.fspath(resume_from_checkpoint)
             return super().train(  # type: ignore[misc]
                 resume_from_checkpoint=resume_from_checkpoint,
@@ -227,6 +236,10 @@ class GradvaultTrainerMixin:
             trainer._tr_loss = _tensor_from_bits(state.tr_loss_at_window_start, trainer.args.device)
             trainer._globalstep_last_logged = state.globalstep_last_logged
             first_in_epoch = state.first_in_epoch
+        elif self._gradvault_logging is not None:  # a checkpoint-N saved under the mixin
+            logging_state, self._gradvault_logging = self._gradvault_logging, None
+            trainer._tr_loss = _tensor_from_bits(logging_state["tr_loss"], trainer.args.device)
+            trainer._globalstep_last_logged = logging_state["globalstep_last_logged"]
         window_start = RngStates.capture()
         tr_loss = trainer._tr_loss.detach().clone()
         batches, num_items_in_batch = super().get_batch_samples(  # type: ignore[misc]
@@ -295,6 +308,27 @@ class GradvaultTrainerMixin:
         if self._gradvault_resume is not None or self._gradvault_window is None:
             return None
         return self._gradvault_window.done
+
+    def _gradvault_checkpoint_saved(self) -> None:
+        """After the Trainer saved ``checkpoint-N``: add the loss not yet logged beside it.
+
+        Resuming from that checkpoint with this mixin then logs the same losses as a run
+        that never stopped (the stock Trainer drops the steps since the last log).
+        """
+        trainer: Any = self
+        if not trainer.args.should_save:
+            return
+        folder = (
+            Path(trainer._get_output_dir(trial=None)) / f"checkpoint-{trainer.state.global_step}"
+        )
+        if folder.is_dir():
+            write_logging_state(
+                folder,
+                {
+                    "tr_loss": _tensor_bits(trainer._tr_loss),
+                    "globalstep_last_logged": trainer._globalstep_last_logged,
+                },
+            )
 
     # ------------------------------------------------------------------ snapshots
     def _gradvault_snapshot(self, callback: GradvaultCallback) -> None:

@@ -98,7 +98,9 @@ def make_trainer(
         # accelerate turns fp16 off on a CPU; its GPU set-up, on the CPU: float16
         # autocast around the forward pass and a GradScaler (torch supports both there)
         trainer.accelerator.native_amp = True
-        trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        trainer.accelerator.scaler = torch.amp.GradScaler(
+            "cpu", init_scale=2.0**10, growth_interval=1
+        )
     return trainer
 
 
