@@ -8,7 +8,8 @@ parameters, optimizer state, logged losses) is saved to ``OUT/result.pt``.
 Modes: ``baseline`` (stock Trainer, uninterrupted), ``every`` (snapshots every 7
 micro-batches, then the process kills itself with SIGKILL once the snapshot after the
 chosen micro-batch is committed), ``sigterm`` (prints READY at the start of the chosen
-micro-batch and waits there for the SIGTERM the test sends), ``resume``
+micro-batch and waits there for the SIGTERM the test sends), ``stop`` (as ``every``,
+but stops training instead of killing the process), ``resume``
 (``train(resume_from_checkpoint=True)``), ``stock-stop``/``stock-resume`` (the stock
 Trainer stopped mid-window with a checkpoint, as a just-in-time checkpoint does, and
 resumed from it).
@@ -191,6 +192,15 @@ def main(argv: list[str] | None = None) -> None:
         trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback, counter])
         trainer.train()
         raise SystemExit("the run should have been killed")
+    elif options.mode == "stop":
+        callback = GradvaultCallback(options.store, every=7, on_sigterm=False)
+
+        def stop(control: Any) -> None:
+            control.should_training_stop = True
+
+        counter = MicroBatchCounter(options.step, options.micro, stop)
+        trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback, counter])
+        trainer.train()
     elif options.mode == "sigterm":
         callback = GradvaultCallback(options.store)
         trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback])
