@@ -45,8 +45,8 @@ SIGNAL_WAIT_SECONDS = 120
 class Sequences(Dataset):
     """48 fixed random token sequences, each its own label."""
 
-    def __init__(self, count: int = 48, length: int = 16) -> None:
-        generator = torch.Generator().manual_seed(1234)
+    def __init__(self, count: int = 48, length: int = 16, seed: int = 1234) -> None:
+        generator = torch.Generator().manual_seed(seed)
         self.tokens = torch.randint(1, 64, (count, length), generator=generator)
 
     def __len__(self) -> int:
