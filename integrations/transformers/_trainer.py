@@ -62,6 +62,7 @@ class _Window:
     flos_at_start: float
     losses: list[torch.Tensor] = field(default_factory=list)
     folder: Path | None = None  # the resume folder written for this window
+    resumed_from: Path | None = None  # the folder this window was resumed from
 
     @property
     def done(self) -> int:
@@ -257,7 +258,7 @@ class GradvaultTrainerMixin:
         )
         if resume is not None:
             self._gradvault_check_window(resume, batches)
-            self._gradvault_window.folder = resume.folder
+            self._gradvault_window.folder = self._gradvault_window.resumed_from = resume.folder
         return batches, num_items_in_batch
 
     def _gradvault_check_window(self, resume: _Resume, batches: list[Any]) -> None:
@@ -374,9 +375,10 @@ class GradvaultTrainerMixin:
             for stale in folder.glob("gradvault_resume*.json"):
                 stale.unlink()
         folder.mkdir(parents=True, exist_ok=True)
-        resume_folder = self._gradvault_resume.folder if self._gradvault_resume else None
-        if resume_folder is not None and resume_folder.resolve() != folder.resolve():
-            for source in resume_folder.iterdir():
+        # a resumed window's step-N checkpoint is the folder it was resumed from: copied, since
+        # this process never saw the generators as they were when that window began
+        if window.resumed_from is not None:
+            for source in window.resumed_from.iterdir():
                 if source.is_file() and not source.name.startswith("gradvault_resume"):
                     shutil.copy2(source, folder / source.name)
             return

@@ -251,3 +251,21 @@ def test_snapshots_are_listed_and_resumed_through_the_service(
         assert_bit_identical(baseline, result(tmp_path))
     finally:
         server.stop()
+
+
+def test_exported_names_are_pinned() -> None:
+    import gradvault.integrations.transformers as integration
+
+    assert sorted(integration.__all__) == [
+        "FOLDER_PREFIX",
+        "GradvaultCallback",
+        "GradvaultTrainer",
+        "GradvaultTrainerMixin",
+        "IntegrationError",
+        "ResumeStateError",
+        "STATE_FILE",
+        "UnsupportedSetupError",
+        "latest_checkpoint",
+    ]
+    for name in integration.__all__:
+        assert hasattr(integration, name), name
