@@ -144,6 +144,27 @@ class WindowState:
         return state
 
     def _check(self, path: Path) -> None:
+        expected_types: dict[str, tuple[type, ...]] = {
+            "snapshot_id": (str,),
+            "target": (str,),
+            "run": (str,),
+            "batches_digest": (str,),
+            "first_in_epoch": (bool,),
+            "losses": (list,),
+            "tr_loss_at_window_start": (dict,),
+            "rng_at_window_start": (dict,),
+            "rng_at_micro_step": (dict,),
+            "scaler": (dict, type(None)),
+        }
+        for name, types in expected_types.items():
+            value = getattr(self, name)
+            if not isinstance(value, types):
+                raise ResumeStateError(
+                    f"{path}: {name} is {type(value).__name__}; expected "
+                    f"{' or '.join(kind.__name__ for kind in types)}"
+                )
+        if not all(isinstance(loss, dict) for loss in self.losses):
+            raise ResumeStateError(f"{path}: losses must be objects (dtype, shape, bytes)")
         for name in (
             "global_step",
             "micro_step",

@@ -89,7 +89,6 @@ class GradvaultTrainerMixin:
     picks the newest of both kinds in ``args.output_dir``.
     """
 
-    _gradvault_callback: GradvaultCallback | None = None
     _gradvault_window: _Window | None = None
     _gradvault_resume: _Resume | None = None
     _gradvault_epoch_rng: RngStates | None = None
@@ -180,7 +179,6 @@ class GradvaultTrainerMixin:
                 trainer.args.world_size,
             )
         callback._bind(self)
-        self._gradvault_callback = callback
         return callback
 
     def _gradvault_load(self, folder: Path, callback: GradvaultCallback) -> _Resume:
@@ -438,7 +436,8 @@ def _scaler_state(scaler: Any) -> dict[str, Any]:
 
 
 def _digest(batches: list[Any]) -> str:
-    """A digest of a window's micro-batches (every tensor's dtype, shape and bytes)."""
+    """A digest of a window's micro-batches: every tensor's dtype, shape and bytes, the
+    keys, and plain values (str, numbers, None)."""
     hasher = hashlib.blake2b(digest_size=16)
 
     def feed(value: Any) -> None:
@@ -453,8 +452,10 @@ def _digest(batches: list[Any]) -> str:
         elif isinstance(value, list | tuple):
             for item in value:
                 feed(item)
-        else:
+        elif value is None or isinstance(value, str | int | float | bool):
             hasher.update(repr(value).encode())
+        else:  # an object's repr may hold its address: only its type is compared
+            hasher.update(type(value).__qualname__.encode())
 
     for batch in batches:
         feed(batch)

@@ -269,3 +269,30 @@ def test_exported_names_are_pinned() -> None:
     ]
     for name in integration.__all__:
         assert hasattr(integration, name), name
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("losses", 3, "losses is int; expected list"),
+        ("snapshot_id", None, "snapshot_id is NoneType; expected str"),
+        ("scaler", [], "scaler is list; expected dict or NoneType"),
+        ("rng_at_micro_step", {"python": 1}, "random generator states are malformed"),
+    ],
+)
+def test_state_file_fields_of_the_wrong_kind_are_refused(
+    saved: Path, field: str, value: Any, words: str
+) -> None:
+    state = json.loads(state_file(saved).read_text())
+    state[field] = value
+    state_file(saved).write_text(json.dumps(state))
+    with pytest.raises(ResumeStateError, match=words):
+        resume(saved)
+
+
+def test_malformed_saved_loss_is_refused(saved: Path) -> None:
+    state = json.loads(state_file(saved).read_text())
+    state["losses"][0]["dtype"] = "floaty"
+    state_file(saved).write_text(json.dumps(state))
+    with pytest.raises(ResumeStateError, match="a saved tensor is malformed"):
+        resume(saved)
