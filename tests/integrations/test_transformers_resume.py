@@ -25,6 +25,7 @@ pytest.importorskip("accelerate", reason="the hf extra (accelerate) is not insta
 import torch  # noqa: E402 - after the skips
 
 from tests.integrations import hf_run  # noqa: E402
+from tests.integrations.runs import assert_bit_identical, in_process, result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PHASE_TIMEOUT_SECONDS = 300
@@ -48,44 +49,33 @@ def ok(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def in_process(*argv: str) -> None:
-    """A phase in this process (fp32 only: accelerate keeps one precision per process)."""
-    threads = torch.get_num_threads()
+def sigterm_during(out: Path, store: str, *, micro: int) -> None:
+    """Run the ``sigterm`` phase and send it a real SIGTERM in micro-batch ``micro`` of step 3."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.integrations.hf_run", "sigterm", "--out", str(out)]
+        + ["--store", store, "--step", "3", "--micro", str(micro)],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
-        hf_run.main(list(argv))
+        assert process.stdout is not None
+        for line in process.stdout:  # READY: the micro-batch has begun, and waits for us
+            if line.strip() == "READY":
+                process.send_signal(signal.SIGTERM)
+                break
+        assert process.wait(PHASE_TIMEOUT_SECONDS) == 0
     finally:
-        torch.set_num_threads(threads)
-
-
-def result(out: Path) -> dict[str, Any]:
-    return torch.load(out / "result.pt", weights_only=False)
-
-
-def assert_bit_identical(expected: dict[str, Any], found: dict[str, Any]) -> None:
-    assert found["global_step"] == expected["global_step"] == hf_run.MAX_STEPS
-    assert expected["params"].keys() == found["params"].keys()
-    for name, value in expected["params"].items():
-        assert torch.equal(value, found["params"][name]), name
-    expected_state, found_state = expected["optimizer"]["state"], found["optimizer"]["state"]
-    assert expected_state.keys() == found_state.keys()
-    for index, slots in expected_state.items():
-        for slot, value in slots.items():
-            assert torch.equal(value, found_state[index][slot]), (index, slot)
-    assert expected["logged"] == found["logged"]
-    assert [entry["step"] for entry in found["logged"]] == [2, 4]
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def resume_state(run_dir: Path) -> dict[str, Any]:
     (folder,) = run_dir.glob("gradvault-checkpoint-*")
     return json.loads((folder / "gradvault_resume.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The uninterrupted fp32 run with the stock Trainer."""
-    out = tmp_path_factory.mktemp("baseline")
-    in_process("baseline", "--out", str(out))
-    return result(out)
 
 
 def test_every_snapshot_then_kill_resumes_bit_identical(
@@ -110,26 +100,7 @@ def test_sigterm_mid_window_snapshots_stops_and_resumes_bit_identical(
     tmp_path: Path, baseline: dict[str, Any]
 ) -> None:
     store = str(tmp_path / "store")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.integrations.hf_run", "sigterm", "--out", str(tmp_path)]
-        + ["--store", store, "--step", "3", "--micro", "5"],
-        cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:  # READY: micro-batch 5 of step 3 has begun
-            if line.strip() == "READY":
-                process.send_signal(signal.SIGTERM)
-                break
-        assert process.wait(PHASE_TIMEOUT_SECONDS) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    sigterm_during(tmp_path, store, micro=5)
     stopped = result(tmp_path)
     assert stopped["stopped_by_signal"] is True
     assert stopped["global_step"] == 2  # stopped inside step 3's window
@@ -145,26 +116,7 @@ def test_sigterm_in_the_last_micro_batch_finishes_the_step_and_saves_checkpoint(
     tmp_path: Path, baseline: dict[str, Any]
 ) -> None:
     store = str(tmp_path / "store")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.integrations.hf_run", "sigterm", "--out", str(tmp_path)]
-        + ["--store", store, "--step", "3", "--micro", "8"],
-        cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if line.strip() == "READY":
-                process.send_signal(signal.SIGTERM)
-                break
-        assert process.wait(PHASE_TIMEOUT_SECONDS) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    sigterm_during(tmp_path, store, micro=8)
     stopped = result(tmp_path)
     assert stopped["stopped_by_signal"] is True
     assert stopped["global_step"] == 3

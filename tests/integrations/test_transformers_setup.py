@@ -27,12 +27,7 @@ from gradvault.integrations.transformers import (  # noqa: E402
 )
 from gradvault.service import Settings, create_app  # noqa: E402
 from tests.integrations import hf_run  # noqa: E402
-from tests.integrations.test_transformers_resume import (  # noqa: E402
-    assert_bit_identical,
-    baseline,  # noqa: F401 - the module fixture
-    in_process,
-    result,
-)
+from tests.integrations.runs import assert_bit_identical, in_process, result  # noqa: E402
 from tests.service.conftest import UvicornThread  # noqa: E402
 
 
