@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gradvault.core import GradientsParamsRecord, Recorder
+from gradvault.core.store import RetentionRules
 
 SERVICE_SCHEMES = ("http://", "https://")
 
@@ -35,6 +36,13 @@ class SnapshotTarget:
         if not self.location:
             raise ValueError("the snapshot target is empty; give a store path or a service URL")
         self.is_service = self.location.startswith(SERVICE_SCHEMES)
+        if keep_last is not None:
+            if self.is_service:
+                raise ValueError(
+                    "keep_last is a store's retention; the service at "
+                    f"{self.location} applies its own"
+                )
+            RetentionRules(keep_last, None)  # a bad value raises here, not in the background
         self._token = token if token is not None else os.environ.get("GRADVAULT_TOKEN")
         self._keep_last = keep_last
         self._store_options = dict(store_options or {})

@@ -46,6 +46,7 @@ def trainer_for(
         ({"every": True}, TypeError, "every must be an int >= 1"),
         ({"on_sigterm": 1}, TypeError, "on_sigterm must be True or False"),
         ({"run": ""}, InvalidFieldError, "run"),
+        ({"keep_last": -1}, ValueError, "keep_last"),
     ],
 )
 def test_callback_refuses_bad_arguments(
@@ -53,6 +54,11 @@ def test_callback_refuses_bad_arguments(
 ) -> None:
     with pytest.raises(error, match=words):
         GradvaultCallback(str(tmp_path / "store"), **options)
+
+
+def test_keep_last_is_for_a_store_only() -> None:
+    with pytest.raises(ValueError, match="keep_last is a store's retention"):
+        GradvaultCallback("http://127.0.0.1:8000", keep_last=2)
 
 
 @pytest.mark.parametrize(("target", "error"), [(3, TypeError), ("", ValueError)])
