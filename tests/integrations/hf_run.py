@@ -5,8 +5,8 @@ five optimizer steps over 48 random sequences (three windows per epoch, so the s
 cross two epoch boundaries). Each mode is one way to run it; the result (final
 parameters, optimizer state, logged losses) is saved to ``OUT/result.pt``.
 
-Modes: ``baseline`` (stock Trainer, uninterrupted), ``every`` (snapshots every 7
-micro-batches, then the process kills itself with SIGKILL once the snapshot after the
+Modes: ``baseline`` (stock Trainer, uninterrupted), ``every`` (snapshots every
+``--every`` micro-batches, then the process kills itself with SIGKILL once the snapshot after the
 chosen micro-batch is committed), ``sigterm`` (prints READY at the start of the chosen
 micro-batch and waits there for the SIGTERM the test sends), ``stop`` (as ``every``,
 but stops training instead of killing the process), ``resume``
@@ -121,6 +121,10 @@ class MicroBatchCounter(TrainerCallback):
             self.action(control)
 
 
+def stop_training(control: Any) -> None:
+    control.should_training_stop = True
+
+
 def wait_for_sigterm_in_micro_batch(
     model: torch.nn.Module, callback: GradvaultCallback, step: int, micro: int
 ) -> None:
@@ -172,6 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fp16", action="store_true")
     parser.add_argument("--step", type=int, default=3)
     parser.add_argument("--micro", type=int, default=5)
+    parser.add_argument("--every", type=int, default=7)
+    parser.add_argument("--resume-from", default="", help="resume: this folder, not the newest")
+    parser.add_argument("--stop", action="store_true", help="resume: stop at --step/--micro")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
     out, fp16 = options.out, options.fp16
@@ -182,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         trainer = make_trainer(Trainer, out / "run", fp16, [])
         trainer.train()
     elif options.mode == "every":
-        callback = GradvaultCallback(options.store, every=7, on_sigterm=False)
+        callback = GradvaultCallback(options.store, every=options.every, on_sigterm=False)
 
         def crash(control: Any) -> None:
             callback.wait()  # the snapshot after this micro-batch is committed: die
@@ -193,12 +200,8 @@ def main(argv: list[str] | None = None) -> None:
         trainer.train()
         raise SystemExit("the run should have been killed")
     elif options.mode == "stop":
-        callback = GradvaultCallback(options.store, every=7, on_sigterm=False)
-
-        def stop(control: Any) -> None:
-            control.should_training_stop = True
-
-        counter = MicroBatchCounter(options.step, options.micro, stop)
+        callback = GradvaultCallback(options.store, every=options.every, on_sigterm=False)
+        counter = MicroBatchCounter(options.step, options.micro, stop_training)
         trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback, counter])
         trainer.train()
     elif options.mode == "sigterm":
@@ -207,9 +210,12 @@ def main(argv: list[str] | None = None) -> None:
         wait_for_sigterm_in_micro_batch(trainer.model, callback, options.step, options.micro)
         trainer.train()
     elif options.mode == "resume":
-        callback = GradvaultCallback(options.store, every=7)
-        trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback])
-        trainer.train(resume_from_checkpoint=True)
+        callback = GradvaultCallback(options.store, every=options.every)
+        extra = [MicroBatchCounter(options.step, options.micro, stop_training)]
+        trainer = make_trainer(
+            GradvaultTrainer, out / "run", fp16, [callback, *(extra if options.stop else [])]
+        )
+        trainer.train(resume_from_checkpoint=options.resume_from or True)
     elif options.mode == "stock-stop":
 
         def stop_with_checkpoint(control: Any) -> None:

@@ -254,6 +254,28 @@ def test_snapshots_are_listed_and_resumed_through_the_service(
         server.stop()
 
 
+def test_resume_into_another_output_folder_copies_the_step_checkpoint(
+    tmp_path: Path, baseline: dict[str, Any]
+) -> None:
+    """Resumed from a folder elsewhere, a snapshot in the same window writes a folder of its
+    own from the one resumed from; resuming from that one is exact too."""
+    first, second, store = tmp_path / "first", tmp_path / "second", str(tmp_path / "store")
+    stop = ["--step", "1", "--micro", "3", "--every", "3"]
+    in_process("stop", "--out", str(first), "--store", store, *stop)
+    source = first / "run" / "gradvault-checkpoint-0"
+    assert json.loads((source / "gradvault_resume.json").read_text())["micro_step"] == 3
+
+    resumed = ["--resume-from", str(source), "--every", "1", "--stop", "--step", "1"]
+    in_process("resume", "--out", str(second), "--store", store, *resumed, "--micro", "5")
+    copied = second / "run" / "gradvault-checkpoint-0"
+    assert json.loads((copied / "gradvault_resume.json").read_text())["micro_step"] == 5
+    for name in ("model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"):
+        assert (copied / name).read_bytes() == (source / name).read_bytes(), name
+
+    in_process("resume", "--out", str(second), "--store", store)
+    assert_bit_identical(baseline, result(second))
+
+
 def test_exported_names_are_pinned() -> None:
     import gradvault.integrations.transformers as integration
 
