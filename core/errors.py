@@ -19,6 +19,11 @@ what was found, naming the parameter::
     ├── InvalidUploadError (ValueError)       a safetensors file (an upload) that is malformed
     ├── AuthError (PermissionError)           the service refused the token (HTTP 401 or 403)
     ├── ClientRequestError                    the service answered another error, or none
+    ├── IntegrationError                      a training framework's run that an integration
+    │   │                                     cannot snapshot or resume exactly
+    │   ├── UnsupportedSetupError (NotImplementedError)  FSDP, DeepSpeed, bf16 parameters, ...
+    │   └── ResumeStateError (ValueError)     a resume folder that is incomplete or does not
+    │                                         match the run resuming from it
     └── RecorderError                         records, the store and the recorder
         ├── BackendMismatchError              record asked for on another backend
         ├── MissingGradientError (KeyError)   a gradient the caller needs is absent
@@ -113,6 +118,18 @@ class ClientRequestError(GradvaultError):
     error: str | None = None
     request: object = None
     response: object = None
+
+
+class IntegrationError(GradvaultError):
+    """A training framework's run that an integration cannot snapshot or resume exactly."""
+
+
+class UnsupportedSetupError(IntegrationError, NotImplementedError):
+    """A setup the integration refuses rather than resume inexactly (FSDP, DeepSpeed, ...)."""
+
+
+class ResumeStateError(IntegrationError, ValueError):
+    """A resume folder that is incomplete, unreadable or does not match the resuming run."""
 
 
 class RecorderError(GradvaultError):
@@ -214,6 +231,7 @@ __all__ = [
     "GradcheckError",
     "GradvaultError",
     "InplaceModificationError",
+    "IntegrationError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "InvalidFieldError",
@@ -226,6 +244,7 @@ __all__ = [
     "MissingGradientError",
     "ParamIdMismatchError",
     "RecorderError",
+    "ResumeStateError",
     "ShapeMismatchError",
     "SizeMismatchError",
     "SnapshotBusyError",
@@ -234,4 +253,5 @@ __all__ = [
     "StoreNotFoundError",
     "StoreUnavailableError",
     "UnsupportedOptionError",
+    "UnsupportedSetupError",
 ]

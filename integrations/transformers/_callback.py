@@ -1,0 +1,232 @@
+"""GradvaultCallback: when to snapshot mid-window, and what a SIGTERM does."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from gradvault.core import GradientsParamsRecord
+from gradvault.core.errors import UnsupportedSetupError
+from gradvault.core.record_rules import check_snapshot_fields
+
+from ._folder import WindowState, prune_older
+from ._target import SnapshotTarget
+
+if TYPE_CHECKING:
+    from ._trainer import GradvaultTrainerMixin
+
+_log = logging.getLogger("gradvault.integrations.transformers")
+
+
+class GradvaultCallback(TrainerCallback):
+    """Snapshots the gradients of a window of micro-batches, beside a Trainer checkpoint.
+
+    ``target`` is a store path or URL (``gv-store``, ``file:///...``, ``s3://...``,
+    written through a ``Recorder``) or a service URL (``http://host:8000``, through the
+    ``Client``; ``token`` or ``GRADVAULT_TOKEN``). ``every=N`` snapshots after every N-th
+    micro-batch (counted from the start of training as ``global_step * accumulation + k``)
+    that does not end a window; ``on_sigterm=True`` makes a SIGTERM during micro-batch k
+    of a window snapshot after it and stop, and during a window's last micro-batch let
+    the optimizer step finish, save a normal ``checkpoint-N`` and stop. ``run`` names the
+    snapshots' run (default: ``args.run_name``, else the output folder's name);
+    ``keep_last`` is a store's retention (the service applies its own).
+
+    Snapshots commit in a background thread, one at a time: the training loop waits for
+    the copy of the gradients to host memory and the Trainer checkpoint files (written
+    once per window), not for the upload. A failed snapshot is logged (logger
+    ``gradvault.integrations.transformers``) and counted in ``failures``; training goes
+    on. Needs a trainer built with ``GradvaultTrainerMixin`` (``GradvaultTrainer``).
+    """
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        *,
+        every: int | None = None,
+        on_sigterm: bool = True,
+        run: str | None = None,
+        token: str | None = None,
+        keep_last: int | None = None,
+        store_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if every is not None:
+            if type(every) is not int:
+                raise TypeError(f"every must be an int >= 1 or None; got {every!r}")
+            if every < 1:
+                raise ValueError(f"every must be an int >= 1 or None; got {every}")
+        if type(on_sigterm) is not bool:
+            raise TypeError(f"on_sigterm must be True or False; got {on_sigterm!r}")
+        if run is not None:
+            check_snapshot_fields(run, 0, None)
+        self.target = SnapshotTarget(
+            target, token=token, keep_last=keep_last, store_options=store_options
+        )
+        self.every = every
+        self.on_sigterm = on_sigterm
+        self.run = run
+        #: ids of the snapshots committed by this callback, oldest first
+        self.snapshot_ids: list[str] = []
+        #: snapshots that failed (each logged); training went on
+        self.failures = 0
+        #: True once a SIGTERM made training stop
+        self.stopped_by_signal = False
+        self._trainer: GradvaultTrainerMixin | None = None
+        self._signal_received = threading.Event()
+        self._previous_handler: Any = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+
+    @property
+    def signal_received(self) -> bool:
+        """Whether a SIGTERM arrived during this ``train()``."""
+        return self._signal_received.is_set()
+
+    # ------------------------------------------------------------------ the trainer's side
+    def _bind(self, trainer: GradvaultTrainerMixin) -> None:
+        self._trainer = trainer
+
+    def _run_name(self, args: TrainingArguments) -> str:
+        if self.run is not None:
+            return self.run
+        return args.run_name or Path(args.output_dir or ".").resolve().name or "run"
+
+    def _submit(
+        self, record: GradientsParamsRecord, state: WindowState, folder: Path, prune: bool
+    ) -> None:
+        """Commit ``record`` in the background, then complete ``folder`` with ``state``."""
+        self.wait()
+        tags = {
+            "framework": "transformers",
+            "global_step": str(state.global_step),
+            "micro_step": str(state.micro_step),
+            "window_size": str(state.window_size),
+            "folder": folder.name,
+        }
+
+        def commit() -> None:
+            try:
+                state.snapshot_id = self.target.push(
+                    record, run=state.run, step=state.global_step, tags=tags
+                )
+                state.write(folder)
+                self.snapshot_ids.append(state.snapshot_id)
+                if prune:
+                    prune_older(folder.parent, state.global_step)
+            except Exception as error:  # noqa: BLE001 - reported, training goes on
+                self.failures += 1
+                _log.error(
+                    "gradvault snapshot of step %d, micro-batch %d to %s failed: %s: %s",
+                    state.global_step + 1,
+                    state.micro_step,
+                    self.target.location,
+                    type(error).__name__,
+                    error,
+                )
+
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="gradvault-hf")
+        self._pending = self._executor.submit(commit)
+
+    def wait(self) -> None:
+        """Block until the snapshot in flight (if any) is committed and its folder complete."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _finish(self) -> None:
+        """Wait for the snapshot in flight, put back the SIGTERM handler, close the target."""
+        self.wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+        self.target.close()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._signal_received.set()
+
+    # ------------------------------------------------------------------ Trainer events
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._trainer is None:
+            raise UnsupportedSetupError(
+                "GradvaultCallback needs a trainer built with GradvaultTrainerMixin: use "
+                "gradvault.integrations.transformers.GradvaultTrainer instead of Trainer, or "
+                "put GradvaultTrainerMixin first among your Trainer subclass's bases"
+            )
+        self._signal_received.clear()
+        self.stopped_by_signal = False
+        if self.on_sigterm:
+            if threading.current_thread() is threading.main_thread():
+                self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            else:
+                _log.warning(
+                    "train() runs outside the main thread, where no signal handler can be "
+                    "set: a SIGTERM will not snapshot the window"
+                )
+
+    def on_epoch_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._trainer is not None:
+            self._trainer._gradvault_epoch_begin()
+
+    def on_substep_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        trainer = self._trainer
+        if trainer is None:
+            return
+        stop = self._signal_received.is_set()
+        micro_step = trainer._gradvault_micro_step()
+        if micro_step is None:  # replaying a resumed window: the folder resumed from stands
+            if stop:
+                self._stop(control)
+            return
+        due = (
+            self.every is not None
+            and (state.global_step * args.gradient_accumulation_steps + micro_step) % self.every
+            == 0
+        )
+        if stop or due:
+            trainer._gradvault_snapshot(self)
+        if stop:
+            self.wait()
+            self._stop(control)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._signal_received.is_set():
+            control.should_save = True  # the step finished: a normal checkpoint-N
+            self._stop(control)
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._trainer is not None:
+            self._trainer._gradvault_checkpoint_saved()
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._finish()
+
+    def _stop(self, control: TrainerControl) -> None:
+        control.should_training_stop = True
+        self.stopped_by_signal = True
+
+
+__all__ = ["GradvaultCallback"]

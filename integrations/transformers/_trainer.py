@@ -1,0 +1,462 @@
+"""GradvaultTrainerMixin: follows each window of micro-batches, and resumes inside one.
+
+A window is the micro-batches of one optimizer step. The Trainer prefetches a whole
+window (``get_batch_samples``) and then runs ``training_step`` on each micro-batch; the
+mixin remembers, per window, what resuming inside it needs: the random generators'
+states before the prefetch, the running loss and counters, each micro-batch's loss.
+
+Resuming from ``gradvault-checkpoint-N`` lets the Trainer load the step-N checkpoint and
+skip the dataloader to the window of step N + 1 as usual; the mixin then prefetches that
+window with the generators as they were, replays micro-batches 1 .. k without running
+them (their saved losses are returned), and before micro-batch k + 1 puts back the saved
+gradients and the generators' states: the run goes on bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import TrainOutput
+
+from gradvault.core import GradientsParams
+from gradvault.core.errors import ResumeStateError, UnsupportedSetupError
+
+from ._callback import GradvaultCallback
+from ._folder import (
+    WindowState,
+    folder_for,
+    is_resume_folder,
+    latest_checkpoint,
+    read_logging_state,
+    write_logging_state,
+)
+from ._rng import RngStates, generators_at
+
+_log = logging.getLogger("gradvault.integrations.transformers")
+TRAINER_STATE_NAME = "trainer_state.json"
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+@dataclass
+class _Window:
+    """The window of micro-batches the Trainer is running now."""
+
+    batches: list[Any]
+    first_in_epoch: bool
+    rng_at_epoch_begin: RngStates | None
+    rng_at_window_start: RngStates
+    tr_loss_at_start: torch.Tensor
+    globalstep_last_logged: int
+    tokens_at_start: int
+    flos_at_start: float
+    losses: list[torch.Tensor] = field(default_factory=list)
+    folder: Path | None = None  # the resume folder written for this window
+    resumed_from: Path | None = None  # the folder this window was resumed from
+
+    @property
+    def done(self) -> int:
+        """Micro-batches of this window that have run (or been replayed)."""
+        return len(self.losses)
+
+
+@dataclass
+class _Resume:
+    """A resume in progress: the folder's state and the gradients fetched for it."""
+
+    folder: Path
+    state: WindowState
+    gradients: GradientsParams
+
+
+class GradvaultTrainerMixin:
+    """Put first among a ``transformers.Trainer`` subclass's bases to resume mid-window.
+
+    ``class MyTrainer(GradvaultTrainerMixin, SFTTrainer): ...``; ``GradvaultTrainer`` is
+    this mixin on ``Trainer``. It needs exactly one ``GradvaultCallback`` among the
+    trainer's callbacks. ``train(resume_from_checkpoint=...)`` takes a
+    ``gradvault-checkpoint-N`` folder as well as a ``checkpoint-N`` one, and ``True``
+    picks the newest of both kinds in ``args.output_dir``.
+    """
+
+    _gradvault_window: _Window | None = None
+    _gradvault_resume: _Resume | None = None
+    _gradvault_epoch_rng: RngStates | None = None
+    _gradvault_epoch_fresh: bool = False
+    _gradvault_logging: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ train
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ) -> TrainOutput:
+        """``Trainer.train``, resuming inside a window from a ``gradvault-checkpoint-N`` folder."""
+        trainer: Any = self
+        callback = self._gradvault_setup()
+        try:
+            if resume_from_checkpoint is True:
+                found = latest_checkpoint(trainer.args.output_dir)
+                if found is not None:
+                    resume_from_checkpoint = str(found)
+            self._gradvault_resume = None
+            self._gradvault_window = None
+            self._gradvault_logging = None
+            if isinstance(resume_from_checkpoint, str | os.PathLike):
+                folder = Path(resume_from_checkpoint)
+                if is_resume_folder(folder):
+                    self._gradvault_resume = self._gradvault_load(folder, callback)
+                else:
+                    self._gradvault_logging = read_logging_state(folder)
+                resume_from_checkpoint = os.fspath(resume_from_checkpoint)
+            return super().train(  # type: ignore[misc]
+                resume_from_checkpoint=resume_from_checkpoint,
+                trial=trial,
+                ignore_keys_for_eval=ignore_keys_for_eval,
+            )
+        finally:
+            self._gradvault_resume = None
+            callback._finish()
+
+    def _gradvault_setup(self) -> GradvaultCallback:
+        """The one GradvaultCallback, bound; refuses what cannot be resumed exactly."""
+        trainer: Any = self
+        found = [
+            callback
+            for callback in trainer.callback_handler.callbacks
+            if isinstance(callback, GradvaultCallback)
+        ]
+        if len(found) != 1:
+            raise UnsupportedSetupError(
+                f"{type(self).__name__} needs exactly one GradvaultCallback among its callbacks; "
+                f"found {len(found)} (pass callbacks=[GradvaultCallback(...)])"
+            )
+        callback = found[0]
+        if getattr(trainer, "is_deepspeed_enabled", False):
+            raise UnsupportedSetupError(
+                "DeepSpeed partitions gradients and exposes no plain .grad to snapshot; "
+                "gradvault's Trainer integration refuses DeepSpeed runs"
+            )
+        if getattr(trainer, "is_fsdp_enabled", False) or getattr(
+            trainer, "is_fsdp_xla_enabled", False
+        ):
+            raise UnsupportedSetupError(
+                "FSDP shards gradients and exposes no plain .grad to snapshot; gradvault's "
+                "Trainer integration refuses FSDP runs"
+            )
+        if trainer.args.enable_jit_checkpoint and callback.on_sigterm:
+            raise UnsupportedSetupError(
+                "enable_jit_checkpoint and GradvaultCallback(on_sigterm=True) both handle "
+                "SIGTERM; turn one of them off"
+            )
+        if trainer.args.device.type not in _DEVICE_TYPES:
+            raise UnsupportedSetupError(
+                f"training on {trainer.args.device.type!r}: gradvault's Trainer integration "
+                f"saves the random generators of {' and '.join(_DEVICE_TYPES)} devices only"
+            )
+        for name, param in trainer.model.named_parameters():
+            if param.requires_grad and param.dtype == torch.bfloat16:
+                raise UnsupportedSetupError(
+                    f"parameter {name!r} is bfloat16; gradvault snapshots hold float16, "
+                    "float32 and float64 gradients (train in float32, or with bf16=True "
+                    "mixed precision, which keeps float32 parameters)"
+                )
+        if trainer.args.world_size > 1:
+            _log.warning(
+                "gradvault's Trainer integration is untested with %d processes (DDP): each "
+                "saves its own unreduced gradients",
+                trainer.args.world_size,
+            )
+        callback._bind(self)
+        return callback
+
+    def _gradvault_load(self, folder: Path, callback: GradvaultCallback) -> _Resume:
+        """The state and gradients of ``folder``, checked against this run."""
+        args: Any = getattr(self, "args")  # noqa: B009 - the Trainer's, not the mixin's
+        if args.ignore_data_skip:
+            raise UnsupportedSetupError(
+                "ignore_data_skip=True would replay another window than the one snapshotted; "
+                f"resuming from {folder} needs the dataloader skipped as usual"
+            )
+        state = WindowState.read(folder, args.process_index, args.world_size)
+        expected = {
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "per_device_train_batch_size": args.per_device_train_batch_size,
+            "world_size": args.world_size,
+        }
+        for name, value in expected.items():
+            if getattr(state, name) != value:
+                raise ResumeStateError(
+                    f"{folder} was saved with {name}={getattr(state, name)}; this run has "
+                    f"{value}: the window would not be the same"
+                )
+        record = callback.target.fetch(state.snapshot_id)
+        return _Resume(folder, state, GradientsParams.from_record(record, self._gradvault_device()))
+
+    def _gradvault_device(self) -> str:
+        model: Any = getattr(self, "model")  # noqa: B009 - the Trainer's
+        devices = {param.device for param in model.parameters()}
+        if len(devices) != 1:
+            raise UnsupportedSetupError(
+                f"the model's parameters are on {len(devices)} devices; gradvault's Trainer "
+                "integration restores gradients onto one"
+            )
+        (device,) = devices
+        return f"cuda:{device.index or 0}" if device.type == "cuda" else device.type
+
+    # ------------------------------------------------------------------ windows
+    def _gradvault_epoch_begin(self) -> None:
+        """Called by the callback before the epoch's dataloader is iterated."""
+        self._gradvault_epoch_rng = RngStates.capture()
+        self._gradvault_epoch_fresh = True
+
+    def get_batch_samples(
+        self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
+    ) -> tuple[list[Any], Any]:
+        """``Trainer.get_batch_samples``, remembering the window it starts."""
+        trainer: Any = self
+        resume = self._gradvault_resume
+        first_in_epoch = self._gradvault_epoch_fresh
+        self._gradvault_epoch_fresh = False
+        if resume is not None:  # the window snapshotted: as it was before its prefetch
+            state = resume.state
+            RngStates.from_json(state.rng_at_window_start, str(resume.folder)).restore()
+            trainer._tr_loss = _tensor_from_bits(state.tr_loss_at_window_start, trainer.args.device)
+            trainer._globalstep_last_logged = state.globalstep_last_logged
+            first_in_epoch = state.first_in_epoch
+        elif self._gradvault_logging is not None:  # a checkpoint-N saved under the mixin
+            logging_state, self._gradvault_logging = self._gradvault_logging, None
+            trainer._tr_loss = _tensor_from_bits(logging_state["tr_loss"], trainer.args.device)
+            trainer._globalstep_last_logged = logging_state["globalstep_last_logged"]
+        window_start = RngStates.capture()
+        tr_loss = trainer._tr_loss.detach().clone()
+        batches, num_items_in_batch = super().get_batch_samples(  # type: ignore[misc]
+            epoch_iterator, num_batches, device
+        )
+        self._gradvault_window = _Window(
+            batches=batches,
+            first_in_epoch=first_in_epoch,
+            rng_at_epoch_begin=self._gradvault_epoch_rng if first_in_epoch else None,
+            rng_at_window_start=window_start,
+            tr_loss_at_start=tr_loss,
+            globalstep_last_logged=trainer._globalstep_last_logged,
+            tokens_at_start=trainer.state.num_input_tokens_seen,
+            flos_at_start=trainer.state.total_flos + trainer.current_flos,
+        )
+        if resume is not None:
+            self._gradvault_check_window(resume, batches)
+            self._gradvault_window.folder = self._gradvault_window.resumed_from = resume.folder
+        return batches, num_items_in_batch
+
+    def _gradvault_check_window(self, resume: _Resume, batches: list[Any]) -> None:
+        state = resume.state
+        if len(batches) != state.window_size or _digest(batches) != state.batches_digest:
+            raise ResumeStateError(
+                f"the dataloader gave another window for step {state.global_step + 1} than the "
+                f"run that saved {resume.folder} ({len(batches)} micro-batches, "
+                f"{state.window_size} saved, or other data): the dataset, its order or the "
+                "collator changed"
+            )
+
+    def training_step(
+        self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        """``Trainer.training_step``; a resumed window's first micro-batches are replayed."""
+        window = self._gradvault_window
+        resume = self._gradvault_resume
+        if resume is not None and window is not None:
+            if window.done < resume.state.micro_step:
+                args: Any = getattr(self, "args")  # noqa: B009
+                loss = _tensor_from_bits(resume.state.losses[window.done], args.device)
+                window.losses.append(loss)
+                return loss
+            self._gradvault_finish_resume(resume)
+        loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+        if window is not None:
+            window.losses.append(loss.detach())
+        return loss
+
+    def _gradvault_finish_resume(self, resume: _Resume) -> None:
+        """Before micro-batch k + 1: the saved gradients, scaler check, generators."""
+        trainer: Any = self
+        saved_scaler = resume.state.scaler
+        scaler = getattr(trainer.accelerator, "scaler", None)
+        now = None if scaler is None else _scaler_state(scaler)
+        if now != saved_scaler:
+            raise ResumeStateError(
+                f"{resume.folder} was saved with gradient scaler state {saved_scaler}; this "
+                f"run's is {now} (mixed precision settings changed?)"
+            )
+        resume.gradients.to_torch(trainer.model)
+        RngStates.from_json(resume.state.rng_at_micro_step, str(resume.folder)).restore()
+        self._gradvault_resume = None
+
+    def _gradvault_micro_step(self) -> int | None:
+        """Micro-batches run in the current window, or None while a resume replays it."""
+        if self._gradvault_resume is not None or self._gradvault_window is None:
+            return None
+        return self._gradvault_window.done
+
+    def _gradvault_checkpoint_saved(self) -> None:
+        """After the Trainer saved ``checkpoint-N``: add the loss not yet logged beside it.
+
+        Resuming from that checkpoint with this mixin then logs the same losses as a run
+        that never stopped (the stock Trainer drops the steps since the last log).
+        """
+        trainer: Any = self
+        if not trainer.args.should_save:
+            return
+        folder = (
+            Path(trainer._get_output_dir(trial=None)) / f"checkpoint-{trainer.state.global_step}"
+        )
+        if folder.is_dir():
+            write_logging_state(
+                folder,
+                {
+                    "tr_loss": _tensor_bits(trainer._tr_loss),
+                    "globalstep_last_logged": trainer._globalstep_last_logged,
+                },
+            )
+
+    # ------------------------------------------------------------------ snapshots
+    def _gradvault_snapshot(self, callback: GradvaultCallback) -> None:
+        """Snapshot the gradients accumulated so far in this window (commit in the background)."""
+        trainer: Any = self
+        window = self._gradvault_window
+        if window is None:
+            return
+        args = trainer.args
+        callback.wait()
+        folder = folder_for(args.output_dir, trainer.state.global_step)
+        if window.folder != folder:
+            self._gradvault_write_checkpoint(folder, window)
+            window.folder = folder
+        record = GradientsParams.from_torch(trainer.model).try_to_record()
+        scaler = getattr(trainer.accelerator, "scaler", None)
+        state = WindowState(
+            snapshot_id="",
+            target=callback.target.location,
+            run=callback._run_name(args),
+            global_step=trainer.state.global_step,
+            micro_step=window.done,
+            window_size=len(window.batches),
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            per_device_train_batch_size=args.per_device_train_batch_size,
+            world_size=args.world_size,
+            process_index=args.process_index,
+            first_in_epoch=window.first_in_epoch,
+            batches_digest=_digest(window.batches),
+            losses=[_tensor_bits(loss) for loss in window.losses],
+            tr_loss_at_window_start=_tensor_bits(window.tr_loss_at_start),
+            globalstep_last_logged=window.globalstep_last_logged,
+            rng_at_window_start=window.rng_at_window_start.to_json(),
+            rng_at_micro_step=RngStates.capture().to_json(),
+            scaler=None if scaler is None else _scaler_state(scaler),
+        )
+        callback._submit(record, state, folder, prune=args.world_size <= 1)
+
+    def _gradvault_write_checkpoint(self, folder: Path, window: _Window) -> None:
+        """A normal Trainer checkpoint of the state after step N, into ``folder``."""
+        trainer: Any = self
+        if folder.exists():  # left by an earlier run: no longer complete while rewritten
+            for stale in folder.glob("gradvault_resume*.json"):
+                stale.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
+        # a resumed window's step-N checkpoint is the folder it was resumed from: copied, since
+        # this process never saw the generators as they were when that window began
+        if window.resumed_from is not None:
+            for source in window.resumed_from.iterdir():
+                if source.is_file() and not source.name.startswith("gradvault_resume"):
+                    shutil.copy2(source, folder / source.name)
+            return
+        path = str(folder)
+        trainer.save_model(path, _internal_call=True)
+        trainer._save_optimizer_and_scheduler(path)
+        trainer._save_scaler(path)
+        # the generators as a checkpoint-N would hold them: the Trainer loads this file
+        # before iterating a new epoch's dataloader, or after prefetching a window
+        with generators_at(window.rng_at_epoch_begin or window.rng_at_window_start):
+            trainer._save_rng_state(path)
+        if trainer.args.should_save:
+            state = copy.deepcopy(trainer.state)
+            state.num_input_tokens_seen = window.tokens_at_start
+            state.total_flos = window.flos_at_start
+            for callback in trainer.callback_handler.callbacks + [trainer.control]:
+                if isinstance(callback, ExportableState):
+                    name = type(callback).__name__
+                    if isinstance(state.stateful_callbacks.get(name), list):
+                        state.stateful_callbacks[name].append(callback.state())
+                    else:
+                        state.stateful_callbacks[name] = callback.state()
+            state.save_to_json(str(folder / TRAINER_STATE_NAME))
+
+
+class GradvaultTrainer(GradvaultTrainerMixin, Trainer):
+    """``transformers.Trainer`` that resumes inside a window from ``gradvault-checkpoint-N``."""
+
+
+def _tensor_bits(tensor: torch.Tensor) -> dict[str, str]:
+    """A tensor's dtype, shape and exact bytes (hex)."""
+    host = tensor.detach().to("cpu").contiguous()
+    return {
+        "dtype": str(host.dtype).removeprefix("torch."),
+        "shape": ",".join(str(size) for size in host.shape),
+        "bytes": host.reshape(-1).view(torch.uint8).numpy().tobytes().hex(),
+    }
+
+
+def _tensor_from_bits(bits: Mapping[str, str], device: torch.device) -> torch.Tensor:
+    try:
+        dtype = getattr(torch, bits["dtype"])
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{bits['dtype']!r} is not a torch dtype")
+        shape = [int(size) for size in bits["shape"].split(",") if size]
+        raw = torch.frombuffer(bytearray.fromhex(bits["bytes"]), dtype=torch.uint8)
+        return raw.view(dtype).reshape(shape).to(device)
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as error:
+        raise ResumeStateError(f"a saved tensor is malformed: {error}") from None
+
+
+def _scaler_state(scaler: Any) -> dict[str, Any]:
+    state = scaler.state_dict()
+    return {
+        key: float(value) if isinstance(value, float) else value for key, value in state.items()
+    }
+
+
+def _digest(batches: list[Any]) -> str:
+    """A digest of a window's micro-batches: every tensor's dtype, shape and bytes, the
+    keys, and plain values (str, numbers, None)."""
+    hasher = hashlib.blake2b(digest_size=16)
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            host = value.detach().to("cpu").contiguous()
+            hasher.update(f"{host.dtype}{tuple(host.shape)}".encode())
+            hasher.update(host.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, Mapping):
+            for key in sorted(value, key=str):
+                hasher.update(str(key).encode())
+                feed(value[key])
+        elif isinstance(value, list | tuple):
+            for item in value:
+                feed(item)
+        elif value is None or isinstance(value, str | int | float | bool):
+            hasher.update(repr(value).encode())
+        else:  # an object's repr may hold its address: only its type is compared
+            hasher.update(type(value).__qualname__.encode())
+
+    for batch in batches:
+        feed(batch)
+    return hasher.hexdigest()

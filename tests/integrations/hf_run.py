@@ -1,0 +1,237 @@
+"""One training run of the Trainer resume tests; ``python -m tests.integrations.hf_run``.
+
+A tiny GPT-2 (built here, nothing downloaded) with dropout, gradient accumulation 8,
+five optimizer steps over 48 random sequences (three windows per epoch, so the steps
+cross two epoch boundaries). Each mode is one way to run it; the result (final
+parameters, optimizer state, logged losses) is saved to ``OUT/result.pt``.
+
+Modes: ``baseline`` (stock Trainer, uninterrupted), ``every`` (snapshots every
+``--every`` micro-batches, then the process kills itself with SIGKILL once the snapshot after the
+chosen micro-batch is committed), ``sigterm`` (prints READY at the start of the chosen
+micro-batch and waits there for the SIGTERM the test sends), ``stop`` (as ``every``,
+but stops training instead of killing the process), ``resume``
+(``train(resume_from_checkpoint=True)``), ``stock-stop``/``stock-resume`` (the stock
+Trainer stopped mid-window with a checkpoint, as a just-in-time checkpoint does, and
+resumed from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from gradvault.integrations.transformers import GradvaultCallback, GradvaultTrainer
+
+ACCUMULATION = 8
+MAX_STEPS = 5
+SIGNAL_WAIT_SECONDS = 120
+
+
+class Sequences(Dataset):
+    """48 fixed random token sequences, each its own label."""
+
+    def __init__(self, count: int = 48, length: int = 16, seed: int = 1234) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(1, 64, (count, length), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.tokens[index], "labels": self.tokens[index]}
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=1,
+        n_embd=16,
+        n_head=2,
+        vocab_size=64,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def training_args(output_dir: Path, fp16: bool) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=ACCUMULATION,
+        max_steps=MAX_STEPS,
+        logging_steps=2,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        fp16=fp16,
+    )
+
+
+def make_trainer(
+    trainer_class: type[Trainer], output_dir: Path, fp16: bool, callbacks: list[Any]
+) -> Trainer:
+    trainer = trainer_class(
+        model=tiny_gpt2(),
+        args=training_args(output_dir, fp16),
+        train_dataset=Sequences(),
+        callbacks=callbacks,
+    )
+    if fp16:
+        # accelerate turns fp16 off on a CPU; its GPU set-up, on the CPU: float16
+        # autocast around the forward pass and a GradScaler (torch supports both there)
+        trainer.accelerator.native_amp = True
+        trainer.accelerator.scaler = torch.amp.GradScaler(
+            "cpu", init_scale=2.0**10, growth_interval=1
+        )
+    return trainer
+
+
+class MicroBatchCounter(TrainerCallback):
+    """Calls ``action(control)`` at the end of micro-batch ``micro`` of step ``step`` (1-based)."""
+
+    def __init__(self, step: int, micro: int, action: Any) -> None:
+        self.step, self.micro, self.action = step, micro, action
+        self.done = 0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.done = 0
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.done += 1
+        if state.global_step == self.step - 1 and self.done == self.micro:
+            self.action(control)
+
+
+def stop_training(control: Any) -> None:
+    control.should_training_stop = True
+
+
+def wait_for_sigterm_in_micro_batch(
+    model: torch.nn.Module, callback: GradvaultCallback, step: int, micro: int
+) -> None:
+    """At the start of micro-batch ``micro`` of step ``step``, say READY and wait for SIGTERM."""
+    target = (step - 1) * ACCUMULATION + micro
+    calls = [0]
+
+    def pre_forward(module: torch.nn.Module, inputs: Any) -> None:
+        calls[0] += 1
+        if calls[0] != target:
+            return
+        print("READY", flush=True)
+        deadline = time.monotonic() + SIGNAL_WAIT_SECONDS
+        while not callback.signal_received:
+            if time.monotonic() > deadline:
+                raise SystemExit("no SIGTERM came")
+            time.sleep(0.01)
+
+    model.register_forward_pre_hook(pre_forward)
+
+
+def save_result(trainer: Trainer, out: Path, callback: GradvaultCallback | None) -> None:
+    logged = [
+        {key: entry[key] for key in ("step", "loss", "grad_norm", "learning_rate")}
+        for entry in trainer.state.log_history
+        if "loss" in entry
+    ]
+    torch.save(
+        {
+            "params": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+            "optimizer": trainer.optimizer.state_dict(),
+            "logged": logged,
+            "global_step": trainer.state.global_step,
+            "stopped_by_signal": None if callback is None else callback.stopped_by_signal,
+            "snapshot_ids": None if callback is None else callback.snapshot_ids,
+            "scaler": None
+            if trainer.accelerator.scaler is None
+            else trainer.accelerator.scaler.state_dict(),
+        },
+        out / "result.pt",
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("mode")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--store", default="")
+    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--step", type=int, default=3)
+    parser.add_argument("--micro", type=int, default=5)
+    parser.add_argument("--every", type=int, default=7)
+    parser.add_argument("--resume-from", default="", help="resume: this folder, not the newest")
+    parser.add_argument("--stop", action="store_true", help="resume: stop at --step/--micro")
+    options = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    out, fp16 = options.out, options.fp16
+    out.mkdir(parents=True, exist_ok=True)
+    callback: GradvaultCallback | None = None
+
+    if options.mode == "baseline":
+        trainer = make_trainer(Trainer, out / "run", fp16, [])
+        trainer.train()
+    elif options.mode == "every":
+        callback = GradvaultCallback(options.store, every=options.every, on_sigterm=False)
+
+        def crash(control: Any) -> None:
+            callback.wait()  # the snapshot after this micro-batch is committed: die
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        counter = MicroBatchCounter(options.step, options.micro, crash)
+        trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback, counter])
+        trainer.train()
+        raise SystemExit("the run should have been killed")
+    elif options.mode == "stop":
+        callback = GradvaultCallback(options.store, every=options.every, on_sigterm=False)
+        counter = MicroBatchCounter(options.step, options.micro, stop_training)
+        trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback, counter])
+        trainer.train()
+    elif options.mode == "sigterm":
+        callback = GradvaultCallback(options.store)
+        trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback])
+        wait_for_sigterm_in_micro_batch(trainer.model, callback, options.step, options.micro)
+        trainer.train()
+    elif options.mode == "resume":
+        callback = GradvaultCallback(options.store, every=options.every)
+        extra = [MicroBatchCounter(options.step, options.micro, stop_training)]
+        trainer = make_trainer(
+            GradvaultTrainer, out / "run", fp16, [callback, *(extra if options.stop else [])]
+        )
+        trainer.train(resume_from_checkpoint=options.resume_from or True)
+    elif options.mode == "stock-stop":
+
+        def stop_with_checkpoint(control: Any) -> None:
+            control.should_save = True
+            control.should_training_stop = True
+
+        counter = MicroBatchCounter(options.step, options.micro, stop_with_checkpoint)
+        trainer = make_trainer(Trainer, out / "run", fp16, [counter])
+        trainer.train()
+    elif options.mode == "stock-resume":
+        trainer = make_trainer(Trainer, out / "run", fp16, [])
+        trainer.train(resume_from_checkpoint=True)
+    else:
+        parser.error(f"unknown mode {options.mode!r}")
+    save_result(trainer, out, callback)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

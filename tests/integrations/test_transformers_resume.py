@@ -1,0 +1,171 @@
+"""Resuming a Hugging Face Trainer run inside an accumulation window, bit for bit.
+
+Each interrupted run and each resume is its own process (``tests/integrations/hf_run.py``):
+a tiny GPT-2 with dropout, accumulation 8, stopped after micro-batch 5 of step 3 by the
+callback's ``every=`` snapshot and a SIGKILL, or by a real SIGTERM, and resumed in a
+fresh process. Final parameters, optimizer state and logged losses must equal, bit for
+bit, those of a run that never stopped; the stock Trainer's resume must not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
+pytest.importorskip("accelerate", reason="the hf extra (accelerate) is not installed")
+
+import torch  # noqa: E402 - after the skips
+
+from tests.integrations import hf_run  # noqa: E402
+from tests.integrations.runs import assert_bit_identical, in_process, result  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+PHASE_TIMEOUT_SECONDS = 300
+
+
+def phase(mode: str, out: Path, store: str = "", *extra: str) -> subprocess.CompletedProcess[str]:
+    """Run one training phase in its own process; its exit status is the caller's to check."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.integrations.hf_run", mode, "--out", str(out)]
+        + (["--store", store] if store else [])
+        + list(extra),
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=PHASE_TIMEOUT_SECONDS,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def sigterm_during(out: Path, store: str, *, micro: int) -> None:
+    """Run the ``sigterm`` phase and send it a real SIGTERM in micro-batch ``micro`` of step 3."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.integrations.hf_run", "sigterm", "--out", str(out)]
+        + ["--store", store, "--step", "3", "--micro", str(micro)],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:  # READY: the micro-batch has begun, and waits for us
+            if line.strip() == "READY":
+                process.send_signal(signal.SIGTERM)
+                break
+        assert process.wait(PHASE_TIMEOUT_SECONDS) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def resume_state(run_dir: Path) -> dict[str, Any]:
+    (folder,) = run_dir.glob("gradvault-checkpoint-*")
+    return json.loads((folder / "gradvault_resume.json").read_text())
+
+
+def test_every_snapshot_then_kill_resumes_bit_identical(
+    tmp_path: Path, baseline: dict[str, Any]
+) -> None:
+    store = str(tmp_path / "store")
+    killed = phase("every", tmp_path, store, "--step", "3", "--micro", "5")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    state = resume_state(tmp_path / "run")
+    assert (state["global_step"], state["micro_step"], state["window_size"]) == (2, 5, 8)
+    assert not state["first_in_epoch"]  # step 3 is the last window of the first epoch
+    assert len(state["losses"]) == 5
+    assert not (tmp_path / "run" / "gradvault-checkpoint-1").exists()  # pruned
+
+    ok(phase("resume", tmp_path, store))
+    resumed = result(tmp_path)
+    assert_bit_identical(baseline, resumed)
+    assert resumed["snapshot_ids"]  # it went on snapshotting (every 7 micro-batches)
+
+
+def test_sigterm_mid_window_snapshots_stops_and_resumes_bit_identical(
+    tmp_path: Path, baseline: dict[str, Any]
+) -> None:
+    store = str(tmp_path / "store")
+    sigterm_during(tmp_path, store, micro=5)
+    stopped = result(tmp_path)
+    assert stopped["stopped_by_signal"] is True
+    assert stopped["global_step"] == 2  # stopped inside step 3's window
+    state = resume_state(tmp_path / "run")
+    assert (state["global_step"], state["micro_step"]) == (2, 5)
+    assert not list((tmp_path / "run").glob("checkpoint-*"))
+
+    ok(phase("resume", tmp_path, store))
+    assert_bit_identical(baseline, result(tmp_path))
+
+
+def test_sigterm_in_the_last_micro_batch_finishes_the_step_and_saves_checkpoint(
+    tmp_path: Path, baseline: dict[str, Any]
+) -> None:
+    store = str(tmp_path / "store")
+    sigterm_during(tmp_path, store, micro=8)
+    stopped = result(tmp_path)
+    assert stopped["stopped_by_signal"] is True
+    assert stopped["global_step"] == 3
+    assert stopped["snapshot_ids"] == []
+    run_dir = tmp_path / "run"
+    assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoint-3"]
+    assert (run_dir / "checkpoint-3" / "gradvault_logging.json").is_file()
+
+    ok(phase("resume", tmp_path, store))
+    assert_bit_identical(baseline, result(tmp_path))
+
+
+def test_fp16_autocast_and_grad_scaler_resume_bit_identical(
+    tmp_path: Path, baseline: dict[str, Any]
+) -> None:
+    """float16 autocast and a GradScaler on the CPU, stopped in the first window of an epoch."""
+    ok(phase("baseline", tmp_path / "baseline", "", "--fp16"))
+    expected = result(tmp_path / "baseline")
+    assert expected["scaler"]["scale"] > 2.0**10  # the scale moved during the run
+    differs = any(
+        not torch.equal(value, baseline["params"][name])
+        for name, value in expected["params"].items()
+    )
+    assert differs, "fp16 autocast changed nothing: it did not run"
+
+    store = str(tmp_path / "store")
+    killed = phase("every", tmp_path, store, "--fp16", "--step", "4", "--micro", "4")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    state = resume_state(tmp_path / "run")
+    assert (state["global_step"], state["micro_step"]) == (3, 4)
+    assert state["first_in_epoch"]  # step 4 opens the second epoch
+    assert state["scaler"]["scale"] == 2.0**13
+
+    ok(phase("resume", tmp_path, store, "--fp16"))
+    assert_bit_identical(expected, result(tmp_path))
+
+
+def test_stock_trainer_resume_is_not_bit_identical(
+    tmp_path: Path, baseline: dict[str, Any]
+) -> None:
+    """The control: a checkpoint taken in the same place and resumed the stock way drifts."""
+    in_process("stock-stop", "--out", str(tmp_path), "--step", "3", "--micro", "5")
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["checkpoint-2"]
+    in_process("stock-resume", "--out", str(tmp_path))
+    resumed = result(tmp_path)
+    assert resumed["global_step"] == hf_run.MAX_STEPS
+    differing = [
+        name
+        for name, value in baseline["params"].items()
+        if not torch.equal(value, resumed["params"][name])
+    ]
+    assert differing
