@@ -78,18 +78,20 @@ def trained_store(tmp_path_factory: pytest.TempPathFactory) -> TrainedStore:
     micro_batches = 2
     with Recorder(path) as recorder:
         handles = []
+        names: list[str] = []
 
         def snapshot(step: int, micro: int, model: Any, accumulator: Any) -> None:
             if micro == micro_batches - 1:  # the whole window, as the optimizer sees it
                 record = accumulator.current().try_to_record()
+                names[:] = [entry.name for entry in record]
                 if step == NAN_STEP:
                     record = _with_nan(record)
                 handles.append(recorder.start_snapshot(record, run=RUN, step=step))
 
         train(steps=STEPS, micro_batches=micro_batches, hidden=16, on_micro_batch=snapshot)
         infos = [handle.result() for handle in handles]
-        recorder.sync.snapshot(probe_record(), run="probe", step=0, tags={"purpose": "second run"})
-        names = [entry.name for entry in recorder.sync.fetch(infos[0].id)]
+        # a handle, not recorder.sync: a browser's event loop may already run in this thread
+        recorder.start_snapshot(probe_record(), run="probe", step=0).result()
     return TrainedStore(path, infos, infos[NAN_STEP], names)
 
 
@@ -159,7 +161,9 @@ class PageWatch:
         page.on(
             "console",
             lambda message: (
-                self.problems.append(f"console {message.type}: {message.text}")
+                self.problems.append(
+                    f"console {message.type}: {message.text} at {message.location.get('url')}"
+                )
                 if message.type in ("error", "warning")
                 else None
             ),

@@ -11,6 +11,9 @@
   const baseUrl = box.dataset.statsUrl;
   const palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
                    "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31"];
+  // steps are whole numbers: axis ticks 1, 2, 5, 10, 20, 50, ... apart
+  const stepIncrements = [];
+  for (let power = 1; power <= 1e15; power *= 10) stepIncrements.push(power, 2 * power, 5 * power);
   let plot = null;
   let current = null;
 
@@ -71,7 +74,7 @@
       width: Math.max(320, box.clientWidth),
       height: 360,
       scales: { x: { time: false }, y: { distr: 3 } },
-      axes: [{ label: "step" }, { label: "L2 norm", size: 70 }],
+      axes: [{ label: "step", incrs: stepIncrements }, { label: "L2 norm", size: 70 }],
       series: [
         { label: "step" },
         ...stats.layers.map((name, i) => ({
