@@ -57,6 +57,7 @@ def safe_next(path: str | None) -> str:
         path
         and (path == UI_PREFIX or path.startswith((UI_PREFIX + "/", UI_PREFIX + "?")))
         and "\\" not in path
+        and ".." not in path
         and all(" " < character < "\x7f" for character in path)
     ):
         return path

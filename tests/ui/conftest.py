@@ -110,7 +110,8 @@ class Served:
     settings: Settings
 
 
-def _serve(store: Path, **settings: Any) -> Iterator[Served]:
+def serve_store(store: Path, **settings: Any) -> Iterator[Served]:
+    """Serve ``store`` on 127.0.0.1 with ``settings`` until the generator is closed."""
     config = Settings(store=str(store), index_refresh_seconds=0, **settings)
     server = UvicornThread(create_app(config))
     server.start()
@@ -122,12 +123,12 @@ def _serve(store: Path, **settings: Any) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def open_service(trained_store: TrainedStore) -> Iterator[Served]:
-    yield from _serve(trained_store.path)
+    yield from serve_store(trained_store.path)
 
 
 @pytest.fixture(scope="module")
 def protected_service(trained_store: TrainedStore) -> Iterator[Served]:
-    yield from _serve(trained_store.path, tokens=f"{READ_TOKEN}:read,{WRITE_TOKEN}:write")
+    yield from serve_store(trained_store.path, tokens=f"{READ_TOKEN}:read,{WRITE_TOKEN}:write")
 
 
 def _chromium_missing_reason() -> str | None:
@@ -137,7 +138,9 @@ def _chromium_missing_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+# module scope: Playwright's sync API keeps an event loop running in this thread while the
+# browser is open, which async tests and sync facades elsewhere must not find
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     reason = _chromium_missing_reason()
     if reason is not None:
