@@ -172,12 +172,12 @@ class PageWatch:
             ),
         )
         page.on("pageerror", lambda error: self.problems.append(f"page error: {error}"))
-        page.on(
-            "requestfailed",
-            lambda request: self.problems.append(
-                f"request failed: {request.url} ({request.failure})"
-            ),
-        )
+        page.on("requestfailed", self._request_failed)
+
+    def _request_failed(self, request: Any) -> None:
+        # ERR_ABORTED: the page navigated on before it came (the icon of a page left at once)
+        if request.failure != "net::ERR_ABORTED":
+            self.problems.append(f"request failed: {request.url} ({request.failure})")
 
     def screenshot(self, name: str) -> Path:
         ARTIFACTS.mkdir(exist_ok=True)
