@@ -6,9 +6,9 @@ import platform
 import sys
 from datetime import UTC, datetime
 
-from bench import mlp_step, record_stall, service_list, store_io
+from bench import mlp_step, record_stall, service_list, store_io, ui_first_paint
 
-MODULES = [mlp_step, record_stall, store_io, service_list]
+MODULES = [mlp_step, record_stall, store_io, service_list, ui_first_paint]
 
 
 def main() -> None:
