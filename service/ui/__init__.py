@@ -21,6 +21,12 @@ def install_ui(app: FastAPI) -> None:
     """Serve the pages, their static files and the ``/`` redirect from ``app``."""
     app.include_router(root_router)
     app.include_router(router)
+    # a 405 names the methods these paths take, as it does for the API's
+    app.state.api_routes = [
+        *getattr(app.state, "api_routes", []),
+        *root_router.routes,
+        *router.routes,
+    ]
     app.mount(f"{UI_PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="ui-static")
     app.add_exception_handler(LoginRequiredError, login_redirect)
 

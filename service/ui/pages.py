@@ -225,7 +225,8 @@ async def snapshot_page(
 ) -> HTMLResponse:
     """One snapshot: a sortable table of its gradients, a bar chart of their norms."""
     snapshot_id = parse_snapshot_id(snapshot_id)
-    detail = SnapshotDetail.of_manifest(await store.info(snapshot_id))
+    manifest = await store.info(snapshot_id)
+    detail = SnapshotDetail.of_manifest(manifest)
     rows = [
         {
             "position": position,
@@ -275,7 +276,7 @@ async def snapshot_page(
         }
         for key, label in columns
     ]
-    stats = (await _stats_cache(request, store).many([snapshot_id]))[0]
+    stats = SnapshotStats.of_manifest(manifest)
     return _render(
         request,
         "snapshot.html",
@@ -307,8 +308,8 @@ async def diff_page(
     rows = _diff_rows(first, second)
     if sort == "name":
         rows.sort(key=lambda row: row["name"])
-    elif sort == "ratio":  # the biggest change either way first; missing ones last
-        rows.sort(key=lambda row: -abs(row["ratio_length"]) if row["ratio"] else 1.0)
+    elif sort == "ratio":
+        rows.sort(key=_change_first)
     return _render(
         request,
         "diff.html",
@@ -353,6 +354,17 @@ def _diff_rows(first: SnapshotStats, second: SnapshotStats) -> list[dict[str, An
             }
         )
     return rows
+
+
+def _change_first(row: dict[str, Any]) -> float:
+    """Sort key: the biggest change either way first (from or to zero or Inf before any
+    finite ratio), rows without a ratio last."""
+    ratio = row["ratio"]
+    if ratio is None:
+        return math.inf
+    if not 0 < ratio < math.inf:
+        return -math.inf
+    return -abs(math.log(ratio))
 
 
 def _finite_at(stats: SnapshotStats, position: int) -> bool:

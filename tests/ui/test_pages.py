@@ -286,3 +286,27 @@ def test_an_open_service_has_no_login(open_service: Served) -> None:
         posted = client.post("/ui/login", data={"token": "anything"})
     assert form.status_code == 303 and form.headers["location"] == "/ui/run?run=mlp"
     assert posted.status_code == 303 and "set-cookie" not in posted.headers
+
+
+def test_a_wrong_method_names_the_right_ones(open_service: Served) -> None:
+    with _client(open_service) as client:
+        response = client.post("/ui/run", params={"run": RUN})
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET"
+
+
+def test_a_diff_orders_layers_by_how_much_they_changed(long_run: Served) -> None:
+    with _client(long_run) as client:
+        snapshots = client.get("/v1/snapshots", params={"run": "long", "limit": 1000}).json()
+        by_step = {summary["step"]: summary["id"] for summary in snapshots["data"]}
+        # a.weight grows 2 * 18 / (2 * 1) = 18x; b.weight (one NaN at step 17) less
+        page = client.get(
+            "/ui/diff", params={"a": by_step[0], "b": by_step[17], "sort": "ratio"}
+        ).text
+        flipped = client.get(
+            "/ui/diff", params={"a": by_step[17], "b": by_step[0], "sort": "ratio"}
+        ).text
+    assert page.index(">a.weight<") < page.index(">b.weight<")
+    assert ">18<" in page  # B / A of a.weight
+    assert flipped.index(">a.weight<") < flipped.index(">b.weight<")  # 1/18: as big a change
+    assert page.count('class="unhealthy"') == 1
