@@ -145,9 +145,10 @@ def browser() -> Iterator[Any]:
     reason = _chromium_missing_reason()
     if reason is not None:
         pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="Playwright is not installed (the dev extra has it)"
+    )
+    with sync_api.sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             yield chromium
