@@ -130,7 +130,9 @@ async def overview(
         )
         run["count"] += 1
     infos, next_cursor = await index.page(limit=PAGE_SIZE, cursor=cursor)
-    rows = await _stats_cache(request, store).many([info.id for info in infos])
+    cache = _stats_cache(request, store)
+    rows = await cache.many([info.id for info in infos])
+    cache.prefetch([info.id for info in everything])  # what a run page's chart will want
     return _render(
         request,
         "overview.html",
@@ -159,7 +161,11 @@ async def run_page(
 ) -> HTMLResponse:
     """One run: its norms over steps (drawn from run-stats), and its snapshots."""
     infos, next_cursor = await index.page(run=run, limit=PAGE_SIZE, cursor=cursor)
-    rows = await _stats_cache(request, store).many([info.id for info in infos])
+    cache = _stats_cache(request, store)
+    rows = await cache.many([info.id for info in infos])
+    # the chart asks for the whole run next: start reading it while the page travels
+    everything, _ = await index.page(run=run, limit=sys.maxsize)
+    cache.prefetch([info.id for info in everything])
     return _render(
         request,
         "run.html",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,32 +90,85 @@ class SnapshotStats:
 
 
 class SnapshotStatsCache:
-    """Stats of snapshots by id, read from the store's manifests once and then remembered."""
+    """Stats of snapshots by id, read from the store's manifests once and then remembered.
+
+    A manifest being read is read once however many requests want it: they all wait for
+    the same load, and a request that goes away does not cancel a load others wait for.
+    ``prefetch`` queues ids to be read in the background, ``MANIFEST_READS_AT_ONCE`` at a
+    time, so that a page warms what its chart asks for next while a request's own reads
+    wait behind one batch at most.
+    """
 
     def __init__(self, store: SnapshotStore, max_entries: int = STATS_CACHE_ENTRIES) -> None:
         self.store = store
         self.max_entries = max_entries
         self._stats: OrderedDict[str, SnapshotStats] = OrderedDict()
+        self._loading: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(MANIFEST_READS_AT_ONCE)
+        self._queue: deque[str] = deque()
+        self._queued: set[str] = set()
+        self._prefetching: asyncio.Task[None] | None = None
 
     def _remember(self, stats: SnapshotStats) -> None:
         self._stats[stats.id] = stats
         if len(self._stats) > self.max_entries:
             self._stats.popitem(last=False)
 
+    async def _read(self, snapshot_id: str) -> None:
+        async with self._slots:
+            try:
+                manifest = await self.store.info(snapshot_id)
+            except (SnapshotNotFoundError, FormatVersionError):
+                return  # deleted since the listing, or unlisted: nothing to show
+            self._remember(SnapshotStats.of_manifest(manifest))
+
+    def _load(self, snapshot_id: str) -> asyncio.Task[None]:
+        load = self._loading.get(snapshot_id)
+        if load is None:
+            load = self._loading[snapshot_id] = asyncio.ensure_future(self._read(snapshot_id))
+            load.add_done_callback(lambda done: self._loaded(snapshot_id, done))
+        return load
+
+    def _loaded(self, snapshot_id: str, load: asyncio.Task[None]) -> None:
+        if self._loading.get(snapshot_id) is load:
+            del self._loading[snapshot_id]
+        if not load.cancelled():
+            load.exception()  # seen by its waiters; not "never retrieved" if none is left
+
+    def prefetch(self, snapshot_ids: Sequence[str]) -> None:
+        """Queue the ids not cached yet to be read in the background; returns at once."""
+        for snapshot_id in snapshot_ids:
+            if snapshot_id not in self._stats and snapshot_id not in self._queued:
+                self._queued.add(snapshot_id)
+                self._queue.append(snapshot_id)
+        if self._queue and self._prefetching is None:
+            self._prefetching = asyncio.ensure_future(self._drain())
+            self._prefetching.add_done_callback(self._drained)
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch = []
+            while self._queue and len(batch) < MANIFEST_READS_AT_ONCE:
+                snapshot_id = self._queue.popleft()
+                self._queued.discard(snapshot_id)
+                if snapshot_id not in self._stats:
+                    batch.append(self._load(snapshot_id))
+            # a store error here is the next request's to report: keep warming the rest
+            await asyncio.gather(*batch, return_exceptions=True)
+
+    def _drained(self, prefetching: asyncio.Task[None]) -> None:
+        self._prefetching = None
+        if not prefetching.cancelled():
+            prefetching.exception()
+
     async def many(self, snapshot_ids: Sequence[str]) -> list[SnapshotStats]:
-        """The stats of each id, in order; ids deleted since they were listed are left out."""
-        missing = [i for i in snapshot_ids if i not in self._stats]
-        slots = asyncio.Semaphore(MANIFEST_READS_AT_ONCE)
+        """The stats of each id, in order; ids deleted since they were listed are left out.
 
-        async def load(snapshot_id: str) -> None:
-            async with slots:
-                try:
-                    manifest = await self.store.info(snapshot_id)
-                except (SnapshotNotFoundError, FormatVersionError):
-                    return  # deleted since the listing, or unlisted: nothing to show
-                self._remember(SnapshotStats.of_manifest(manifest))
-
-        await asyncio.gather(*(load(i) for i in missing))
+        A store error (StoreUnavailableError ...) while reading a manifest is raised.
+        """
+        loads = [self._load(i) for i in snapshot_ids if i not in self._stats]
+        if loads:
+            await asyncio.gather(*(asyncio.shield(load) for load in loads))
         found = (self._stats.get(i) for i in snapshot_ids)
         return [stats for stats in found if stats is not None]
 

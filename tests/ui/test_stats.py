@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
+
+from gradvault.core import (
+    GradientRecordEntry,
+    GradientsParamsRecord,
+    ParamId,
+    StoreUnavailableError,
+    open_store,
+)
 from gradvault.service.ui.bars import norm_chart, ratio_length
-from gradvault.service.ui.stats import SnapshotStats, run_series
+from gradvault.service.ui.stats import SnapshotStats, SnapshotStatsCache, run_series
+from tests.service.spy import StoreSpy
+
+
+def _record() -> GradientsParamsRecord:
+    return GradientsParamsRecord(
+        [GradientRecordEntry.from_array(ParamId(1), "w", np.ones(3, np.float32))]
+    )
 
 
 def _manifest(step: int, rows: list[tuple[str, float | str, int, int]]) -> dict[str, Any]:
@@ -68,3 +87,34 @@ def test_bars_are_logarithmic_and_flag_what_cannot_be_drawn() -> None:
     assert [bar.value for bar in chart.bars] == [0.01, 1.0, 0.0, None]
     assert (ratio_length(1000.0), ratio_length(0.001), ratio_length(1.0)) == (1.0, -1.0, 0.0)
     assert ratio_length(None) == ratio_length(math.inf) == 0.0
+
+
+async def test_each_manifest_is_read_once_however_many_ask(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "store")
+    try:
+        ids = [(await store.write_snapshot(_record(), run="r", step=step)).id for step in range(40)]
+        await store.delete(ids[7])
+        spy = StoreSpy(store)
+        cache = SnapshotStatsCache(spy)
+        cache.prefetch(ids)
+        cache.prefetch(ids[:10])  # queued already: not queued twice
+        first, second = await asyncio.gather(cache.many(ids), cache.many(ids[::-1]))
+        again = await cache.many(ids)
+    finally:
+        await store.close()
+    assert [stats.id for stats in first] == ids[:7] + ids[8:]  # the deleted one left out
+    assert [stats.id for stats in second] == (ids[:7] + ids[8:])[::-1]
+    assert again == first
+    assert spy.calls == ["info"] * len(ids) + ["info"]  # one read each; the gone one twice
+
+
+async def test_a_store_error_reaches_the_request_not_the_prefetch(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "store")
+    try:
+        snapshot_id = (await store.write_snapshot(_record(), run="r", step=0)).id
+        cache = SnapshotStatsCache(StoreSpy(store, fail_with=StoreUnavailableError("down")))
+        cache.prefetch([snapshot_id])  # fails in the background, quietly
+        with pytest.raises(StoreUnavailableError, match="down"):
+            await cache.many([snapshot_id])
+    finally:
+        await store.close()
