@@ -111,6 +111,10 @@ async def root() -> RedirectResponse:
     return RedirectResponse(UI_PREFIX, status_code=307)
 
 
+#: points per layer the run chart asks for at most
+DEFAULT_MAX_POINTS = 1000
+MaxPointsQuery = Annotated[int, Query(ge=2, le=10_000, description="points per layer at most")]
+
 CursorQuery = Annotated[
     str | None,
     Query(description="next page after this id", pattern=SNAPSHOT_ID_PATTERN),
@@ -158,6 +162,7 @@ async def run_page(
     store: StoreDep,
     run: Annotated[str, Query(min_length=1, description="the run")],
     cursor: CursorQuery = None,
+    max_points: MaxPointsQuery = DEFAULT_MAX_POINTS,
 ) -> HTMLResponse:
     """One run: its norms over steps (drawn from run-stats), and its snapshots."""
     infos, next_cursor = await index.page(run=run, limit=PAGE_SIZE, cursor=cursor)
@@ -173,7 +178,7 @@ async def run_page(
             "run": run,
             "rows": rows,
             "show_run": False,
-            "stats_url": _link("/api/run-stats", run=run),
+            "stats_url": _link("/api/run-stats", run=run, max_points=max_points),
             "next_link": _run_link(run, cursor=next_cursor) if next_cursor else None,
             "first_link": _run_link(run) if cursor else None,
         },
@@ -188,7 +193,7 @@ async def run_stats(
     run: Annotated[str, Query(min_length=1)],
     step_min: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
     step_max: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
-    max_points: Annotated[int, Query(ge=2, le=10_000)] = 1000,
+    max_points: MaxPointsQuery = DEFAULT_MAX_POINTS,
 ) -> Response:
     """Per-layer L2 norms over steps and the steps with NaN/Inf, from manifests only."""
     infos, _ = await index.page(run=run, step_min=step_min, step_max=step_max, limit=sys.maxsize)

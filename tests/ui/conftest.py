@@ -11,9 +11,11 @@ is not installed and ``make browser`` could not install it); screenshots go to
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from gradvault.core import (
     ParamId,
     Recorder,
     SnapshotInfo,
+    open_store,
 )
 from gradvault.core.demo import train
 from gradvault.service import Settings, create_app
@@ -48,6 +51,7 @@ ARTIFACTS = Path(__file__).parent / "artifacts"
 RUN = "mlp"
 STEPS = 8
 NAN_STEP = 5
+ODD_RUN = "<script>alert(1)</script> & /slashes?"
 READ_TOKEN = "ui-read-token-1"
 WRITE_TOKEN = "ui-write-token-1"
 
@@ -129,6 +133,40 @@ def open_service(trained_store: TrainedStore) -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def protected_service(trained_store: TrainedStore) -> Iterator[Served]:
     yield from serve_store(trained_store.path, tokens=f"{READ_TOKEN}:read,{WRITE_TOKEN}:write")
+
+
+def _record(step: int, nan: bool = False) -> GradientsParamsRecord:
+    """Two gradients whose norms grow with ``step`` (the second one 10x the first)."""
+    first = np.full(4, step + 1, np.float32)
+    second = np.full(9, 10 * (step + 1), np.float32)
+    if nan:
+        second[3] = np.nan
+    return GradientsParamsRecord(
+        [
+            GradientRecordEntry.from_array(ParamId(1), "a.weight", first),
+            GradientRecordEntry.from_array(ParamId(2), "b.weight", second),
+        ]
+    )
+
+
+async def _fill(path: Path, steps: int, nan_steps: set[int], run: str) -> None:
+    store = open_store(path)
+    try:
+        for step in range(steps):
+            await store.write_snapshot(_record(step, step in nan_steps), run=run, step=step)
+    finally:
+        await store.close()
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """30 snapshots of run ``long`` (NaN at step 17) and one of a run with an odd name."""
+    path = tmp_path_factory.mktemp("long") / "store"
+    # in a thread of its own: a browser's event loop may already run in this one
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, _fill(path, 30, {17}, "long")).result()
+        thread.submit(asyncio.run, _fill(path, 1, set(), ODD_RUN)).result()
+    yield from serve_store(path)
 
 
 def _chromium_missing_reason() -> str | None:

@@ -230,3 +230,34 @@ def test_a_protected_service_asks_for_the_token_then_shows_the_pages(
     page.page.goto(f"{base}/ui")
     assert page.page.url.startswith(f"{base}/ui/login?next=")
     _no_problems(page)
+
+
+def test_zooming_a_downsampled_chart_fetches_the_range_in_full(
+    long_run: Served, page: PageWatch
+) -> None:
+    page.page.goto(f"{long_run.base_url}/ui/run?run=long&max_points=4")
+    chart = page.page.locator("#run-chart[data-ready=true]")
+    chart.wait_for()
+    note = page.page.locator("#run-chart-note")
+    assert note.inner_text().startswith("30 snapshots shown as 4 points")
+    assert chart.get_attribute("data-marked-steps") == "1"  # step 17, inside a bucket
+    area = page.page.locator("#run-chart .u-over").bounding_box()
+    middle = area["y"] + area["height"] / 2
+    page.page.mouse.move(area["x"] + area["width"] * 0.3, middle)
+    page.page.mouse.down()
+    page.page.mouse.move(area["x"] + area["width"] * 0.7, middle, steps=5)
+    page.page.mouse.up()
+    page.page.wait_for_function(
+        "() => document.getElementById('run-chart-note').textContent.includes('from step')"
+    )
+    zoomed = note.inner_text()
+    steps = [int(word) for word in zoomed.split() if word.isdigit()]
+    first, last = steps[1], steps[2]
+    assert zoomed.startswith(f"{last - first + 1} snapshots from step {first} to {last}")
+    assert first < 17 < last
+    page.screenshot("run-zoomed")
+    page.page.locator("#run-chart .u-over").dblclick()
+    page.page.wait_for_function(
+        "() => document.getElementById('run-chart-note').textContent.startsWith('30 snapshots')"
+    )
+    _no_problems(page)

@@ -6,56 +6,26 @@ built from manifests alone) and every bad input answered with a clear error.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
-from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId, open_store
-
-from .conftest import NAN_STEP, READ_TOKEN, RUN, WRITE_TOKEN, Served, TrainedStore, serve_store
-
-ODD_RUN = "<script>alert(1)</script> & /slashes?"
+from .conftest import (
+    NAN_STEP,
+    ODD_RUN,
+    READ_TOKEN,
+    RUN,
+    WRITE_TOKEN,
+    Served,
+    TrainedStore,
+    serve_store,
+)
 
 
 def _client(served: Served, **options: object) -> httpx.Client:
     return httpx.Client(base_url=served.base_url, timeout=60, **options)
-
-
-def _record(step: int, nan: bool = False) -> GradientsParamsRecord:
-    """Two gradients whose norms grow with ``step`` (the second one 10x the first)."""
-    first = np.full(4, step + 1, np.float32)
-    second = np.full(9, 10 * (step + 1), np.float32)
-    if nan:
-        second[3] = np.nan
-    return GradientsParamsRecord(
-        [
-            GradientRecordEntry.from_array(ParamId(1), "a.weight", first),
-            GradientRecordEntry.from_array(ParamId(2), "b.weight", second),
-        ]
-    )
-
-
-async def _fill(path: Path, steps: int, nan_steps: set[int], run: str) -> None:
-    store = open_store(path)
-    try:
-        for step in range(steps):
-            await store.write_snapshot(_record(step, step in nan_steps), run=run, step=step)
-    finally:
-        await store.close()
-
-
-@pytest.fixture(scope="module")
-def long_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """30 snapshots of run ``long`` (NaN at step 17) and one of a run with an odd name."""
-    path = tmp_path_factory.mktemp("long") / "store"
-    asyncio.run(_fill(path, 30, {17}, "long"))
-    asyncio.run(_fill(path, 1, set(), ODD_RUN))
-    yield from serve_store(path)
 
 
 def test_root_redirects_to_the_pages(open_service: Served) -> None:

@@ -47,7 +47,12 @@
 
   function describe(stats) {
     const points = stats.steps.length;
-    note.textContent = stats.bucket_size > 1
+    const isRange = stats.step_min !== null || stats.step_max !== null;
+    note.textContent = isRange
+      ? `${stats.snapshots} snapshots from step ${stats.step_min} to ${stats.step_max}` +
+        (stats.bucket_size > 1 ? ` as ${points} points` : "") +
+        "; double-click the chart to see the whole run again."
+      : stats.bucket_size > 1
       ? `${stats.snapshots} snapshots shown as ${points} points (largest norm of each ` +
         `${stats.bucket_size} consecutive); drag across the chart to see a range in full.`
       : `${stats.snapshots} snapshots.` + (points > 1 ? " Drag across the chart to zoom; double-click to zoom out." : "");
@@ -103,11 +108,11 @@
     return response.json();
   }
 
-  async function zoomed(u) {
+  function zoomed(u) {
     if (u.select.width < 4 || current.bucket_size === 1) return;
     const low = Math.floor(u.posToVal(u.select.left, "x"));
     const high = Math.ceil(u.posToVal(u.select.left + u.select.width, "x"));
-    show(await load(`step_min=${Math.max(0, low)}&step_max=${Math.max(0, high)}`));
+    load(`step_min=${Math.max(0, low)}&step_max=${Math.max(0, high)}`).then(show).catch(failed);
   }
 
   function show(stats) {
@@ -125,10 +130,20 @@
     box.dataset.ready = "true";
   }
 
-  load("").then(show).catch((error) => {
+  // uPlot's own double-click zooms out to the data it holds; after a zoom that fetched a
+  // range, the whole run is fetched again
+  box.addEventListener("dblclick", () => {
+    if (current && (current.step_min !== null || current.step_max !== null)) {
+      load("").then(show).catch(failed);
+    }
+  });
+
+  function failed(error) {
     box.textContent = `The chart could not be loaded: ${error.message}`;
     box.dataset.failed = "true";
-  });
+  }
+
+  load("").then(show).catch(failed);
 
   window.addEventListener("resize", () => {
     if (plot) plot.setSize({ width: Math.max(320, box.clientWidth), height: 360 });
