@@ -1,6 +1,6 @@
 // The run page's chart: per-layer L2 norms over steps (log scale) from /ui/api/run-stats,
 // with the steps that had NaN or Inf drawn as red lines. Drag across the chart to zoom:
-// a downsampled run is fetched again at full resolution for the selected steps.
+// a downsampled run is fetched again for the selected steps, in more detail.
 "use strict";
 
 (function () {
@@ -54,7 +54,7 @@
         "; double-click the chart to see the whole run again."
       : stats.bucket_size > 1
       ? `${stats.snapshots} snapshots shown as ${points} points (largest norm of each ` +
-        `${stats.bucket_size} consecutive); drag across the chart to see a range in full.`
+        `${stats.bucket_size} consecutive); drag across the chart to see a range in more detail.`
       : `${stats.snapshots} snapshots.` + (points > 1 ? " Drag across the chart to zoom; double-click to zoom out." : "");
     list.replaceChildren();
     if (stats.nonfinite_total) {
