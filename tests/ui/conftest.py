@@ -3,7 +3,8 @@
 ``trained_store`` trains the core's demo MLP for a few steps and snapshots the
 accumulated gradients of every step with the core's Recorder (run ``mlp``); one step's
 snapshot has a NaN injected into one gradient. ``open_service`` and
-``protected_service`` serve that store on 127.0.0.1; ``browser`` is chromium driven by
+``protected_service`` serve that store on 127.0.0.1; ``long_run`` serves 30 synthetic
+snapshots whose norms are known in advance; ``browser`` is chromium driven by
 Playwright. Browser tests skip, saying why, only where chromium cannot be present (it
 is not installed and ``make browser`` could not install it); screenshots go to
 ``tests/ui/artifacts/`` (ignored by git).
