@@ -134,9 +134,7 @@ async def overview(
         )
         run["count"] += 1
     infos, next_cursor = await index.page(limit=PAGE_SIZE, cursor=cursor)
-    cache = _stats_cache(request, store)
-    rows = await cache.many([info.id for info in infos])
-    cache.prefetch([info.id for info in everything])  # what a run page's chart will want
+    rows = await _stats_cache(request, store).many([info.id for info in infos])
     return _render(
         request,
         "overview.html",
@@ -166,11 +164,7 @@ async def run_page(
 ) -> HTMLResponse:
     """One run: its norms over steps (drawn from run-stats), and its snapshots."""
     infos, next_cursor = await index.page(run=run, limit=PAGE_SIZE, cursor=cursor)
-    cache = _stats_cache(request, store)
-    rows = await cache.many([info.id for info in infos])
-    # the chart asks for the whole run next: start reading it while the page travels
-    everything, _ = await index.page(run=run, limit=sys.maxsize)
-    cache.prefetch([info.id for info in everything])
+    rows = await _stats_cache(request, store).many([info.id for info in infos])
     return _render(
         request,
         "run.html",

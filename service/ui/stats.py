@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,9 +94,8 @@ class SnapshotStatsCache:
 
     A manifest being read is read once however many requests want it: they all wait for
     the same load, and a request that goes away does not cancel a load others wait for.
-    ``prefetch`` queues ids to be read in the background, ``MANIFEST_READS_AT_ONCE`` at a
-    time, so that a page warms what its chart asks for next while a request's own reads
-    wait behind one batch at most.
+    Nothing is read ahead of a request: warming a whole store in the background would
+    cost one GET per snapshot on S3 and compete with the requests the pages make.
     """
 
     def __init__(self, store: SnapshotStore, max_entries: int = STATS_CACHE_ENTRIES) -> None:
@@ -105,9 +104,6 @@ class SnapshotStatsCache:
         self._stats: OrderedDict[str, SnapshotStats] = OrderedDict()
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(MANIFEST_READS_AT_ONCE)
-        self._queue: deque[str] = deque()
-        self._queued: set[str] = set()
-        self._prefetching: asyncio.Task[None] | None = None
 
     def _remember(self, stats: SnapshotStats) -> None:
         self._stats[stats.id] = stats
@@ -134,32 +130,6 @@ class SnapshotStatsCache:
             del self._loading[snapshot_id]
         if not load.cancelled():
             load.exception()  # seen by its waiters; not "never retrieved" if none is left
-
-    def prefetch(self, snapshot_ids: Sequence[str]) -> None:
-        """Queue the ids not cached yet to be read in the background; returns at once."""
-        for snapshot_id in snapshot_ids:
-            if snapshot_id not in self._stats and snapshot_id not in self._queued:
-                self._queued.add(snapshot_id)
-                self._queue.append(snapshot_id)
-        if self._queue and self._prefetching is None:
-            self._prefetching = asyncio.ensure_future(self._drain())
-            self._prefetching.add_done_callback(self._drained)
-
-    async def _drain(self) -> None:
-        while self._queue:
-            batch = []
-            while self._queue and len(batch) < MANIFEST_READS_AT_ONCE:
-                snapshot_id = self._queue.popleft()
-                self._queued.discard(snapshot_id)
-                if snapshot_id not in self._stats:
-                    batch.append(self._load(snapshot_id))
-            # a store error here is the next request's to report: keep warming the rest
-            await asyncio.gather(*batch, return_exceptions=True)
-
-    def _drained(self, prefetching: asyncio.Task[None]) -> None:
-        self._prefetching = None
-        if not prefetching.cancelled():
-            prefetching.exception()
 
     async def many(self, snapshot_ids: Sequence[str]) -> list[SnapshotStats]:
         """The stats of each id, in order; ids deleted since they were listed are left out.

@@ -96,8 +96,6 @@ async def test_each_manifest_is_read_once_however_many_ask(tmp_path: Path) -> No
         await store.delete(ids[7])
         spy = StoreSpy(store)
         cache = SnapshotStatsCache(spy)
-        cache.prefetch(ids)
-        cache.prefetch(ids[:10])  # queued already: not queued twice
         first, second = await asyncio.gather(cache.many(ids), cache.many(ids[::-1]))
         again = await cache.many(ids)
     finally:
@@ -108,13 +106,16 @@ async def test_each_manifest_is_read_once_however_many_ask(tmp_path: Path) -> No
     assert spy.calls == ["info"] * len(ids) + ["info"]  # one read each; the gone one twice
 
 
-async def test_a_store_error_reaches_the_request_not_the_prefetch(tmp_path: Path) -> None:
+async def test_a_store_error_reaches_every_request_that_waited(tmp_path: Path) -> None:
     store = open_store(tmp_path / "store")
     try:
         snapshot_id = (await store.write_snapshot(_record(), run="r", step=0)).id
         cache = SnapshotStatsCache(StoreSpy(store, fail_with=StoreUnavailableError("down")))
-        cache.prefetch([snapshot_id])  # fails in the background, quietly
-        with pytest.raises(StoreUnavailableError, match="down"):
+        results = await asyncio.gather(
+            cache.many([snapshot_id]), cache.many([snapshot_id]), return_exceptions=True
+        )
+        assert [type(result) for result in results] == [StoreUnavailableError] * 2
+        with pytest.raises(StoreUnavailableError, match="down"):  # tried again, not cached
             await cache.many([snapshot_id])
     finally:
         await store.close()
