@@ -8,7 +8,7 @@ GV     := $(VENV)/bin/gradvault
 PORT   ?= 8000
 STORE  ?= .gradvault/store
 
-.PHONY: run demo test bench load lint gpu-check deploy-check clean
+.PHONY: run demo test bench load lint browser gpu-check deploy-check clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,27 @@ demo: $(VENV)/.installed
 	$(GV) demo --service-store $(STORE) --port $(PORT)
 
 # pytest exits 5 when it collected no tests; that is a failure here, not a pass.
-test: lint
+test: lint browser
 	$(PY) -m pytest -q
+
+# The browser tests (tests/ui) drive Debian's chromium at $(CHROMIUM); install it when it
+# is missing and this is root (or sudo needs no password). Elsewhere the tests skip.
+CHROMIUM := /usr/bin/chromium
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif ! command -v apt-get >/dev/null; then \
+	  echo "no $(CHROMIUM) and no apt-get: the browser tests will be skipped"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y chromium \
+	  || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+	       chromium; }; \
+	elif sudo -n true 2>/dev/null; then \
+	  sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y \
+	    chromium || { sudo -n apt-get update && sudo -n env DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y chromium; }; \
+	else \
+	  echo "no $(CHROMIUM), and installing it needs root: the browser tests will be skipped"; \
+	fi
 
 # every figure in one table; bench/results/latest.{json,md} and README.md's table
 bench: $(VENV)/.installed-test

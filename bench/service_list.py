@@ -1,6 +1,6 @@
 """Listing snapshots over HTTP: a page of 100 from a real uvicorn on loopback.
 
-The store (a local folder with 10,000 tiny snapshots, then S3 on a moto server on
+The store (a local folder with 10,000 tiny snapshots, then S3 on a SeaweedFS server on
 loopback with 1,000 unless GRADVAULT_BENCH_S3_SNAPSHOTS says more) is served by the
 service in a subprocess (uvicorn, one worker, default settings: the index relists the
 store every second in the background). One client on one keep-alive connection asks for
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import socket
 import statistics
@@ -27,9 +26,10 @@ import httpx
 import numpy as np
 
 from bench._timing import Row, print_rows
+from tests.s3server import SeaweedFS
 
 SNAPSHOTS = 10_000
-#: Filling moto with 10,000 snapshots takes over 20 minutes on 2 cores: ``make bench``
+#: Filling an S3 store with 10,000 snapshots takes many minutes on 2 cores: ``make bench``
 #: lists 1,000 there unless told otherwise.
 S3_SNAPSHOTS = int(os.environ.get("GRADVAULT_BENCH_S3_SNAPSHOTS", "1000"))
 PAGE = 100
@@ -122,40 +122,28 @@ def _quantiles(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
-def _moto() -> tuple[object, dict]:
-    """An S3 server (moto) on loopback with one bucket; the server and the store options."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+def _seaweedfs() -> tuple[SeaweedFS, dict]:
+    """An S3 server (SeaweedFS, as the tests start it) on loopback with one bucket."""
+    server = SeaweedFS(bucket="gradvault-bench", access_key_id="bench", secret_access_key="bench")
     server.start()
-    host, port = server.get_host_and_port()
     options = {
-        "endpoint": f"http://{host}:{port}",
+        "endpoint": server.endpoint,
         "allow_http": True,
         "access_key_id": "bench",
         "secret_access_key": "bench",
         "region": "us-east-1",
     }
-    boto3.client(
-        "s3",
-        endpoint_url=options["endpoint"],
-        region_name="us-east-1",
-        aws_access_key_id="bench",
-        aws_secret_access_key="bench",
-    ).create_bucket(Bucket="gradvault-bench")
     return server, options
 
 
 def run() -> list[Row]:
-    """The listing's p50 and p99 rows, local store and S3 (moto on loopback)."""
+    """The listing's p50 and p99 rows, local store and S3 (SeaweedFS on loopback)."""
     rows = _run_one("local", SNAPSHOTS)
-    server, options = _moto()
+    server, options = _seaweedfs()
     try:
-        rows += _run_one("S3 (moto)", S3_SNAPSHOTS, "s3://gradvault-bench/store", options)
+        rows += _run_one("S3 (SeaweedFS)", S3_SNAPSHOTS, "s3://gradvault-bench/store", options)
     finally:
-        server.stop()  # type: ignore[attr-defined]
+        server.stop()
     return rows
 
 

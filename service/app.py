@@ -16,6 +16,7 @@ from .index import SnapshotIndex
 from .metrics import ServiceMetrics
 from .routes import gradients, health, metrics, snapshots, zarr
 from .settings import Settings
+from .ui import install_ui
 
 _log = logging.getLogger("gradvault.service")
 
@@ -60,5 +61,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in routers:
         app.include_router(router)
     app.state.api_routes = [route for router in routers for route in router.routes]
+    install_ui(app)
     app.add_middleware(RequestTelemetry, metrics=app.state.metrics)
     return app

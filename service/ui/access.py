@@ -1,0 +1,98 @@
+"""Who may see the pages: the service's own token settings, a token kept in a cookie.
+
+A browser cannot add ``Authorization`` to a link, so the pages take a token once, in a
+form (``POST /ui/login``, never in a URL), and keep it in an HttpOnly, SameSite=Strict
+cookie scoped to ``/ui``: scripts cannot read it, other sites cannot send it. The cookie
+is honoured by the ``/ui`` routes only; the ``/v1`` API still wants ``Authorization``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import Depends, Request
+from fastapi.responses import RedirectResponse
+
+from gradvault.core import GradvaultError
+
+from ..deps import SettingsDep, token_scope
+from ..errors import AuthenticationError
+from ..settings import Settings
+
+TOKEN_COOKIE = "gradvault_ui_token"
+UI_PREFIX = "/ui"
+
+
+class LoginRequiredError(GradvaultError):
+    """A page was asked for without a token the service knows; the browser is sent to log in."""
+
+    def __init__(self, message: str, next_path: str) -> None:
+        super().__init__(message)
+        self.next_path = next_path
+
+
+def request_token(request: Request) -> str | None:
+    """The token a request carries: ``Authorization: Bearer``, else the pages' cookie."""
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials:
+        return credentials.strip()
+    return request.cookies.get(TOKEN_COOKIE) or None
+
+
+def read_problem(settings: Settings, token: str | None) -> str | None:
+    """Why a request with ``token`` may not read, or None when it may."""
+    if settings.is_open:
+        return None
+    if token is None:
+        return None if settings.public_read else "this service needs a read token"
+    if token_scope(settings, token) is None:
+        return "the token is not one this service knows"
+    return None
+
+
+def safe_next(path: str | None) -> str:
+    """``path`` if it is a page of this service (``/ui...``), else ``/ui``: no open redirect."""
+    if (
+        path
+        and (path == UI_PREFIX or path.startswith((UI_PREFIX + "/", UI_PREFIX + "?")))
+        and "\\" not in path
+        and ".." not in path
+        and all(" " < character < "\x7f" for character in path)
+    ):
+        return path
+    return UI_PREFIX
+
+
+def _here(request: Request) -> str:
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query else "")
+
+
+def require_page_reader(request: Request, settings: SettingsDep) -> None:
+    """Lets a page through if its request may read; else LoginRequiredError (to the form)."""
+    problem = read_problem(settings, request_token(request))
+    if problem is not None:
+        raise LoginRequiredError(problem, _here(request))
+
+
+def require_data_reader(request: Request, settings: SettingsDep) -> None:
+    """Lets a JSON or download request through if it may read; else AuthenticationError (401)."""
+    problem = read_problem(settings, request_token(request))
+    if problem is not None:
+        raise AuthenticationError(
+            f"{problem}: log in at {UI_PREFIX}/login or send Authorization: Bearer <token>"
+        )
+
+
+PageReader = Depends(require_page_reader)
+DataReader = Depends(require_data_reader)
+TokenDep = Annotated[str | None, Depends(request_token)]
+
+
+async def login_redirect(request: Request, error: Exception) -> RedirectResponse:
+    """Answer LoginRequiredError with a redirect to the login form, remembering the page."""
+    assert isinstance(error, LoginRequiredError)
+    return RedirectResponse(
+        f"{UI_PREFIX}/login?next={quote(error.next_path, safe='')}", status_code=303
+    )

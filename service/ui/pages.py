@@ -1,0 +1,451 @@
+"""The pages under ``/ui``: runs and snapshots, a snapshot, a run's norms over steps, a diff.
+
+Every page is rendered on the server (Jinja2), tables and bar charts included, so it reads
+with JavaScript off; only the run page's line chart is drawn by a script (uPlot, served
+from this package), from ``/ui/api/run-stats``, which is built from manifests alone.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, urlencode
+
+import orjson
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.templating import Jinja2Templates
+
+from gradvault.core.store import parse_snapshot_id
+
+from ..deps import IndexDep, MetricsDep, SettingsDep, StoreDep, token_scope
+from ..routes import gradients
+from ..routes.gradients import ParamIdPath
+from ..routes.snapshots import MAX_STEP, SNAPSHOT_ID_PATTERN, SnapshotIdPath
+from ..schemas import SnapshotDetail
+from .access import TOKEN_COOKIE, UI_PREFIX, DataReader, PageReader, safe_next
+from .bars import norm_chart, ratio_length
+from .stats import SnapshotStats, SnapshotStatsCache, run_series
+
+#: snapshots per page of a listing
+PAGE_SIZE = 50
+#: largest login form body read (a token is short)
+MAX_LOGIN_BODY = 4096
+
+router = APIRouter(prefix=UI_PREFIX, include_in_schema=False)
+root_router = APIRouter(include_in_schema=False)
+
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+
+#: the pages load scripts, styles and data from this service only
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def human_bytes(count: int) -> str:
+    """``1536`` as ``1.5 KiB``."""
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def number(value: float | None) -> str:
+    """A norm or ratio in four significant digits; ``inf`` and missing values spelled out."""
+    if value is None:
+        return "—"
+    if math.isinf(value):
+        return "Infinity"
+    return f"{value:.4g}"
+
+
+def timestamp(created_at: str) -> str:
+    """``2026-12-02T21:06:44.123Z`` as ``2026-12-02 21:06:44``."""
+    return created_at.replace("T", " ")[:19]
+
+
+templates.env.filters.update(bytes=human_bytes, number=number, timestamp=timestamp)
+
+
+def _stats_cache(request: Request, store: StoreDep) -> SnapshotStatsCache:
+    cache = getattr(request.app.state, "ui_stats", None)
+    if cache is None or cache.store is not store:
+        cache = request.app.state.ui_stats = SnapshotStatsCache(store)
+    return cache
+
+
+def _render(
+    request: Request, template: str, context: dict[str, Any], status_code: int = 200
+) -> HTMLResponse:
+    settings = request.app.state.settings
+    signed_in = not settings.is_open and request.cookies.get(TOKEN_COOKIE) is not None
+    response = templates.TemplateResponse(
+        request,
+        template,
+        {"signed_in": signed_in, "ui": UI_PREFIX, **context},
+        status_code=status_code,
+    )
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def _link(path: str, **query: object) -> str:
+    present = {key: value for key, value in query.items() if value is not None}
+    return f"{UI_PREFIX}{path}" + (f"?{urlencode(present)}" if present else "")
+
+
+@root_router.get("/")
+async def root() -> RedirectResponse:
+    """The pages live under /ui."""
+    return RedirectResponse(UI_PREFIX, status_code=307)
+
+
+#: points per layer the run chart asks for at most
+DEFAULT_MAX_POINTS = 1000
+MaxPointsQuery = Annotated[int, Query(ge=2, le=10_000, description="points per layer at most")]
+
+CursorQuery = Annotated[
+    str | None,
+    Query(description="next page after this id", pattern=SNAPSHOT_ID_PATTERN),
+]
+
+
+@router.get("", dependencies=[PageReader])
+async def overview(
+    request: Request, index: IndexDep, store: StoreDep, cursor: CursorQuery = None
+) -> HTMLResponse:
+    """Runs, and every snapshot newest first with its health, a page at a time."""
+    everything, _ = await index.page(limit=sys.maxsize)
+    runs: dict[str, dict[str, Any]] = {}
+    for info in everything:  # newest first: the first seen of a run is its latest
+        run = runs.setdefault(
+            info.run, {"name": info.run, "count": 0, "latest": info, "link": _run_link(info.run)}
+        )
+        run["count"] += 1
+    infos, next_cursor = await index.page(limit=PAGE_SIZE, cursor=cursor)
+    rows = await _stats_cache(request, store).many([info.id for info in infos])
+    return _render(
+        request,
+        "overview.html",
+        {
+            "runs": sorted(runs.values(), key=lambda run: run["latest"].id, reverse=True),
+            "rows": rows,
+            "show_run": True,
+            "next_link": _link("", cursor=next_cursor) if next_cursor else None,
+            "first_link": _link("") if cursor else None,
+            "total": len(everything),
+        },
+    )
+
+
+def _run_link(run: str, **query: object) -> str:
+    return _link("/run", run=run, **query)
+
+
+@router.get("/run", dependencies=[PageReader])
+async def run_page(
+    request: Request,
+    index: IndexDep,
+    store: StoreDep,
+    run: Annotated[str, Query(min_length=1, description="the run")],
+    cursor: CursorQuery = None,
+    max_points: MaxPointsQuery = DEFAULT_MAX_POINTS,
+) -> HTMLResponse:
+    """One run: its norms over steps (drawn from run-stats), and its snapshots."""
+    infos, next_cursor = await index.page(run=run, limit=PAGE_SIZE, cursor=cursor)
+    rows = await _stats_cache(request, store).many([info.id for info in infos])
+    return _render(
+        request,
+        "run.html",
+        {
+            "run": run,
+            "rows": rows,
+            "show_run": False,
+            "stats_url": _link("/api/run-stats", run=run, max_points=max_points),
+            "next_link": _run_link(run, cursor=next_cursor) if next_cursor else None,
+            "first_link": _run_link(run) if cursor else None,
+        },
+    )
+
+
+@router.get("/api/run-stats", dependencies=[DataReader])
+async def run_stats(
+    request: Request,
+    index: IndexDep,
+    store: StoreDep,
+    run: Annotated[str, Query(min_length=1)],
+    step_min: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
+    step_max: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
+    max_points: MaxPointsQuery = DEFAULT_MAX_POINTS,
+) -> Response:
+    """Per-layer L2 norms over steps and the steps with NaN/Inf, from manifests only."""
+    infos, _ = await index.page(run=run, step_min=step_min, step_max=step_max, limit=sys.maxsize)
+    snapshots = await _stats_cache(request, store).many([info.id for info in infos])
+    body = run_series(run, snapshots, max_points)
+    body["step_min"], body["step_max"] = step_min, step_max
+    return Response(
+        orjson.dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"}
+    )
+
+
+SortColumn = Literal[
+    "position", "name", "param_id", "shape", "dtype", "l2_norm", "max_abs", "nan_count", "inf_count"
+]
+SortOrder = Literal["asc", "desc"]
+
+_SORT_KEYS = {
+    "name": lambda row: row["name"],
+    "param_id": lambda row: row["param_id"],
+    "shape": lambda row: (math.prod(row["shape"]), row["shape"]),
+    "dtype": lambda row: row["dtype"],
+    "l2_norm": lambda row: row["l2_norm"],
+    "max_abs": lambda row: row["max_abs"],
+    "nan_count": lambda row: row["nan_count"],
+    "inf_count": lambda row: row["inf_count"],
+}
+
+
+def _as_number(value: float | str) -> float:
+    return math.inf if value == "Infinity" else float(value)
+
+
+@router.get("/snapshots/{snapshot_id}", dependencies=[PageReader])
+async def snapshot_page(
+    request: Request,
+    snapshot_id: SnapshotIdPath,
+    store: StoreDep,
+    sort: SortColumn = "position",
+    order: SortOrder = "asc",
+) -> HTMLResponse:
+    """One snapshot: a sortable table of its gradients, a bar chart of their norms."""
+    snapshot_id = parse_snapshot_id(snapshot_id)
+    manifest = await store.info(snapshot_id)
+    detail = SnapshotDetail.of_manifest(manifest)
+    rows = [
+        {
+            "position": position,
+            "param_id": gradient.param_id,
+            "name": gradient.name,
+            "shape": gradient.shape,
+            "dtype": gradient.dtype,
+            "nbytes": gradient.nbytes,
+            "l2_norm": _as_number(gradient.stats.l2_norm),
+            "max_abs": _as_number(gradient.stats.max_abs),
+            "nan_count": gradient.stats.nan_count,
+            "inf_count": gradient.stats.inf_count,
+            "npy_link": _link(f"/snapshots/{snapshot_id}/grads/{gradient.param_id}.npy"),
+        }
+        for position, gradient in enumerate(detail.gradients)
+    ]
+    chart = norm_chart(
+        [row["name"] for row in rows],
+        [row["l2_norm"] for row in rows],
+        [bool(row["nan_count"] or row["inf_count"]) for row in rows],
+    )
+    if sort != "position":
+        rows.sort(key=_SORT_KEYS[sort])
+    if order == "desc":
+        rows.reverse()
+    columns = [
+        ("position", "#"),
+        ("name", "name"),
+        ("param_id", "ParamId"),
+        ("shape", "shape"),
+        ("dtype", "dtype"),
+        ("l2_norm", "L2 norm"),
+        ("max_abs", "max |g|"),
+        ("nan_count", "NaN"),
+        ("inf_count", "Inf"),
+    ]
+    headers = [
+        {
+            "key": key,
+            "label": label,
+            "sorted": order if key == sort else None,
+            "link": _link(
+                f"/snapshots/{snapshot_id}",
+                sort=key,
+                order="desc" if key == sort and order == "asc" else "asc",
+            ),
+        }
+        for key, label in columns
+    ]
+    stats = SnapshotStats.of_manifest(manifest)
+    return _render(
+        request,
+        "snapshot.html",
+        {
+            "detail": detail,
+            "stats": stats,
+            "rows": rows,
+            "headers": headers,
+            "chart": chart,
+            "run_link": _run_link(detail.run),
+            "safetensors_link": _link(f"/snapshots/{snapshot_id}/safetensors"),
+        },
+    )
+
+
+@router.get("/diff", dependencies=[PageReader])
+async def diff_page(
+    request: Request,
+    store: StoreDep,
+    a: Annotated[str, Query(pattern=SNAPSHOT_ID_PATTERN, description="the earlier snapshot")],
+    b: Annotated[str, Query(pattern=SNAPSHOT_ID_PATTERN, description="the later snapshot")],
+    sort: Literal["position", "name", "ratio"] = "position",
+) -> HTMLResponse:
+    """Two snapshots side by side: each layer's norm in both and their ratio (b / a)."""
+    first, second = [
+        SnapshotStats.of_manifest(await store.info(parse_snapshot_id(snapshot_id)))
+        for snapshot_id in (a, b)
+    ]
+    rows = _diff_rows(first, second)
+    if sort == "name":
+        rows.sort(key=lambda row: row["name"])
+    elif sort == "ratio":
+        rows.sort(key=_change_first)
+    return _render(
+        request,
+        "diff.html",
+        {
+            "a": first,
+            "b": second,
+            "rows": rows,
+            "sort": sort,
+            "sort_links": {
+                key: _link("/diff", a=a, b=b, sort=key) for key in ("position", "name", "ratio")
+            },
+            "swap_link": _link("/diff", a=b, b=a, sort=sort),
+        },
+    )
+
+
+def _diff_rows(first: SnapshotStats, second: SnapshotStats) -> list[dict[str, Any]]:
+    """One row per ParamId in either snapshot, in ``first``'s order then ``second``'s."""
+    place_in_second = {param_id: i for i, param_id in enumerate(second.param_ids)}
+    order = list(first.param_ids) + [p for p in second.param_ids if p not in set(first.param_ids)]
+    place_in_first = {param_id: i for i, param_id in enumerate(first.param_ids)}
+    rows = []
+    for param_id in order:
+        i, j = place_in_first.get(param_id), place_in_second.get(param_id)
+        norm_a = first.l2_norms[i] if i is not None else None
+        norm_b = second.l2_norms[j] if j is not None else None
+        ratio = None
+        if norm_a is not None and norm_b is not None and 0 < norm_a < math.inf:
+            ratio = norm_b / norm_a if math.isfinite(norm_b) else math.inf
+        bad_a = i is not None and not _finite_at(first, i)
+        bad_b = j is not None and not _finite_at(second, j)
+        rows.append(
+            {
+                "param_id": param_id,
+                "name": first.names[i] if i is not None else second.names[j],  # type: ignore[index]
+                "norm_a": norm_a,
+                "norm_b": norm_b,
+                "bad_a": bad_a,
+                "bad_b": bad_b,
+                "ratio": ratio,
+                "ratio_length": ratio_length(ratio),
+            }
+        )
+    return rows
+
+
+def _change_first(row: dict[str, Any]) -> float:
+    """Sort key: the biggest change either way first (from or to zero or Inf before any
+    finite ratio), rows without a ratio last."""
+    ratio = row["ratio"]
+    if ratio is None:
+        return math.inf
+    if not 0 < ratio < math.inf:
+        return -math.inf
+    return -abs(math.log(ratio))
+
+
+def _finite_at(stats: SnapshotStats, position: int) -> bool:
+    return (
+        not stats.nan_counts[position]
+        and not stats.inf_counts[position]
+        and math.isfinite(stats.l2_norms[position])
+    )
+
+
+@router.get("/snapshots/{snapshot_id}/grads/{param_id}.npy", dependencies=[DataReader])
+async def download_gradient(
+    snapshot_id: SnapshotIdPath,
+    param_id: ParamIdPath,
+    store: StoreDep,
+    metrics: MetricsDep,
+    range_header: Annotated[str | None, Header(alias="Range")] = None,
+    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
+    if_range: Annotated[str | None, Header(alias="If-Range")] = None,
+) -> Response:
+    """The gradient as a .npy file: the API's own route, with a file name to save it under."""
+    response = await gradients.get_gradient(
+        snapshot_id, param_id, store, metrics, "npy", range_header, if_none_match, if_range
+    )
+    response.headers["Content-Disposition"] = f'attachment; filename="{snapshot_id}-{param_id}.npy"'
+    return response
+
+
+@router.get("/snapshots/{snapshot_id}/safetensors", dependencies=[DataReader])
+async def download_safetensors(
+    snapshot_id: SnapshotIdPath, store: StoreDep, metrics: MetricsDep
+) -> Response:
+    """The whole snapshot as one safetensors file: the API's own route."""
+    return await gradients.get_safetensors(snapshot_id, store, metrics)
+
+
+@router.get("/login")
+async def login_form(request: Request, settings: SettingsDep, next: str | None = None) -> Response:
+    """The form that asks for a token (only when the service needs one)."""
+    if settings.is_open:
+        return RedirectResponse(safe_next(next), status_code=303)
+    return _render(request, "login.html", {"next": safe_next(next), "problem": None})
+
+
+@router.post("/login")
+async def login(request: Request, settings: SettingsDep) -> Response:
+    """Check the token from the form; keep it in an HttpOnly cookie and go to the page."""
+    body = await request.body()
+    fields = parse_qs(body[:MAX_LOGIN_BODY].decode("utf-8", "replace"), max_num_fields=4)
+    token = (fields.get("token") or [""])[0].strip()
+    next_path = safe_next((fields.get("next") or [None])[0])
+    if settings.is_open:
+        return RedirectResponse(next_path, status_code=303)
+    if len(body) > MAX_LOGIN_BODY:
+        problem = f"the form is larger than {MAX_LOGIN_BODY} bytes"
+    elif not token:
+        problem = "enter a token"
+    elif token_scope(settings, token) is None:
+        problem = "that token is not one this service knows"
+    else:
+        response = RedirectResponse(next_path, status_code=303)
+        response.set_cookie(
+            TOKEN_COOKIE,
+            token,
+            path=UI_PREFIX,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+    return _render(request, "login.html", {"next": next_path, "problem": problem}, status_code=401)
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    """Forget the token: the cookie is cleared."""
+    response = RedirectResponse(f"{UI_PREFIX}/login", status_code=303)
+    response.delete_cookie(TOKEN_COOKIE, path=UI_PREFIX, httponly=True, samesite="strict")
+    return response
