@@ -279,6 +279,7 @@ def _keep_serving(service: Any) -> None:
         f"\nthe service keeps running (Ctrl-C stops it):\n"
         f"  service:  {service.url}\n"
         f"  API docs: {service.url}/docs\n"
+        f"  web page: {service.url}/ui\n"
         f"  list:     gradvault ls --url {service.url}\n"
         f"access log (one JSON object per request):",
         flush=True,

@@ -85,10 +85,14 @@ def test_demo_keeps_serving_until_ctrl_c(tmp_path: Path) -> None:
         url = re.search(r"service:  (http://127\.0\.0\.1:\d+)", out)[1]
         assert f"API docs: {url}/docs" in out
         assert httpx.get(f"{url}/docs", timeout=30).status_code == 200
+        assert f"web page: {url}/ui" in out
+        page = httpx.get(f"{url}/ui", timeout=30)
+        assert page.status_code == 200 and "<html" in page.text.lower()
         assert httpx.get(f"{url}/v1/snapshots", timeout=30).json()["data"]
-        logged = [json.loads(lines.get(timeout=DEADLINE_SECONDS)) for _ in range(2)]
+        logged = [json.loads(lines.get(timeout=DEADLINE_SECONDS)) for _ in range(3)]
         assert [(entry["path"], entry["status"]) for entry in logged] == [
             ("/docs", 200),
+            ("/ui", 200),
             ("/v1/snapshots", 200),
         ]  # the access log follows, one JSON object per request
     finally:

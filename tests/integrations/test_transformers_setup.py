@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +249,15 @@ def test_snapshots_are_listed_and_resumed_through_the_service(
         }
         names = {gradient["name"] for gradient in newest["gradients"]}
         assert names == set(dict(hf_run.tiny_gpt2().named_parameters()))
+        # the gradvault command lists them like any other snapshot
+        shown = subprocess.run(
+            [sys.executable, "-m", "gradvault", "ls", "--url", url, "--run", "run", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert [entry["id"] for entry in json.loads(shown.stdout)] == [s.id for s in listed]
 
         in_process("resume", "--out", str(tmp_path), "--store", url)
         assert_bit_identical(baseline, result(tmp_path))
