@@ -34,7 +34,7 @@ what was found, naming the parameter::
         ├── ParamIdMismatchError (KeyError)   record's ids are not the module's ids
         ├── ChecksumMismatchError (ValueError) a stored chunk fails its crc32c
         ├── FormatVersionError (ValueError)   written by an incompatible format version
-        ├── ManifestError (ValueError)        a snapshot's manifest or array document is
+        │   └── ManifestError                 a snapshot's manifest or array document is
         │                                     malformed (its version is fine)
         ├── SnapshotNotFoundError (KeyError)
         ├── StoreKeyNotFoundError (KeyError)  no readable store key at that path
@@ -172,9 +172,10 @@ class FormatVersionError(RecorderError, ValueError):
     """Data written by a format version this release cannot read."""
 
 
-class ManifestError(RecorderError, ValueError):
+class ManifestError(FormatVersionError):
     """A snapshot's manifest or array document is malformed, though its version is one this
-    release reads (FormatVersionError is for the version alone)."""
+    release reads. A FormatVersionError too, so that code catching that for any snapshot it
+    cannot read still catches this; catch ManifestError to tell the two apart."""
 
 
 class SnapshotNotFoundError(RecorderError, KeyError):

@@ -16,7 +16,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from ..errors import ChecksumMismatchError, FormatVersionError
+from ..errors import ChecksumMismatchError, FormatVersionError, ManifestError
 from ..param_id import ParamId
 from ..record import SUPPORTED_DTYPES, GradientRecordEntry, GradientsParamsRecord
 from ._checksums import format_checksum, parse_checksum
@@ -196,7 +196,7 @@ class Manifest:
             try:
                 self._ids = [ParamId.parse(text) for text in self.columns["param_id"]]
             except ValueError as error:
-                raise FormatVersionError(f"the manifest is malformed: {error}") from None
+                raise ManifestError(f"the manifest is malformed: {error}") from None
         return self._ids
 
     def position(self, param_id: str) -> int | None:

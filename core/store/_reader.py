@@ -27,7 +27,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from ..errors import ChecksumMismatchError, FormatVersionError
+from ..errors import ChecksumMismatchError, ManifestError
 from ..record import GradientRecordEntry
 from ._backend import (
     MANIFEST_NAME,
@@ -413,7 +413,7 @@ class SnapshotReader:
         else:
             validate_array_document(raw, claim, self._id, key)
             return
-        raise FormatVersionError(f"snapshot {self._id}: {claim.who}: its array document {problem}")
+        raise ManifestError(f"snapshot {self._id}: {claim.who}: its array document {problem}")
 
     async def _present_chunks(
         self,

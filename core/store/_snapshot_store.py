@@ -18,6 +18,7 @@ import orjson
 
 from ..errors import (
     FormatVersionError,
+    ManifestError,
     MissingGradientError,
     SnapshotNotFoundError,
 )
@@ -153,7 +154,7 @@ class SnapshotStore:
                 f"no committed snapshot {snapshot_id} in store {self.location}"
             ) from None
         except UnexpectedObjectError as error:
-            raise FormatVersionError(
+            raise ManifestError(
                 f"snapshot {snapshot_id}: its manifest document {MANIFEST_NAME} {error}"
             ) from None
 
@@ -163,7 +164,7 @@ class SnapshotStore:
                 manifest = document["attributes"]["gradvault"]
                 version = manifest.get("format_version")
             except (ValueError, KeyError, TypeError, AttributeError) as error:
-                raise FormatVersionError(
+                raise ManifestError(
                     f"snapshot {snapshot_id}: its zarr.json has no gradvault manifest ({error!r})"
                 ) from None
             if type(version) is not int or version != STORE_FORMAT_VERSION:

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import numpy as np
 import orjson
 
-from ..errors import FormatVersionError
+from ..errors import ManifestError
 from ..param_id import ParamId
 from ..record import SUPPORTED_DTYPES
 from ..record_rules import (
@@ -142,7 +142,7 @@ class _ManifestCheck:
         self, field: str, expected: str, found: object, position: int | None = None
     ) -> NoReturn:
         who = "" if position is None else f" of {self.describe(position)}"
-        raise FormatVersionError(
+        raise ManifestError(
             f"snapshot {self.snapshot_id}: manifest field {field!r}{who} should be {expected}; "
             f"found {_show(found)}"
         )
@@ -420,7 +420,7 @@ def validate_manifest(document: object, snapshot_id: str) -> None:
     gradients cost about a millisecond.
     """
     if type(document) is not dict:
-        raise FormatVersionError(
+        raise ManifestError(
             f"snapshot {snapshot_id}: the manifest should be a JSON object; found {_show(document)}"
         )
     _ManifestCheck(document, snapshot_id).run()
@@ -475,7 +475,7 @@ def validate_array_document(raw: memoryview, claim: ArrayClaim, snapshot_id: str
     def fail(field: str, expected: object, found: object) -> NoReturn:
         source = claim.fields.get(field)
         said = f", as the manifest's field {source!r} says" if source else ""
-        raise FormatVersionError(
+        raise ManifestError(
             f"snapshot {snapshot_id}: {claim.who}: its array document {key} should have "
             f"{field} {_show(expected)}{said}; found {_show(found)}"
         )
@@ -485,7 +485,7 @@ def validate_array_document(raw: memoryview, claim: ArrayClaim, snapshot_id: str
     except ValueError as error:
         document = _Said(f"no JSON ({error})")
     if type(document) is not dict:
-        raise FormatVersionError(
+        raise ManifestError(
             f"snapshot {snapshot_id}: {claim.who}: its array document {key} should be a JSON "
             f"object; found {_show(document)}"
         )

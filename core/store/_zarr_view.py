@@ -23,9 +23,9 @@ import numpy as np
 
 from ..errors import (
     ChecksumMismatchError,
-    FormatVersionError,
     InvalidRangeError,
     InvalidStorePathError,
+    ManifestError,
     StoreKeyNotFoundError,
 )
 from ._backend import (
@@ -247,12 +247,12 @@ class ZarrView:
         if found.snapshot_id is None:
             if missing:
                 return StoreKeyNotFoundError(f"store key {found.key} is missing (an empty store)")
-            return FormatVersionError(f"store key {found.key} {problem}")
+            return ManifestError(f"store key {found.key} {problem}")
         if missing:
             await self._recheck(found.snapshot_id)  # SnapshotNotFoundError if deleted meanwhile
         if found.chunk is not None:
             return ChecksumMismatchError(self._chunk_problem(found, problem))
-        return FormatVersionError(f"snapshot {found.snapshot_id}: {found.key} {problem}")
+        return ManifestError(f"snapshot {found.snapshot_id}: {found.key} {problem}")
 
 
 def _chunk_of(manifest: Manifest, array: str, chunk_key: str) -> tuple[ChunkSpan, str]:

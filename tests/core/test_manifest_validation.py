@@ -1,4 +1,4 @@
-"""A damaged snapshot manifest is refused with FormatVersionError, never read through.
+"""A damaged snapshot manifest is refused with ManifestError, never read through.
 
 Each case writes a real snapshot to a local store, rewrites the manifest in its
 ``zarr.json`` with one kind of damage, and opens the store afresh (no cached manifest).
@@ -14,7 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradvault.core.errors import FormatVersionError, InvalidParamIdError, RecorderError
+from gradvault.core.errors import (
+    FormatVersionError,
+    InvalidParamIdError,
+    ManifestError,
+    RecorderError,
+)
 from gradvault.core.param_id import ParamId
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, open_store
@@ -299,7 +304,7 @@ async def test_a_damaged_manifest_is_refused_clearly_and_skipped_by_list(
             lambda: store.read_snapshot(victim),
             lambda: store.read_gradient(victim, some_param),
         ):
-            with pytest.raises(FormatVersionError) as caught:
+            with pytest.raises(ManifestError) as caught:
                 await call()
             message = str(caught.value)
             assert isinstance(caught.value, RecorderError) and isinstance(caught.value, ValueError)
@@ -315,7 +320,7 @@ async def test_a_damaged_manifest_is_refused_clearly_and_skipped_by_list(
         assert [info.id for info in listed] == [ids[2], ids[0]]
         for snapshot_id, record in ((ids[0], records[0]), (ids[2], records[2])):
             assert_same(await store.read_snapshot(snapshot_id), record)
-        with pytest.raises(FormatVersionError):  # still refused after list()
+        with pytest.raises(ManifestError):  # still refused after list()
             await store.info(victim)
 
 

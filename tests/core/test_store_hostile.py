@@ -153,7 +153,7 @@ async def test_an_own_array_claiming_2_40_chunks_is_refused_without_reading_them
     edit_json(case.files, manifest_key(case.id), claim_huge_own_array)
     assert case.ask("list")["result"] is not None  # ends
     case.assert_refused(
-        "FormatVersionError", [*WHOLE, "fc.weight"], case.own_array, "'fc.weight'", "shape"
+        "ManifestError", [*WHOLE, "fc.weight"], case.own_array, "'fc.weight'", "shape"
     )
 
 
@@ -187,7 +187,7 @@ async def test_a_packed_array_of_2_40_one_byte_chunks_is_refused(case: Case) -> 
     edit_json(case.files, manifest_key(case.id), claim_huge_packed_array)
     assert case.ask("list")["result"] is not None
     case.assert_refused(
-        "FormatVersionError", [*WHOLE, "fc.bias", "flags"], "packed.nbytes", "1099511627776"
+        "ManifestError", [*WHOLE, "fc.bias", "flags"], "packed.nbytes", "1099511627776"
     )
 
 
@@ -206,11 +206,11 @@ async def test_a_manifest_saying_zstd_over_raw_chunks_names_the_parameter(case: 
     edit_json(case.files, manifest_key(case.id), say_zstd)
     reads = case.reads()
     # the whole snapshot: refused on whichever array's document is held against it first
-    case.assert_refused("FormatVersionError", WHOLE, "codecs", "zstd", "compression", reads=reads)
+    case.assert_refused("ManifestError", WHOLE, "codecs", "zstd", "compression", reads=reads)
     case.assert_refused(
-        "FormatVersionError", ["fc.weight"], case.own_array, "'fc.weight'", "codecs", reads=reads
+        "ManifestError", ["fc.weight"], case.own_array, "'fc.weight'", "codecs", reads=reads
     )
-    case.assert_refused("FormatVersionError", ["fc.bias", "flags"], "packed", reads=reads)
+    case.assert_refused("ManifestError", ["fc.bias", "flags"], "packed", reads=reads)
 
 
 async def test_zstd_claimed_in_both_documents_over_raw_chunks_fails_the_chunk(case: Case) -> None:
@@ -232,7 +232,7 @@ async def test_a_dtype_edited_in_the_manifest_is_not_read_reinterpreted(case: Ca
 
     edit_json(case.files, manifest_key(case.id), to_int32)
     case.assert_refused(
-        "FormatVersionError",
+        "ManifestError",
         [*WHOLE, "fc.weight"],
         case.own_array,
         "'fc.weight'",
@@ -248,7 +248,7 @@ async def test_a_data_type_edited_in_the_array_document_is_refused(case: Case) -
         lambda d: d.update(data_type="int32"),
     )
     case.assert_refused(
-        "FormatVersionError", [*WHOLE, "fc.weight"], case.own_array, "data_type", "int32"
+        "ManifestError", [*WHOLE, "fc.weight"], case.own_array, "data_type", "int32"
     )
 
 
@@ -313,7 +313,7 @@ async def test_a_manifest_that_is_a_fifo_is_left_out_of_list_and_explained_by_in
     local_case.files.replace_with_fifo(manifest_key(local_case.id))
     assert local_case.ask("list")["result"] == []
     answer = local_case.ask("info")
-    assert answer["error"] == "FormatVersionError", answer
+    assert answer["error"] == "ManifestError", answer
     assert local_case.id in answer["message"] and "regular file" in answer["message"]
 
 
