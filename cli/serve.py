@@ -28,6 +28,8 @@ from .main import EXIT_OK
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 STARTUP_DEADLINE_SECONDS = 60
+#: how long requests in flight may finish once the service is told to stop
+GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
 def _settings_class() -> Any:
@@ -188,7 +190,13 @@ class BackgroundService:
                 f"cannot listen on {settings.host}:{settings.port}: {error.strerror}",
             ) from None
         self.host, self.port = settings.host, self._socket.getsockname()[1]
-        config = uvicorn.Config(create_app(settings), log_level=log_level, access_log=False)
+        # a connection still open at Ctrl-C gets a few seconds, never holds the stop forever
+        config = uvicorn.Config(
+            create_app(settings),
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run,

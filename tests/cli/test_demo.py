@@ -97,7 +97,14 @@ def test_demo_keeps_serving_until_ctrl_c(tmp_path: Path) -> None:
         ]  # the access log follows, one JSON object per request
     finally:
         process.send_signal(signal.SIGINT)
-        code = process.wait(DEADLINE_SECONDS)
+        try:
+            code = process.wait(DEADLINE_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate(timeout=DEADLINE_SECONDS)
+            raise AssertionError(
+                f"no exit {DEADLINE_SECONDS} s after SIGINT; stderr:\n{stderr}"
+            ) from None
     errors = process.stderr.read()
     assert code == 0, errors
     assert "Traceback" not in errors and "ERROR" not in errors, errors
