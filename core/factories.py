@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
+from .bfloat16 import check_device, is_floating
 from .tensor import DEFAULT_FLOAT, DeviceLike, DTypeLike, Tensor, as_dtype, bool_, int64
 
 _generator = np.random.default_rng()
@@ -31,6 +32,7 @@ def generator() -> np.random.Generator:
 
 def _finish(data: Any, dtype: np.dtype | None, device: DeviceLike, requires_grad: bool) -> Tensor:
     dev = backend.device(device)
+    check_device(data.dtype if dtype is None else dtype, dev)
     if dtype is not None and data.dtype != dtype:
         data = data.astype(dtype)
     if dev.type != "cpu":
@@ -62,7 +64,7 @@ def tensor(
             array = array.astype(DEFAULT_FLOAT)
         elif dtype is None and array.dtype.kind in "iu":
             array = array.astype(int64)
-    if array.dtype.kind not in "fiub":
+    if array.dtype.kind not in "iub" and not is_floating(array.dtype):
         raise TypeError(f"can't make a tensor from data of dtype {array.dtype}")
     return _finish(array, dtype, device, requires_grad)
 
@@ -83,6 +85,7 @@ def _filled(
     dev = backend.device(device)
     xp = backend.array_module(dev)
     dt = as_dtype(dtype) or DEFAULT_FLOAT
+    check_device(dt, dev)
     with backend.use_device(dev):
         data = fill(xp, _size(size), dt)
     return _finish(data, dt, dev, requires_grad)

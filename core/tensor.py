@@ -12,6 +12,7 @@ from . import backend
 from .autograd.function import AccumulateGrad, Node, RemovableHandle
 from .autograd.grad_mode import _state, no_grad
 from .backend import Device
+from .bfloat16 import bfloat16, check_device, is_floating
 from .errors import AutogradError
 
 float16 = np.dtype("float16")
@@ -44,7 +45,7 @@ def as_dtype(dtype: DTypeLike) -> np.dtype | None:
 
 
 def _is_floating(dtype: np.dtype) -> bool:
-    return dtype.kind == "f"
+    return is_floating(dtype)
 
 
 class _Storage:
@@ -318,6 +319,7 @@ class Tensor:
             device, dtype = None, device
         out = self
         if dtype is not None and as_dtype(dtype) != self.dtype:
+            check_device(as_dtype(dtype), self.device)  # CuPy has no bfloat16
             out = ops.ToDtype.apply(out, as_dtype(dtype))
         if device is not None and backend.device(device) != self.device:
             out = ops.ToDevice.apply(out, backend.device(device))
@@ -337,6 +339,9 @@ class Tensor:
 
     def half(self) -> Tensor:
         return self.to(dtype=float16)
+
+    def bfloat16(self) -> Tensor:
+        return self.to(dtype=bfloat16)
 
     def long(self) -> Tensor:
         return self.to(dtype=int64)

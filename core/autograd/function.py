@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..bfloat16 import COMPUTE_DTYPE, bfloat16, is_floating, rounded, rounds_result, widened
 from ..errors import AutogradError, InplaceModificationError
 from .grad_mode import _state
 
@@ -28,6 +29,7 @@ class Context:
         self._node = node
         self._saved: tuple[tuple[Tensor, int], ...] = ()
         self.needs_input_grad: tuple[bool, ...] = ()
+        self.bfloat16_inputs: tuple[bool, ...] = ()  # set when forward computed in float32
 
     def save_for_backward(self, *tensors: Tensor) -> None:
         """Keep ``tensors`` for backward; changing one of them in place later is an error.
@@ -136,9 +138,17 @@ class Node:
     def apply(self, grad: Tensor) -> tuple[Tensor | None, ...]:
         """Gradients for each input given the gradient of the output."""
         assert self.function is not None and self.ctx is not None
+        rounds = self.ctx.bfloat16_inputs  # bf16: compute in float32, round each result
+        if rounds and grad.dtype == bfloat16:
+            grad = grad.to(dtype=COMPUTE_DTYPE)
         grads = self.function.backward(self.ctx, grad)
         if not isinstance(grads, tuple):
             grads = (grads,)
+        if rounds:
+            grads = tuple(
+                g.to(dtype=bfloat16) if g is not None and bf16 and g.dtype != bfloat16 else g
+                for g, bf16 in zip(grads, rounds, strict=False)
+            )
         return grads
 
     def release(self) -> None:
@@ -166,9 +176,14 @@ class AccumulateGrad(Node):
 
 
 class Function:
-    """Base of every differentiable op. Subclasses define ``forward`` and ``backward``."""
+    """Base of every differentiable op. Subclasses define ``forward`` and ``backward``.
+
+    ``computes`` is False for ops that only move data (views, copies, casts): on bfloat16
+    inputs every other op computes in float32 and rounds (``core/bfloat16.py``).
+    """
 
     differentiable = True
+    computes = True
 
     @staticmethod
     def forward(ctx: Context, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - abstract
@@ -189,6 +204,11 @@ class Function:
         from ..tensor import Tensor, _leaf_node  # noqa: PLC0415 - circular at import time
 
         tensor_inputs = [a for a in args if isinstance(a, Tensor)]
+        rounds = cls.computes and rounds_result(tensor_inputs)
+        if rounds:  # bf16 inputs: forward sees exact float32 stand-ins; its result is rounded
+            args = tuple(
+                widened(a) if isinstance(a, Tensor) and a.dtype == bfloat16 else a for a in args
+            )
         record = (
             cls.differentiable
             and _state.grad_enabled
@@ -201,7 +221,10 @@ class Function:
             ctx.needs_input_grad = tuple(t.requires_grad for t in tensor_inputs)
             with np.errstate(all="ignore"):
                 data = _as_array(cls.forward(ctx, *args, **kwargs))
-            if data.dtype.kind not in "fc":  # a cast to int or bool cuts the graph
+                if rounds:
+                    ctx.bfloat16_inputs = tuple(t.dtype == bfloat16 for t in tensor_inputs)
+                    data = rounded(data) if data.dtype == COMPUTE_DTYPE else data
+            if not is_floating(data.dtype) and data.dtype.kind != "c":  # int, bool cut the graph
                 return Tensor._make(data)
             node.ctx = ctx
             node.next_nodes = tuple(
@@ -215,6 +238,8 @@ class Function:
             return out
         with np.errstate(all="ignore"):
             data = _as_array(cls.forward(_FreeContext(), *args, **kwargs))
+            if rounds and data.dtype == COMPUTE_DTYPE:
+                data = rounded(data)
         return Tensor._make(data)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bfloat16 import is_floating
 from ..errors import AutogradError
 from .grad_mode import enable_grad
 
@@ -25,7 +26,7 @@ def _prepare(inputs: Any) -> tuple[Any, ...]:
 
     prepared = []
     for t in _as_tuple(inputs):
-        if isinstance(t, Tensor) and t.dtype.kind == "f":
+        if isinstance(t, Tensor) and is_floating(t.dtype):  # bfloat16 too: checked in float64
             # C-contiguous, so that perturbing the flat view perturbs the input itself
             xp = backend.xp_of(t._data)
             copy = Tensor._make(xp.array(t._data, dtype=float64, order="C", copy=True))

@@ -49,6 +49,8 @@ from .shape import (
 
 
 class ToDtype(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor, dtype: Any) -> Any:
         ctx.dtype = a.dtype
@@ -60,6 +62,8 @@ class ToDtype(Function):
 
 
 class ToDevice(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor, device: backend.Device) -> Any:
         ctx.device = a.device
@@ -71,6 +75,8 @@ class ToDevice(Function):
 
 
 class Clone(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         return a._data.copy()

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..autograd.engine import sum_to_shape
 from ..autograd.function import Context, Function
+from ..bfloat16 import is_floating
 from ..tensor import Tensor
 from ._common import constant, xp
 from .reduction import mean, sum
@@ -174,7 +175,7 @@ def cross_entropy(
     number of targets kept; probability targets have ``input``'s shape.
     """
     logp = log_softmax(input, 1 if input.ndim > 1 else 0)
-    if target.dtype.kind == "f":
+    if is_floating(target.dtype):
         if target.shape != input.shape:
             raise ValueError(
                 f"probability targets must have the input's shape {input.shape}; got {target.shape}"
