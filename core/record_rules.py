@@ -22,10 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from .bfloat16 import BFLOAT16_NAME
 from .errors import DtypeMismatchError, InvalidFieldError, ShapeMismatchError
 
-#: dtypes a record may carry; names follow NumPy (and zarr's v3 data type names).
+#: dtypes a record may carry; names follow NumPy (and zarr's v3 data type names; bfloat16
+#: is ml_dtypes' and Zarr's registered extension data type, docs/FORMAT.md).
 SUPPORTED_DTYPES = (
+    BFLOAT16_NAME,
     "float16",
     "float32",
     "float64",

@@ -58,6 +58,7 @@ from .record_rules import (
 MAX_HEADER_BYTES = 100_000_000
 #: The safetensors dtype code of each dtype a record holds; no other code is accepted.
 SAFETENSORS_DTYPES: Mapping[str, str] = {
+    "bfloat16": "BF16",
     "float16": "F16",
     "float32": "F32",
     "float64": "F64",

@@ -23,6 +23,8 @@ import orjson
 from numcodecs.zstd import Zstd
 from numcodecs.zstd import decompress as zstd_decompress
 
+from ..bfloat16 import BFLOAT16_NAME, COMPUTE_DTYPE, bfloat16
+
 #: Version of the snapshot layout and manifest (``attributes["gradvault"]["format_version"]``).
 STORE_FORMAT_VERSION = 1
 #: Name of the array that holds the packed small gradients of a snapshot.
@@ -64,7 +66,7 @@ def parse_compression(text: str | None) -> Compression | None:
 def _fill_value(dtype: str) -> bool | int | float:
     if dtype == "bool":
         return False
-    return 0.0 if dtype.startswith("float") else 0
+    return 0.0 if dtype.startswith("float") or dtype == BFLOAT16_NAME else 0
 
 
 def array_metadata(
@@ -388,6 +390,8 @@ _ZERO_STATS = {"l2_norm": 0.0, "max_abs": 0.0, "nan_count": 0, "inf_count": 0}
 
 def _flat_for_math(array: np.ndarray) -> np.ndarray:
     flat = array.reshape(-1)
+    if flat.dtype == bfloat16:  # exact in float32; NumPy math in bf16 would round each step
+        return flat.astype(COMPUTE_DTYPE)
     return flat.view(np.uint8) if flat.dtype == np.bool_ else flat
 
 
