@@ -61,13 +61,12 @@ def check_device(dtype: Any, device: Any) -> None:
 def widened(t: Tensor) -> Tensor:
     """A float32 stand-in for the bf16 tensor ``t``, for an op's forward to compute with.
 
-    The values are exact (every bf16 is a float32). It shares ``t``'s version counter, so
-    saving it for backward still catches a later in-place change of ``t``, and carries
-    ``t``'s graph flags; the graph itself is built from ``t``.
+    The values are exact (every bf16 is a float32). It is ``t``'s cast in the graph (when
+    ``t`` requires grad), so that a backward rule using a saved stand-in with
+    ``create_graph=True`` reaches ``t``; and it shares ``t``'s version counter, so saving it
+    for backward still catches a later in-place change of ``t``.
     """
-    from .tensor import Tensor  # noqa: PLC0415 - tensor imports this module
-
-    stand_in = Tensor._make(t._data.astype(COMPUTE_DTYPE), t.requires_grad, t.grad_fn)
+    stand_in = t.to(dtype=COMPUTE_DTYPE)
     stand_in._storage = t._storage
     stand_in._inference = t._inference
     return stand_in

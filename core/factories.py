@@ -83,9 +83,9 @@ def _filled(
     requires_grad: bool,
 ) -> Tensor:
     dev = backend.device(device)
-    xp = backend.array_module(dev)
     dt = as_dtype(dtype) or DEFAULT_FLOAT
     check_device(dt, dev)
+    xp = backend.array_module(dev)
     with backend.use_device(dev):
         data = fill(xp, _size(size), dt)
     return _finish(data, dt, dev, requires_grad)
