@@ -95,7 +95,7 @@ class BFloat16(ZDType[Any, Any], HasEndianness, HasItemSize):
             raise TypeError(f"cannot convert {data!r} ({type(data).__name__}) to bfloat16")
         if isinstance(data, str):
             return _from_bits(_SPECIAL_BITS.get(data) or int(data, 16))
-        return np.array(data, dtype=np.float32).astype(_BFLOAT16)[()]
+        return np.array(data, dtype=_BFLOAT16)[()]  # a bf16 scalar keeps its bits
 
     def default_scalar(self) -> Any:
         """Zero."""
