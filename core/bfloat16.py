@@ -39,11 +39,6 @@ BFLOAT16_NAME = "bfloat16"
 COMPUTE_DTYPE: np.dtype = np.dtype("float32")
 
 
-def is_bfloat16(dtype: Any) -> bool:
-    """Whether ``dtype`` is bfloat16."""
-    return dtype == bfloat16
-
-
 def is_floating(dtype: np.dtype) -> bool:
     """Whether ``dtype`` is a floating dtype: NumPy's kind ``'f'``, or bfloat16."""
     return dtype.kind == "f" or dtype == bfloat16
@@ -81,22 +76,15 @@ def rounds_result(tensors: list[Tensor]) -> bool:
     """Whether an op on ``tensors`` computes in float32 and rounds to bf16.
 
     True when some input is bf16 and no floating input is wider (bf16 meeting float32
-    promotes to float32 and stays there, as in PyTorch).
+    promotes to float32 and stays there, as in PyTorch). Called for every op: it looks at
+    ``dtype.kind`` first (bfloat16's is ``'V'``), which costs less than comparing dtypes.
     """
     found = False
     for t in tensors:
-        if t.dtype == bfloat16:
-            found = True
-        elif t.dtype.kind == "f":
+        dtype = t._data.dtype
+        kind = dtype.kind
+        if kind == "f":
             return False
+        if kind == "V" and dtype == bfloat16:
+            found = True
     return found
-
-
-def as_bfloat16_bits(array: np.ndarray) -> np.ndarray:
-    """The raw 16-bit patterns of a bf16 array (``uint16``, a view: no copy)."""
-    return array.view(np.uint16)
-
-
-def from_bfloat16_bits(bits: np.ndarray) -> np.ndarray:
-    """A bf16 array viewing ``bits`` (``uint16``) bit for bit (no copy)."""
-    return bits.view(bfloat16)

@@ -28,7 +28,6 @@ from .errors import DtypeMismatchError, InvalidFieldError, ShapeMismatchError
 #: dtypes a record may carry; names follow NumPy (and zarr's v3 data type names; bfloat16
 #: is ml_dtypes' and Zarr's registered extension data type, docs/FORMAT.md).
 SUPPORTED_DTYPES = (
-    BFLOAT16_NAME,
     "float16",
     "float32",
     "float64",
@@ -38,6 +37,7 @@ SUPPORTED_DTYPES = (
     "int64",
     "uint8",
     "bool",
+    BFLOAT16_NAME,
 )
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
 

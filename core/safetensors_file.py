@@ -58,7 +58,6 @@ from .record_rules import (
 MAX_HEADER_BYTES = 100_000_000
 #: The safetensors dtype code of each dtype a record holds; no other code is accepted.
 SAFETENSORS_DTYPES: Mapping[str, str] = {
-    "bfloat16": "BF16",
     "float16": "F16",
     "float32": "F32",
     "float64": "F64",
@@ -68,6 +67,7 @@ SAFETENSORS_DTYPES: Mapping[str, str] = {
     "int64": "I64",
     "uint8": "U8",
     "bool": "BOOL",
+    "bfloat16": "BF16",
 }
 _RECORD_DTYPES = {code: name for name, code in SAFETENSORS_DTYPES.items()}
 _ITEMSIZE = {name: np.dtype(name).itemsize for name in SAFETENSORS_DTYPES}

@@ -222,3 +222,18 @@ async def test_gradvault_reads_a_bf16_array_tensorstore_wrote(tmp_path: Path) ->
         _assert_same_bits((await store.read_snapshot(snapshot_id))[OWN].array, record[OWN].array)
     finally:
         await store.close()
+
+
+def test_a_recorder_snapshots_and_restores_bf16_gradients_bit_exact(tmp_path: Path) -> None:
+    """A bf16 model's backward, captured by the recorder, restored as bf16 tensors."""
+    gv.manual_seed(3)
+    model = gv.MLP(8, [300], 4, dtype=gv.bfloat16)  # 8 x 300 bf16: an array of its own
+    x = gv.randn(16, 8, dtype=gv.bfloat16)
+    gv.cross_entropy(model(x), gv.tensor(np.arange(16) % 4)).backward()
+    grads = gv.GradientsParams.from_module_grad(model)
+    with gv.Recorder(tmp_path, chunk_bytes=1024) as recorder:
+        info = recorder.sync.snapshot(grads, run="bf16", step=0)
+        restored = recorder.sync.restore(info.id, "cpu")
+    assert len(restored) == len(grads) == 4
+    for param_id in grads:
+        _assert_same_bits(restored.get(param_id).numpy(), grads.get(param_id).numpy())
