@@ -235,3 +235,14 @@ def test_a_bf16_mlp_trains_like_the_float32_one() -> None:
     f32 = _train(gv.float32, 40)
     assert bf16[-1] < 0.5 * bf16[0] and f32[-1] < 0.5 * f32[0]
     assert max(abs(a - b) for a, b in zip(bf16, f32, strict=True)) < 0.05, (bf16, f32)
+
+
+def test_other_ml_dtypes_types_are_refused_by_name() -> None:
+    """Only bfloat16 of ml_dtypes' types is taken; float8 is refused, naming its dtype."""
+    float8 = np.zeros(4, dtype=ml_dtypes.float8_e4m3fn)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        gv.tensor(float8)
+    with pytest.raises(DtypeMismatchError, match="float8_e4m3fn"):
+        gv.GradientRecordEntry.from_array(gv.ParamId(1), "w", float8)
+    with pytest.raises(DtypeMismatchError, match="'float8'"):
+        gv.GradientRecordEntry.from_bytes(gv.ParamId(1), "w", "float8", (4,), bytes(4))
