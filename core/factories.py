@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
+from .bfloat16 import check_device
 from .errors import DeviceError, DtypeMismatchError
 from .tensor import (
     DEFAULT_FLOAT,
@@ -43,6 +44,7 @@ def generator() -> np.random.Generator:
 
 def _finish(data: Any, dtype: np.dtype | None, device: DeviceLike, requires_grad: bool) -> Tensor:
     dev = backend.device(device)
+    check_device(data.dtype if dtype is None else dtype, dev)
     if dtype is not None and data.dtype != dtype:
         data = data.astype(dtype)
     if dev.type != "cpu":
@@ -108,8 +110,9 @@ def _filled(
     requires_grad: bool,
 ) -> Tensor:
     dev = backend.device(device)
-    xp = backend.array_module(dev)
     dt = as_dtype(dtype) or DEFAULT_FLOAT
+    check_device(dt, dev)
+    xp = backend.array_module(dev)
     with backend.use_device(dev):
         data = fill(xp, _size(size), dt)
     return _finish(data, dt, dev, requires_grad)
