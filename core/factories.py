@@ -23,6 +23,7 @@ from .tensor import (
     bool_,
     int64,
     wrap,
+    wrap_shared,
 )
 
 _generator = np.random.default_rng()
@@ -93,7 +94,7 @@ def from_dlpack(array: Any) -> Tensor:
             f"{type(array).__name__} of dtype {dtype} cannot be shared with "
             f"{module.__name__}: {error}"
         ) from error
-    return Tensor._make_shared(data)
+    return wrap_shared(data)
 
 
 def _size(size: tuple[Any, ...]) -> tuple[int, ...]:

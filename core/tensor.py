@@ -968,6 +968,10 @@ array_of: Callable[[Tensor], Any] = operator.attrgetter("_data")
 #: grad_fn)``. The array must be new, never one that a caller still holds.
 wrap = Tensor._make
 
+#: A tensor on ``array`` (not copied) that others can write too (an array shared through
+#: DLPack or with PyTorch): a record taken of it copies its bytes.
+wrap_shared = Tensor._make_shared
+
 
 def leaf_node(t: Tensor) -> AccumulateGrad:
     """The AccumulateGrad node of a leaf that requires grad (one per leaf)."""
