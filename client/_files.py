@@ -1,4 +1,10 @@
-"""Where a download lands: a safetensors file as served, or an ``.npz`` of its gradients."""
+"""Where a download lands: a safetensors file as served, or an ``.npz`` of its gradients.
+
+NumPy's format has no bfloat16 (ml_dtypes' dtype saves as ``'<V2'``, opaque bytes), so a
+bf16 gradient goes into an ``.npz`` as its 16-bit patterns, ``'<u2'``, as the service's
+``.npy`` downloads do: ``np.load(path)[key].view(ml_dtypes.bfloat16)`` is the gradient
+bit for bit, without a copy (docs/CLIENT.md).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gradvault.core import GradientsParamsRecord
+from gradvault.core import GradientsParamsRecord, bfloat16
 
 
 def part_beside(path: Path) -> Path:
@@ -32,8 +38,11 @@ def place(path: Path, part: Path, record: GradientsParamsRecord) -> None:
 
 
 def save_npz(path: Path, record: GradientsParamsRecord) -> None:
-    """``record``'s arrays as an ``.npz`` at ``path``: written beside it, synced, renamed."""
-    arrays = {str(entry.param_id): entry.array for entry in record}
+    """``record``'s arrays as an ``.npz`` at ``path``: written beside it, synced, renamed.
+
+    bfloat16 arrays are saved as their ``'<u2'`` bit patterns (the module's docstring).
+    """
+    arrays = {str(entry.param_id): _savable(entry.array) for entry in record}
     part = part_beside(path)
     try:
         with open(part, "wb") as file:
@@ -44,6 +53,11 @@ def save_npz(path: Path, record: GradientsParamsRecord) -> None:
         _sync_folder(path.parent)
     finally:
         part.unlink(missing_ok=True)
+
+
+def _savable(array: np.ndarray) -> np.ndarray:
+    """``array`` as NumPy's format can name its dtype: bfloat16 as its uint16 bits (a view)."""
+    return array.view(np.uint16) if array.dtype == bfloat16 else array
 
 
 def _sync_folder(folder: Path) -> None:

@@ -111,7 +111,7 @@ from .param_id import ParamId
 from .record import GradientRecordEntry, GradientsParamsRecord
 from .recorder import Recorder, SnapshotHandle, SyncRecorder
 from .store import SnapshotInfo, SnapshotStore, open_store
-from .tensor import Tensor, bool_, float16, float32, float64, int32, int64
+from .tensor import Tensor, bfloat16, bool_, float16, float32, float64, int32, int64
 
 __all__ = [
     "GELU",
@@ -187,6 +187,7 @@ __all__ = [
     "argmax",
     "autograd",
     "backend",
+    "bfloat16",
     "bool_",
     "cat",
     "clamp",

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from .bfloat16 import check_device
 from .errors import DeviceError
 
 
@@ -115,6 +116,7 @@ def to_device(array: Any, dev: Device) -> Any:
         return array
     if dev.type == "cpu":
         return array.get()
+    check_device(array.dtype, dev)  # CuPy has no bfloat16
     cp = _cupy()
     with cp.cuda.Device(dev.index or 0):
         return cp.asarray(array)

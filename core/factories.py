@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
+from .bfloat16 import check_device
 from .errors import DeviceError, DtypeMismatchError
 from .tensor import (
     DEFAULT_FLOAT,
@@ -22,6 +23,7 @@ from .tensor import (
     bool_,
     int64,
     wrap,
+    wrap_shared,
 )
 
 _generator = np.random.default_rng()
@@ -43,6 +45,7 @@ def generator() -> np.random.Generator:
 
 def _finish(data: Any, dtype: np.dtype | None, device: DeviceLike, requires_grad: bool) -> Tensor:
     dev = backend.device(device)
+    check_device(data.dtype if dtype is None else dtype, dev)
     if dtype is not None and data.dtype != dtype:
         data = data.astype(dtype)
     if dev.type != "cpu":
@@ -91,7 +94,7 @@ def from_dlpack(array: Any) -> Tensor:
             f"{type(array).__name__} of dtype {dtype} cannot be shared with "
             f"{module.__name__}: {error}"
         ) from error
-    return Tensor._make_shared(data)
+    return wrap_shared(data)
 
 
 def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
@@ -108,8 +111,9 @@ def _filled(
     requires_grad: bool,
 ) -> Tensor:
     dev = backend.device(device)
-    xp = backend.array_module(dev)
     dt = as_dtype(dtype) or DEFAULT_FLOAT
+    check_device(dt, dev)
+    xp = backend.array_module(dev)
     with backend.use_device(dev):
         data = fill(xp, _size(size), dt)
     return _finish(data, dt, dev, requires_grad)

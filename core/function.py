@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .bfloat16 import COMPUTE_DTYPE, bfloat16, is_floating, rounded, rounds_result, widened
 from .errors import AutogradError
 from .grad_mode import _state
 from .graph import Context, Node
@@ -37,9 +38,14 @@ def sum_to_shape(grad: Tensor, shape: tuple[int, ...]) -> Tensor:
 
 
 class Function:
-    """Base of every differentiable op. Subclasses define ``forward`` and ``backward``."""
+    """Base of every differentiable op. Subclasses define ``forward`` and ``backward``.
+
+    ``computes`` is False for ops that only move data (views, copies, casts): on bfloat16
+    inputs every other op computes in float32 and rounds (``core/bfloat16.py``).
+    """
 
     differentiable = True
+    computes = True
 
     @staticmethod
     def forward(ctx: Context, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - abstract
@@ -58,6 +64,11 @@ class Function:
         Like PyTorch, ops produce inf and nan silently (NumPy's warnings are off inside).
         """
         tensor_inputs = [a for a in args if isinstance(a, Tensor)]
+        rounds = cls.computes and rounds_result(tensor_inputs)
+        if rounds:  # bf16 inputs: forward sees exact float32 stand-ins; its result is rounded
+            args = tuple(
+                widened(a) if isinstance(a, Tensor) and a.dtype == bfloat16 else a for a in args
+            )
         record = (
             cls.differentiable
             and _state.grad_enabled
@@ -70,7 +81,10 @@ class Function:
             ctx.needs_input_grad = tuple(t.requires_grad for t in tensor_inputs)
             with np.errstate(all="ignore"):
                 data = _as_array(cls.forward(ctx, *args, **kwargs))
-            if data.dtype.kind not in "fc":  # a cast to int or bool cuts the graph
+                if rounds:
+                    ctx.bfloat16_inputs = tuple(t.dtype == bfloat16 for t in tensor_inputs)
+                    data = rounded(data) if data.dtype == COMPUTE_DTYPE else data
+            if not is_floating(data.dtype) and data.dtype.kind != "c":  # int, bool cut the graph
                 return wrap(data)
             node.ctx = ctx
             node.next_nodes = tuple(
@@ -84,6 +98,8 @@ class Function:
             return out
         with np.errstate(all="ignore"):
             data = _as_array(cls.forward(_FreeContext(), *args, **kwargs))
+            if rounds and data.dtype == COMPUTE_DTYPE:
+                data = rounded(data)
         return wrap(data)
 
 

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .bfloat16 import COMPUTE_DTYPE, bfloat16
 from .errors import AutogradError, InplaceModificationError
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ class Context:
         self._node = node
         self._saved: tuple[tuple[Tensor, int], ...] = ()
         self.needs_input_grad: tuple[bool, ...] = ()
+        self.bfloat16_inputs: tuple[bool, ...] = ()  # set when forward computed in float32
 
     def save_for_backward(self, *tensors: Tensor) -> None:
         """Keep ``tensors`` for backward; changing one of them in place later is an error.
@@ -134,9 +136,17 @@ class Node:
     def apply(self, grad: Tensor) -> tuple[Tensor | None, ...]:
         """Gradients for each input given the gradient of the output."""
         assert self.function is not None and self.ctx is not None
+        rounds = self.ctx.bfloat16_inputs  # bf16: compute in float32, round each result
+        if rounds and grad.dtype == bfloat16:
+            grad = grad.to(dtype=COMPUTE_DTYPE)
         grads = self.function.backward(self.ctx, grad)
         if not isinstance(grads, tuple):
             grads = (grads,)
+        if rounds:
+            grads = tuple(
+                g.to(dtype=bfloat16) if g is not None and bf16 and g.dtype != bfloat16 else g
+                for g, bf16 in zip(grads, rounds, strict=False)
+            )
         return grads
 
     def release(self) -> None:

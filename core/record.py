@@ -150,7 +150,10 @@ class GradientRecordEntry:
     @property
     def data(self) -> memoryview:
         """The raw little-endian bytes, C order."""
-        return memoryview(self.array.reshape(-1)).cast("B") if self.array.size else memoryview(b"")
+        if not self.array.size:
+            return memoryview(b"")
+        # as bytes: ml_dtypes' bfloat16 offers no buffer of its own
+        return memoryview(self.array.reshape(-1).view(np.uint8))
 
     def validate(self) -> None:
         """Raise the matching RecorderError if a field cannot be written or fields disagree.

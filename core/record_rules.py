@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from .bfloat16 import BFLOAT16_NAME
 from .errors import DtypeMismatchError, InvalidFieldError, ShapeMismatchError
 
-#: dtypes a record may carry; names follow NumPy (and zarr's v3 data type names).
+#: dtypes a record may carry; names follow NumPy (and zarr's v3 data type names; bfloat16
+#: is ml_dtypes' and Zarr's registered extension data type, docs/FORMAT.md).
 SUPPORTED_DTYPES = (
     "float16",
     "float32",
@@ -36,6 +38,7 @@ SUPPORTED_DTYPES = (
     "int64",
     "uint8",
     "bool",
+    BFLOAT16_NAME,
 )
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
 

@@ -67,6 +67,7 @@ SAFETENSORS_DTYPES: Mapping[str, str] = {
     "int64": "I64",
     "uint8": "U8",
     "bool": "BOOL",
+    "bfloat16": "BF16",
 }
 _RECORD_DTYPES = {code: name for name, code in SAFETENSORS_DTYPES.items()}
 _ITEMSIZE = {name: np.dtype(name).itemsize for name in SAFETENSORS_DTYPES}

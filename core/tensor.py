@@ -12,6 +12,7 @@ import numpy as np
 
 from . import backend
 from .backend import Device
+from .bfloat16 import bfloat16, check_device, is_floating
 from .errors import AutogradError, InvalidArgumentError, InvalidArgumentTypeError
 from .grad_mode import _state, no_grad
 from .gradients import Gradients
@@ -47,10 +48,6 @@ def as_dtype(dtype: DTypeLike) -> np.dtype | None:
         raise InvalidArgumentTypeError(f"unknown dtype {dtype!r}") from exc
 
 
-def _is_floating(dtype: np.dtype) -> bool:
-    return dtype.kind == "f"
-
-
 def array_from(data: Any, dtype: np.dtype | None, device: DeviceLike) -> Any:
     """A new array holding a copy of ``data`` as ``dtype`` on ``device`` (for ``tensor()``).
 
@@ -73,9 +70,10 @@ def array_from(data: Any, dtype: np.dtype | None, device: DeviceLike) -> Any:
             array = array.astype(DEFAULT_FLOAT)
         elif dtype is None and array.dtype.kind in "iu":
             array = array.astype(int64)
-    if array.dtype.kind not in "fiub":
+    if array.dtype.kind not in "iub" and not is_floating(array.dtype):
         raise InvalidArgumentTypeError(f"can't make a tensor from data of dtype {array.dtype}")
     dev = backend.device(device)
+    check_device(array.dtype if dtype is None else dtype, dev)  # CuPy has no bfloat16
     if dtype is not None and array.dtype != dtype:
         array = array.astype(dtype)
     if dev.type != "cpu":
@@ -211,7 +209,7 @@ class Tensor:
                 "you can only change requires_grad flags of leaf tensors; use detach() to get "
                 "a tensor that does not require grad"
             )
-        if requires_grad and not _is_floating(self.dtype):
+        if requires_grad and not is_floating(self.dtype):
             raise AutogradError(
                 f"only tensors of floating point dtype can require gradients; got {self.dtype}"
             )
@@ -266,7 +264,7 @@ class Tensor:
         """
         if not isinstance(value, Tensor):
             raise InvalidArgumentTypeError(f"data must be a Tensor; got {type(value).__name__}")
-        if self.requires_grad and not _is_floating(value.dtype):
+        if self.requires_grad and not is_floating(value.dtype):
             raise AutogradError(
                 f"data of a tensor that requires grad must be floating point; got {value.dtype}"
             )
@@ -399,6 +397,7 @@ class Tensor:
             device, dtype = None, device
         out = self
         if dtype is not None and as_dtype(dtype) != self.dtype:
+            check_device(as_dtype(dtype), self.device)  # CuPy has no bfloat16
             out = op_table.to_dtype(out, as_dtype(dtype))
         if device is not None and backend.device(device) != self.device:
             out = op_table.to_device(out, backend.device(device))
@@ -418,6 +417,9 @@ class Tensor:
 
     def half(self) -> Tensor:
         return self.to(dtype=float16)
+
+    def bfloat16(self) -> Tensor:
+        return self.to(dtype=bfloat16)
 
     def long(self) -> Tensor:
         return self.to(dtype=int64)
@@ -721,6 +723,16 @@ class Tensor:
         out._inference = self._inference
         return out
 
+    def track_versions_of(self, source: Tensor) -> None:
+        """Make this tensor, computed from ``source``, share its version counter.
+
+        For a stand-in (bfloat16's float32 widening, core/bfloat16.py): saving it for
+        backward then still catches a later in-place change of ``source``; it is an
+        inference tensor when ``source`` is one.
+        """
+        self._storage = source._storage
+        self._inference = source._inference
+
     def _take_buffer(self, source: Tensor) -> None:
         """``self.data = source``: from now on this tensor shares ``source``'s buffer.
 
@@ -955,6 +967,10 @@ array_of: Callable[[Tensor], Any] = operator.attrgetter("_data")
 #: A tensor on ``array`` (not copied) for an op's result: ``wrap(array, requires_grad,
 #: grad_fn)``. The array must be new, never one that a caller still holds.
 wrap = Tensor._make
+
+#: A tensor on ``array`` (not copied) that others can write too (an array shared through
+#: DLPack or with PyTorch): a record taken of it copies its bytes.
+wrap_shared = Tensor._make_shared
 
 
 def leaf_node(t: Tensor) -> AccumulateGrad:

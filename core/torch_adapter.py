@@ -12,6 +12,12 @@ Nothing is copied on the way: ``from_torch`` wraps each ``param.grad`` through D
 (a NumPy view of host memory, a CuPy view of CUDA memory) and ``to_torch`` gives each
 parameter a ``.grad`` on the gradient tensor's own buffer. A record taken of gradients
 from ``from_torch`` copies their bytes, since PyTorch can write them afterwards.
+
+bfloat16 gradients are shared too, on the cpu: DLPack carries them but NumPy cannot take
+them, so they cross as their 16-bit patterns, ``t.view(torch.int16).numpy()`` viewed as
+``ml_dtypes.bfloat16``, and back as ``torch.from_numpy(a.view(np.int16))`` viewed as
+``torch.bfloat16``: same buffer, every bit kept. CuPy has no bfloat16, so a bf16
+gradient on cuda is refused (convert it to float32 first).
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ import hashlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from .bfloat16 import BFLOAT16_NAME, bfloat16
 from .errors import (
     DeviceError,
     DtypeMismatchError,
@@ -30,7 +39,7 @@ from .errors import (
 from .factories import from_dlpack
 from .param_id import ParamId
 from .record_rules import SUPPORTED_DTYPES
-from .tensor import Tensor
+from .tensor import Tensor, wrap_shared
 
 if TYPE_CHECKING:
     from .grads import GradientsParams
@@ -94,7 +103,27 @@ def _shareable(name: str, grad: Any, torch: Any) -> Any:
             f"gradient of {name!r} (param {pid}) has dtype {grad.dtype}; a snapshot holds "
             f"one of {', '.join(SUPPORTED_DTYPES)}"
         )
+    if _dtype_name(grad.dtype) == BFLOAT16_NAME and grad.device.type != "cpu":
+        raise DtypeMismatchError(
+            f"gradient of {name!r} (param {pid}) is bfloat16 on {grad.device}; CuPy has no "
+            "bfloat16, so only cpu bfloat16 gradients can be shared: convert it to float32 "
+            "(.float() keeps every value) or move it to the cpu"
+        )
     return grad.detach()
+
+
+def _from_torch_grad(grad: Any, torch: Any) -> Tensor:
+    """A tensor on ``grad``'s memory: DLPack, or the int16 view for a cpu bf16 gradient."""
+    if grad.dtype == torch.bfloat16:  # NumPy takes no bf16 through DLPack: its bits, viewed
+        return wrap_shared(grad.view(torch.int16).numpy().view(bfloat16))
+    return from_dlpack(grad)
+
+
+def _to_torch_grad(grad: Tensor, torch: Any) -> Any:
+    """A torch tensor on ``grad``'s memory: DLPack, or the int16 view for a bf16 gradient."""
+    if grad.dtype == bfloat16:  # a cpu array (bf16 tensors never leave the cpu)
+        return torch.from_numpy(grad.detach().numpy().view(np.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(grad.detach())
 
 
 def torch_gradients(module: Any) -> list[tuple[ParamId, Tensor, str]]:
@@ -102,8 +131,9 @@ def torch_gradients(module: Any) -> list[tuple[ParamId, Tensor, str]]:
 
     What ``GradientsParams.from_torch`` registers. Keyed by :func:`param_id_of` of each
     parameter's name. Every gradient is checked before any is taken: a sparse one, one on
-    a device other than cpu or cuda, or one of a dtype a snapshot cannot hold (bfloat16,
-    complex) raises DeviceError or DtypeMismatchError naming the parameter.
+    a device other than cpu or cuda, one of a dtype a snapshot cannot hold (complex), or a
+    bfloat16 one on cuda raises DeviceError or DtypeMismatchError naming the parameter.
+    A cpu bfloat16 gradient is shared through its int16 view (the module's docstring).
     """
     torch = _torch()
     _check_module(module, torch)
@@ -112,7 +142,7 @@ def torch_gradients(module: Any) -> list[tuple[ParamId, Tensor, str]]:
         for name, param in module.named_parameters()
         if param.grad is not None
     ]
-    return [(param_id_of(name), from_dlpack(grad), name) for name, grad in shared]
+    return [(param_id_of(name), _from_torch_grad(grad, torch), name) for name, grad in shared]
 
 
 def to_torch(module: Any, grads: GradientsParams, *, match: str = "id") -> None:
@@ -120,10 +150,11 @@ def to_torch(module: Any, grads: GradientsParams, *, match: str = "id") -> None:
 
     ``match="id"`` finds a parameter's gradient by :func:`param_id_of` of its name;
     ``match="name"`` by the name ``grads`` records. The ``.grad`` shares the gradient's
-    memory. Everything is checked before anything is set: a gradient that matches no
-    parameter (ParamIdMismatchError), or whose shape, dtype or device is not the
-    parameter's (ShapeMismatchError, DtypeMismatchError, DeviceError: it would need a
-    copy; restore onto the parameters' device) leaves every ``.grad`` as it was.
+    memory (a bfloat16 gradient's through its int16 view). Everything is checked before
+    anything is set: a gradient that matches no parameter (ParamIdMismatchError), or
+    whose shape, dtype or device is not the parameter's (ShapeMismatchError,
+    DtypeMismatchError, DeviceError: it would need a copy; restore onto the parameters'
+    device) leaves every ``.grad`` as it was.
     Parameters with no gradient in ``grads`` keep their ``.grad``.
     """
     if match not in ("id", "name"):
@@ -161,7 +192,7 @@ def to_torch(module: Any, grads: GradientsParams, *, match: str = "id") -> None:
             )
         assignments.append((param, grad))
     for param, grad in assignments:
-        param.grad = torch.from_dlpack(grad.detach())
+        param.grad = _to_torch_grad(grad, torch)
 
 
 def _device_text(device: Any) -> str:

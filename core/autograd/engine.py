@@ -206,6 +206,8 @@ def _obeys_layout(grad: Any, like: Any | None) -> bool:
 class LayoutCopy(Function):
     """A gradient copied into a new buffer laid out as the contract asks (PyTorch's copy)."""
 
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, grad: Tensor, like: Any | None) -> Any:
         xp = backend.xp_of(array_of(grad))

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from ..bfloat16 import is_floating
 from ..errors import AutogradError, GradcheckError
 from ..factories import zeros_like
 from ..grad_mode import enable_grad
@@ -19,7 +20,7 @@ from .engine import grad
 def _prepare(inputs: Any) -> tuple[Any, ...]:
     prepared = []
     for t in as_tuple(inputs):
-        if isinstance(t, Tensor) and t.dtype.kind == "f":
+        if isinstance(t, Tensor) and is_floating(t.dtype):  # bfloat16 too: checked in float64
             # C-contiguous, so that perturbing the flat view perturbs the input itself
             xp = backend.xp_of(array_of(t))
             copy = wrap(xp.array(array_of(t), dtype=float64, order="C", copy=True))

@@ -50,6 +50,8 @@ from .shape import (
 
 
 class ToDtype(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor, dtype: Any) -> Any:
         ctx.dtype = a.dtype
@@ -61,6 +63,8 @@ class ToDtype(Function):
 
 
 class ToDevice(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor, device: backend.Device) -> Any:
         ctx.device = a.device
@@ -72,6 +76,8 @@ class ToDevice(Function):
 
 
 class Clone(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         return array_of(a).copy()

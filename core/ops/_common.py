@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from ..bfloat16 import is_floating
 from ..tensor import DEFAULT_FLOAT, Tensor, array_of, wrap
 
 
@@ -15,7 +16,7 @@ def as_tensor_like(value: Any, like: Tensor) -> Tensor:
     if isinstance(value, Tensor):
         return value
     if isinstance(value, bool | int | float):
-        if like.dtype.kind == "f" or (isinstance(value, int) and like.dtype.kind in "iu"):
+        if is_floating(like.dtype) or (isinstance(value, int) and like.dtype.kind in "iu"):
             dtype = like.dtype
         elif isinstance(value, bool):
             dtype = np.dtype(bool)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bfloat16 import is_floating
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..function import Function
 from ..graph import Context
@@ -265,6 +266,8 @@ class Clamp(Function):
 
 
 class Where(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, cond: Tensor, a: Tensor, b: Tensor) -> Any:
         ctx.cond = cond
@@ -280,6 +283,10 @@ class Where(Function):
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
 
 
+def _category(dtype: np.dtype) -> int:
+    return 2 if is_floating(dtype) else _CATEGORY.get(dtype.kind, -1)  # bfloat16 is kind "V"
+
+
 def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
     """PyTorch's ``torch.promote_types``: the smallest dtype both operands fit in.
 
@@ -288,9 +295,9 @@ def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
     """
     if a == b:
         return a
-    if _CATEGORY.get(a.kind, -1) == 2 and b.kind in "biu":
+    if _category(a) == 2 and b.kind in "biu":
         return a
-    if _CATEGORY.get(b.kind, -1) == 2 and a.kind in "biu":
+    if _category(b) == 2 and a.kind in "biu":
         return b
     return np.promote_types(a, b)
 
@@ -307,7 +314,7 @@ def result_type(a: Tensor, b: Tensor) -> np.dtype:
         return a.dtype
     if (a.ndim == 0) != (b.ndim == 0):
         sized, zero = (b, a) if a.ndim == 0 else (a, b)
-        if _CATEGORY[sized.dtype.kind] >= _CATEGORY[zero.dtype.kind]:
+        if _category(sized.dtype) >= _category(zero.dtype):
             return sized.dtype
         return promote_types(sized.dtype, zero.dtype)
     return promote_types(a.dtype, b.dtype)
@@ -329,7 +336,7 @@ def _binary(fn: type[Function], a: Any, b: Any, *, true_division: bool = False) 
     elif not isinstance(b, Tensor):
         b = as_tensor_like(b, a)
     target = result_type(a, b)
-    if true_division and target.kind != "f":
+    if true_division and not is_floating(target):
         target = DEFAULT_FLOAT  # int / int is a float32 tensor, as in PyTorch
     return fn.apply(*_promoted(a, b, target))
 
@@ -367,7 +374,7 @@ def pow(a: Any, exponent: Any) -> Tensor:  # PyTorch's name
         and isinstance(exponent, int | float)
         and not isinstance(exponent, bool)
     ):
-        if isinstance(exponent, float) and a.dtype.kind != "f":
+        if isinstance(exponent, float) and not is_floating(a.dtype):
             a = a.to(dtype=DEFAULT_FLOAT)  # int ** 0.5 is float32, as in PyTorch
         return PowScalar.apply(a, exponent)
     return _binary(Pow, a, exponent)

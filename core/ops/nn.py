@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..bfloat16 import is_floating
 from ..errors import InvalidArgumentError
 from ..function import Function, sum_to_shape
 from ..graph import Context
@@ -181,7 +182,7 @@ def cross_entropy(
     number of targets kept; probability targets have ``input``'s shape.
     """
     logp = log_softmax(input, 1 if input.ndim > 1 else 0)
-    if target.dtype.kind == "f":
+    if is_floating(target.dtype):
         if target.shape != input.shape:
             raise InvalidArgumentError(
                 f"probability targets must have the input's shape {input.shape}; got {target.shape}"

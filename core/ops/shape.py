@@ -27,6 +27,8 @@ def _as_view(out: Tensor, base: Tensor) -> Tensor:
 
 
 class Reshape(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor, shape: tuple[int, ...]) -> Any:
         ctx.shape = a.shape
@@ -38,6 +40,8 @@ class Reshape(Function):
 
 
 class Permute(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor, dims: tuple[int, ...]) -> Any:
         ctx.inverse = tuple(int(i) for i in np.argsort(dims))
@@ -49,6 +53,8 @@ class Permute(Function):
 
 
 class Expand(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor, shape: tuple[int, ...]) -> Any:
         ctx.shape = a.shape
@@ -60,6 +66,8 @@ class Expand(Function):
 
 
 class Contiguous(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor) -> Any:
         return xp(a).ascontiguousarray(array_of(a))
@@ -88,6 +96,8 @@ def _is_basic(index: Any) -> bool:
 
 
 class Index(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor, index: Any) -> Any:
         ctx.shape, ctx.index = a.shape, index
@@ -124,6 +134,8 @@ class IndexScatter(Function):
 class IndexPut(Function):
     """``a`` with ``value`` written at ``index`` (the out-of-place form of ``a[index] = v``)."""
 
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, a: Tensor, value: Tensor, index: Any) -> Any:
         ctx.index, ctx.value_shape = index, value.shape
@@ -143,6 +155,8 @@ def _masked(g: Tensor, index: Any) -> Tensor:
 
 
 class Cat(Function):
+    computes = False  # moves data: bf16 bits pass unchanged
+
     @staticmethod
     def forward(ctx: Context, *args: Any) -> Any:
         *tensors, dim = args

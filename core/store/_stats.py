@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from ..bfloat16 import COMPUTE_DTYPE, bfloat16
+
 
 def _json_float(value: float) -> float | str:
     if math.isfinite(value):
@@ -28,6 +30,8 @@ _ZERO_STATS = {"l2_norm": 0.0, "max_abs": 0.0, "nan_count": 0, "inf_count": 0}
 
 def _flat_for_math(array: np.ndarray) -> np.ndarray:
     flat = array.reshape(-1)
+    if flat.dtype == bfloat16:  # exact in float32; NumPy math in bf16 would round each step
+        return flat.astype(COMPUTE_DTYPE)
     return flat.view(np.uint8) if flat.dtype == np.bool_ else flat
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from ..bfloat16 import BFLOAT16_NAME
+
 #: Version of the snapshot layout and manifest (``attributes["gradvault"]["format_version"]``).
 STORE_FORMAT_VERSION = 1
 #: Name of the array that holds the packed small gradients of a snapshot.
@@ -56,7 +58,7 @@ def parse_compression(text: str | None) -> Compression | None:
 def _fill_value(dtype: str) -> bool | int | float:
     if dtype == "bool":
         return False
-    return 0.0 if dtype.startswith("float") else 0
+    return 0.0 if dtype.startswith("float") or dtype == BFLOAT16_NAME else 0
 
 
 def array_metadata(

@@ -11,7 +11,14 @@ CORE = Path(__file__).resolve().parents[2] / "core"
 #: lowest first; a module belongs to the longest prefix listed (docs/ARCHITECTURE.md)
 LAYERS = [
     ["core.errors"],
-    ["core.backend", "core.param_id", "core.record_rules", "core.op_table", "core.grad_mode"],
+    [
+        "core.bfloat16",
+        "core.backend",
+        "core.param_id",
+        "core.record_rules",
+        "core.op_table",
+        "core.grad_mode",
+    ],
     ["core.graph", "core.gradients"],
     ["core.tensor"],
     ["core.function"],

@@ -103,6 +103,7 @@ EXPORTED_NAMES = [
     "argmax",
     "autograd",
     "backend",
+    "bfloat16",
     "bool_",
     "cat",
     "clamp",

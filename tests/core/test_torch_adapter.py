@@ -15,10 +15,13 @@ from gradvault.core import (
     GradientsParams,
     ParamIdMismatchError,
     ShapeMismatchError,
+    bfloat16,
     from_dlpack,
 )
 from gradvault.core.safetensors_file import record_from_safetensors, safetensors_chunks
 from gradvault.core.torch_adapter import param_id_of
+
+from .bf16_values import same_bits, special_values
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -132,10 +135,10 @@ def test_refused_dtypes_and_layouts_name_the_parameter_and_take_nothing() -> Non
     net = Net()
     special_grads(net)
     net.scale.grad = None
-    bf16 = torch.nn.Linear(2, 2, dtype=torch.bfloat16)
-    bf16.weight.grad = torch.zeros(2, 2, dtype=torch.bfloat16)
-    with pytest.raises(DtypeMismatchError, match=r"'weight'.*torch\.bfloat16"):
-        GradientsParams.from_torch(bf16)
+    complex_net = torch.nn.Linear(2, 2, dtype=torch.complex64)
+    complex_net.weight.grad = torch.zeros(2, 2, dtype=torch.complex64)
+    with pytest.raises(DtypeMismatchError, match=r"'weight'.*torch\.complex64"):
+        GradientsParams.from_torch(complex_net)
 
     sparse = torch.nn.Embedding(4, 2, sparse=True)
     sparse(torch.tensor([1, 2])).sum().backward()
@@ -219,3 +222,81 @@ def test_core_imports_without_torch(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "pip install 'gradvault[torch]'" in result.stdout
+
+
+class Bf16Net(torch.nn.Module):
+    """bfloat16 parameters, one of them given a transposed (non-contiguous) gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(40, 3, dtype=torch.bfloat16)
+        self.gain = torch.nn.Parameter(torch.ones(5, 7, dtype=torch.bfloat16))
+
+
+def bf16_grads(net: Bf16Net) -> None:
+    """Every special bf16 bit pattern (NaN payloads, -0.0, subnormals), then random bits."""
+    for seed, param in enumerate(net.parameters()):
+        bits = special_values(tuple(param.shape), seed=seed).view(np.int16).copy()
+        param.grad = torch.from_numpy(bits).view(torch.bfloat16)
+    transposed = special_values((7, 5), seed=9).view(np.int16).copy()
+    net.gain.grad = torch.from_numpy(transposed).view(torch.bfloat16).T
+
+
+def bf16_bits(grad: torch.Tensor) -> np.ndarray:
+    return grad.detach().view(torch.int16).numpy().view(bfloat16)
+
+
+def test_bf16_gradients_are_shared_with_pytorch_not_copied() -> None:
+    net = Bf16Net()
+    bf16_grads(net)
+    grads = GradientsParams.from_torch(net)
+    for name, param in net.named_parameters():
+        shared = grads.get(param_id_of(name))
+        assert shared.dtype == bfloat16 and tuple(shared.shape) == tuple(param.shape)
+        view = shared.numpy()
+        assert view.ctypes.data == param.grad.data_ptr(), name
+        assert view.strides == tuple(2 * s for s in param.grad.stride()), name
+        assert same_bits(view, bf16_bits(param.grad)), name
+    # a write through PyTorch is seen through gradvault: the same bytes
+    net.proj.bias.grad.fill_(1.5)
+    assert grads.get(param_id_of("proj.bias")).numpy().astype(np.float32).tolist() == [1.5] * 3
+
+
+def test_bf16_round_trip_through_pytorch_is_bit_exact_and_shared(tmp_path: Path) -> None:
+    source = Bf16Net()
+    bf16_grads(source)
+    expected = {name: bf16_bits(p.grad).copy() for name, p in source.named_parameters()}
+
+    record = GradientsParams.from_torch(source).try_to_record()
+    path = tmp_path / "g.safetensors"
+    path.write_bytes(b"".join(bytes(chunk) for chunk in safetensors_chunks(record)))
+    restored = GradientsParams.from_record(record_from_safetensors(path))
+
+    target = Bf16Net()
+    restored.to_torch(target)
+    for name, param in target.named_parameters():
+        assert param.grad.dtype == torch.bfloat16, name
+        assert same_bits(bf16_bits(param.grad), expected[name]), name
+        assert param.grad.data_ptr() == restored.get(param_id_of(name)).numpy().ctypes.data
+    # shared, not copied: a write through gradvault's array is seen by PyTorch
+    restored.get(param_id_of("proj.bias")).numpy()[...] = np.float32(-2.0)
+    assert target.proj.bias.grad.tolist() == [-2.0] * 3
+
+
+def test_a_record_of_shared_bf16_gradients_is_a_point_in_time_copy() -> None:
+    net = Bf16Net()
+    bf16_grads(net)
+    before = bf16_bits(net.proj.weight.grad).copy()
+    record = GradientsParams.from_torch(net).try_to_record()
+    net.proj.weight.grad.add_(1.0)
+    entry = next(e for e in record if e.name == "proj.weight")
+    assert same_bits(entry.array, before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_bf16_gradient_on_cuda_is_refused_and_nothing_is_taken() -> None:
+    net = Bf16Net().cuda()
+    for param in net.parameters():
+        param.grad = torch.zeros_like(param)
+    with pytest.raises(DtypeMismatchError, match=r"'proj.weight'.*bfloat16 on cuda:0"):
+        GradientsParams.from_torch(net)
