@@ -30,6 +30,8 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 STARTUP_DEADLINE_SECONDS = 60
 #: how long requests in flight may finish once the service is told to stop
 GRACEFUL_SHUTDOWN_SECONDS = 5
+#: the signals that stop a service the command keeps running
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _settings_class() -> Any:
@@ -243,13 +245,18 @@ class BackgroundService:
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt, so it stops what Ctrl-C stops."""
+    """Within the block, SIGTERM and SIGINT raise KeyboardInterrupt, so both stop the service.
+
+    SIGINT is set too because a process started with it ignored (a background job of a
+    shell without job control) would otherwise never see Ctrl-C; uvicorn does the same.
+    """
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {number: signal.signal(number, interrupt) for number in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
