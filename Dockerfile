@@ -6,8 +6,8 @@
 #
 # Configuration is by environment (GRADVAULT_* and AWS_*, docs/SERVICE.md). With no
 # GRADVAULT_TOKENS the service refuses to listen on 0.0.0.0 unless GRADVAULT_ALLOW_OPEN=true.
-# The entry point is `python -m gradvault.service`; arguments to `docker run` are its flags
-# (--store, --host, --port, --log-level).
+# The entry point is `gradvault serve`; arguments to `docker run` are its flags (one per
+# setting: `gradvault serve --help`).
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
@@ -29,6 +29,10 @@ COPY pyproject.toml README.md /tmp/gradvault-src/
 COPY core /tmp/gradvault-src/core
 COPY client /tmp/gradvault-src/client
 COPY service /tmp/gradvault-src/service
+COPY cli /tmp/gradvault-src/cli
+COPY gradvault /tmp/gradvault-src/gradvault
+COPY integrations /tmp/gradvault-src/integrations
+COPY zarr_dtypes /tmp/gradvault-src/zarr_dtypes
 RUN python3 -m venv /opt/gradvault \
     && pip install --no-cache-dir "/tmp/gradvault-src[service]" \
     && rm -rf /tmp/gradvault-src
@@ -43,4 +47,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=4s --start-period=30s --retries=3 \
     CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('GRADVAULT_PORT', '8000'), timeout=4)"]
 
-ENTRYPOINT ["tini", "-e", "143", "--", "python3", "-m", "gradvault.service"]
+ENTRYPOINT ["tini", "-e", "143", "--", "gradvault", "serve"]

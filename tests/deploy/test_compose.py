@@ -11,6 +11,7 @@ import inspect
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,18 @@ def test_the_compose_file_validates(tmp_path: Path) -> None:
             timeout=60,
         )
         assert result.returncode == 0, result.stderr
+
+
+def test_the_image_gets_every_package_folder_of_the_project() -> None:
+    """A package folder that the Dockerfile leaves out breaks `pip install` inside the build."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = set(project["tool"]["setuptools"]["package-dir"].values())
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = set(re.findall(r"^COPY (\S+) /tmp/gradvault-src/\1$", dockerfile, re.M))
+    assert folders <= copied, f"the Dockerfile does not copy {sorted(folders - copied)}"
+    kept = {
+        line.strip().removeprefix("!").rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    assert folders <= kept, f".dockerignore leaves out {sorted(folders - kept)}"
