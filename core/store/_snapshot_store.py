@@ -377,8 +377,15 @@ class SnapshotStore:
         )
 
     async def info(self, snapshot_id: str) -> dict[str, Any]:
-        """The snapshot's manifest (a copy): see docs/FORMAT.md for its fields."""
+        """The snapshot's manifest (a copy): see docs/FORMAT.md for its fields.
+
+        A manifest remembered from an earlier call is used only after checking that the
+        snapshot is still committed, so a snapshot that another process or store handle
+        deleted raises SnapshotNotFoundError here too.
+        """
         snapshot_id = parse_snapshot_id(snapshot_id)
+        if snapshot_id in self._manifests and not await self._backend.is_committed(snapshot_id):
+            self._forget(snapshot_id)
         return copy.deepcopy((await self._load_manifest(snapshot_id)).document)
 
     async def delete(self, snapshot_id: str) -> None:

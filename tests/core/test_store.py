@@ -317,7 +317,7 @@ async def test_a_second_handle_sees_committed_snapshots(store: SnapshotStore, ma
     assert_bit_identical(await other.read_snapshot(info.id), record)
 
 
-async def test_a_second_handle_stops_listing_what_the_first_deleted(
+async def test_a_second_handle_stops_seeing_what_the_first_deleted(
     store: SnapshotStore, make_store
 ) -> None:
     record = make_record({"g": np.ones(600, np.float64)})
@@ -325,8 +325,12 @@ async def test_a_second_handle_stops_listing_what_the_first_deleted(
     doomed = await store.write_snapshot(record, run="r", step=2)
     other = make_store()
     assert [i.id for i in await other.list()] == [doomed.id, keep.id]  # both manifests seen
+    assert (await other.info(doomed.id))["step"] == 2  # and remembered
     await store.delete(doomed.id)
     assert [i.id for i in await other.list()] == [keep.id]
+    with pytest.raises(SnapshotNotFoundError):  # not answered from what it remembered
+        await other.info(doomed.id)
+    assert (await other.info(keep.id))["step"] == 1
 
 
 async def test_wrong_s3_credentials_raise_store_unavailable(s3_endpoint: str) -> None:
