@@ -36,7 +36,7 @@ from tests.service.conftest import UvicornThread  # noqa: E402
 def trainer_for(
     tmp_path: Path, callbacks: list[Any], trainer_class: type[Trainer] = GradvaultTrainer
 ) -> Trainer:
-    return hf_run.make_trainer(trainer_class, tmp_path / "run", False, callbacks)
+    return hf_run.make_trainer(trainer_class, tmp_path / "run", "fp32", callbacks)
 
 
 # ---------------------------------------------------------------------- the callback's arguments
@@ -193,7 +193,7 @@ def test_other_data_is_refused(saved: Path) -> None:
     callback = GradvaultCallback(str(saved / "store"))
     trainer = GradvaultTrainer(
         model=hf_run.tiny_gpt2(),
-        args=hf_run.training_args(saved / "run", False),
+        args=hf_run.training_args(saved / "run"),
         train_dataset=hf_run.Sequences(seed=99),
         callbacks=[callback],
     )
