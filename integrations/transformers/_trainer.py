@@ -166,11 +166,12 @@ class GradvaultTrainerMixin:
                 f"saves the random generators of {' and '.join(_DEVICE_TYPES)} devices only"
             )
         for name, param in trainer.model.named_parameters():
-            if param.requires_grad and param.dtype == torch.bfloat16:
+            if param.requires_grad and param.dtype == torch.bfloat16 and param.device.type != "cpu":
                 raise UnsupportedSetupError(
-                    f"parameter {name!r} is bfloat16; gradvault snapshots hold float16, "
-                    "float32 and float64 gradients (train in float32, or with bf16=True "
-                    "mixed precision, which keeps float32 parameters)"
+                    f"parameter {name!r} is bfloat16 on {param.device}; gradvault shares "
+                    "bfloat16 gradients on the cpu only (CuPy has no bfloat16): train on the "
+                    "cpu, in float32, or with bf16=True mixed precision, which keeps float32 "
+                    "parameters"
                 )
         if trainer.args.world_size > 1:
             _log.warning(

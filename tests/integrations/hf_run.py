@@ -5,6 +5,11 @@ five optimizer steps over 48 random sequences (three windows per epoch, so the s
 cross two epoch boundaries). Each mode is one way to run it; the result (final
 parameters, optimizer state, logged losses) is saved to ``OUT/result.pt``.
 
+``--precision``: ``fp32`` (the default), ``fp16`` (float16 autocast and a GradScaler, set
+up on the CPU as accelerate does on a GPU), ``bf16`` (``TrainingArguments(bf16=True)``:
+bfloat16 autocast, float32 parameters and gradients) or ``bf16-params`` (the model itself
+in bfloat16, ``model.to(torch.bfloat16)``: bfloat16 parameters and ``.grad``).
+
 Modes: ``baseline`` (stock Trainer, uninterrupted), ``every`` (snapshots every
 ``--every`` micro-batches, then the process kills itself with SIGKILL once the snapshot after the
 chosen micro-batch is committed), ``sigterm`` (prints READY at the start of the chosen
@@ -13,6 +18,10 @@ but stops training instead of killing the process), ``resume``
 (``train(resume_from_checkpoint=True)``), ``stock-stop``/``stock-resume`` (the stock
 Trainer stopped mid-window with a checkpoint, as a just-in-time checkpoint does, and
 resumed from it).
+
+``every`` also saves every parameter's ``.grad`` as it was when the snapshot was taken
+(``OUT/grads_at_snapshot.pt``), and ``resume`` the ``.grad`` the first micro-batch it runs
+starts from (``OUT/grads_restored.pt``): the gradients the resume put back.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from gradvault.integrations.transformers import GradvaultCallback, GradvaultTrai
 
 ACCUMULATION = 8
 MAX_STEPS = 5
+PRECISIONS = ("fp32", "fp16", "bf16", "bf16-params")
 SIGNAL_WAIT_SECONDS = 120
 
 
@@ -56,7 +66,7 @@ class Sequences(Dataset):
         return {"input_ids": self.tokens[index], "labels": self.tokens[index]}
 
 
-def tiny_gpt2() -> GPT2LMHeadModel:
+def tiny_gpt2(precision: str = "fp32") -> GPT2LMHeadModel:
     torch.manual_seed(0)
     config = GPT2Config(
         n_layer=1,
@@ -67,10 +77,13 @@ def tiny_gpt2() -> GPT2LMHeadModel:
         bos_token_id=0,
         eos_token_id=0,
     )
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    return model.to(torch.bfloat16) if precision == "bf16-params" else model
 
 
-def training_args(output_dir: Path, fp16: bool) -> TrainingArguments:
+def training_args(output_dir: Path, precision: str = "fp32") -> TrainingArguments:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
     return TrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=2,
@@ -82,20 +95,21 @@ def training_args(output_dir: Path, fp16: bool) -> TrainingArguments:
         use_cpu=True,
         seed=0,
         disable_tqdm=True,
-        fp16=fp16,
+        fp16=precision == "fp16",
+        bf16=precision == "bf16",  # accelerate runs bfloat16 autocast on the CPU itself
     )
 
 
 def make_trainer(
-    trainer_class: type[Trainer], output_dir: Path, fp16: bool, callbacks: list[Any]
+    trainer_class: type[Trainer], output_dir: Path, precision: str, callbacks: list[Any]
 ) -> Trainer:
     trainer = trainer_class(
-        model=tiny_gpt2(),
-        args=training_args(output_dir, fp16),
+        model=tiny_gpt2(precision),
+        args=training_args(output_dir, precision),
         train_dataset=Sequences(),
         callbacks=callbacks,
     )
-    if fp16:
+    if precision == "fp16":
         # accelerate turns fp16 off on a CPU; its GPU set-up, on the CPU: float16
         # autocast around the forward pass and a GradScaler (torch supports both there)
         trainer.accelerator.native_amp = True
@@ -146,6 +160,26 @@ def wait_for_sigterm_in_micro_batch(
     model.register_forward_pre_hook(pre_forward)
 
 
+def gradients_of(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    """Every parameter's ``.grad`` (a copy), by name; None where it has none."""
+    return {
+        name: None if param.grad is None else param.grad.detach().clone()
+        for name, param in model.named_parameters()
+    }
+
+
+def save_gradients_at_first_forward(model: torch.nn.Module, path: Path) -> None:
+    """Save the ``.grad`` the first forward pass starts from to ``path``."""
+    saved = [False]
+
+    def pre_forward(module: torch.nn.Module, inputs: Any) -> None:
+        if not saved[0]:
+            saved[0] = True
+            torch.save(gradients_of(module), path)
+
+    model.register_forward_pre_hook(pre_forward)
+
+
 def save_result(trainer: Trainer, out: Path, callback: GradvaultCallback | None) -> None:
     logged = [
         {key: entry[key] for key in ("step", "loss", "grad_norm", "learning_rate")}
@@ -173,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("mode")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--store", default="")
-    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--step", type=int, default=3)
     parser.add_argument("--micro", type=int, default=5)
     parser.add_argument("--every", type=int, default=7)
@@ -181,40 +215,42 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stop", action="store_true", help="resume: stop at --step/--micro")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
-    out, fp16 = options.out, options.fp16
+    out, precision = options.out, options.precision
     out.mkdir(parents=True, exist_ok=True)
     callback: GradvaultCallback | None = None
 
     if options.mode == "baseline":
-        trainer = make_trainer(Trainer, out / "run", fp16, [])
+        trainer = make_trainer(Trainer, out / "run", precision, [])
         trainer.train()
     elif options.mode == "every":
         callback = GradvaultCallback(options.store, every=options.every, on_sigterm=False)
 
         def crash(control: Any) -> None:
             callback.wait()  # the snapshot after this micro-batch is committed: die
+            torch.save(gradients_of(trainer.model), out / "grads_at_snapshot.pt")
             os.kill(os.getpid(), signal.SIGKILL)
 
         counter = MicroBatchCounter(options.step, options.micro, crash)
-        trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback, counter])
+        trainer = make_trainer(GradvaultTrainer, out / "run", precision, [callback, counter])
         trainer.train()
         raise SystemExit("the run should have been killed")
     elif options.mode == "stop":
         callback = GradvaultCallback(options.store, every=options.every, on_sigterm=False)
         counter = MicroBatchCounter(options.step, options.micro, stop_training)
-        trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback, counter])
+        trainer = make_trainer(GradvaultTrainer, out / "run", precision, [callback, counter])
         trainer.train()
     elif options.mode == "sigterm":
         callback = GradvaultCallback(options.store)
-        trainer = make_trainer(GradvaultTrainer, out / "run", fp16, [callback])
+        trainer = make_trainer(GradvaultTrainer, out / "run", precision, [callback])
         wait_for_sigterm_in_micro_batch(trainer.model, callback, options.step, options.micro)
         trainer.train()
     elif options.mode == "resume":
         callback = GradvaultCallback(options.store, every=options.every)
         extra = [MicroBatchCounter(options.step, options.micro, stop_training)]
         trainer = make_trainer(
-            GradvaultTrainer, out / "run", fp16, [callback, *(extra if options.stop else [])]
+            GradvaultTrainer, out / "run", precision, [callback, *(extra if options.stop else [])]
         )
+        save_gradients_at_first_forward(trainer.model, out / "grads_restored.pt")
         trainer.train(resume_from_checkpoint=options.resume_from or True)
     elif options.mode == "stock-stop":
 
@@ -223,10 +259,10 @@ def main(argv: list[str] | None = None) -> None:
             control.should_training_stop = True
 
         counter = MicroBatchCounter(options.step, options.micro, stop_with_checkpoint)
-        trainer = make_trainer(Trainer, out / "run", fp16, [counter])
+        trainer = make_trainer(Trainer, out / "run", precision, [counter])
         trainer.train()
     elif options.mode == "stock-resume":
-        trainer = make_trainer(Trainer, out / "run", fp16, [])
+        trainer = make_trainer(Trainer, out / "run", precision, [])
         trainer.train(resume_from_checkpoint=True)
     else:
         parser.error(f"unknown mode {options.mode!r}")

@@ -4,7 +4,8 @@ Each interrupted run and each resume is its own process (``tests/integrations/hf
 a tiny GPT-2 with dropout, accumulation 8, stopped after micro-batch 5 of step 3 by the
 callback's ``every=`` snapshot and a SIGKILL, or by a real SIGTERM, and resumed in a
 fresh process. Final parameters, optimizer state and logged losses must equal, bit for
-bit, those of a run that never stopped; the stock Trainer's resume must not.
+bit, those of a run that never stopped; the stock Trainer's resume must not. In float32,
+float16 and bfloat16 autocast, and with the model itself in bfloat16.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ pytest.importorskip("accelerate", reason="the hf extra (accelerate) is not insta
 
 import torch  # noqa: E402 - after the skips
 
+from gradvault.core import Recorder  # noqa: E402
 from tests.integrations import hf_run  # noqa: E402
 from tests.integrations.runs import assert_bit_identical, in_process, result  # noqa: E402
 
@@ -78,6 +80,34 @@ def resume_state(run_dir: Path) -> dict[str, Any]:
     return json.loads((folder / "gradvault_resume.json").read_text())
 
 
+def assert_gradients_round_trip(
+    out: Path, store: str, snapshot_id: str, dtype: torch.dtype
+) -> None:
+    """Snapshot ``snapshot_id`` holds each ``.grad`` as the killed run had it (its dtype, its
+    bytes), and the resume put exactly those back before its first micro-batch."""
+    at_snapshot = torch.load(out / "grads_at_snapshot.pt")
+    restored = torch.load(out / "grads_restored.pt")
+    assert at_snapshot.keys() == restored.keys() == set(dict(hf_run.tiny_gpt2().named_parameters()))
+    with Recorder(store) as recorder:
+        record = recorder.sync.fetch(snapshot_id)
+    saved = {entry.name: entry for entry in record}
+    assert saved.keys() == at_snapshot.keys()
+    for name, grad in at_snapshot.items():
+        assert grad is not None and grad.dtype == dtype, (name, grad)
+        assert saved[name].dtype == str(dtype).removeprefix("torch."), name
+        assert saved[name].shape == tuple(grad.shape), name
+        assert bytes(saved[name].data) == grad.view(torch.uint8).numpy().tobytes(), name
+        assert restored[name].dtype == dtype, name
+        assert torch.equal(restored[name].view(torch.uint8), grad.view(torch.uint8)), name
+
+
+def differs_from(expected: dict[str, Any], found: dict[str, Any]) -> bool:
+    """Whether any final parameter of ``found`` is not that of ``expected``."""
+    return any(
+        not torch.equal(value, found["params"][name]) for name, value in expected["params"].items()
+    )
+
+
 def test_every_snapshot_then_kill_resumes_bit_identical(
     tmp_path: Path, baseline: dict[str, Any]
 ) -> None:
@@ -91,9 +121,35 @@ def test_every_snapshot_then_kill_resumes_bit_identical(
     assert not (tmp_path / "run" / "gradvault-checkpoint-1").exists()  # pruned
 
     ok(phase("resume", tmp_path, store))
+    assert_gradients_round_trip(tmp_path, store, state["snapshot_id"], torch.float32)
     resumed = result(tmp_path)
     assert_bit_identical(baseline, resumed)
     assert resumed["snapshot_ids"]  # it went on snapshotting (every 7 micro-batches)
+
+
+def test_bfloat16_model_resumes_bit_identical(tmp_path: Path, baseline: dict[str, Any]) -> None:
+    """The model itself in bfloat16: its ``.grad`` is bfloat16, snapshotted and put back as
+    such, stopped after micro-batch 5 of step 3 and resumed in a fresh process."""
+    ok(phase("baseline", tmp_path / "baseline", "", "--precision", "bf16-params"))
+    expected = result(tmp_path / "baseline")
+    assert {value.dtype for value in expected["params"].values()} == {torch.bfloat16}
+
+    store = str(tmp_path / "store")
+    stop = ["--precision", "bf16-params", "--step", "3", "--micro", "5"]
+    killed = phase("every", tmp_path, store, *stop)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    state = resume_state(tmp_path / "run")
+    assert (state["global_step"], state["micro_step"], state["window_size"]) == (2, 5, 8)
+    assert len(state["losses"]) == 5
+
+    ok(phase("resume", tmp_path, store, "--precision", "bf16-params"))
+    assert_gradients_round_trip(tmp_path, store, state["snapshot_id"], torch.bfloat16)
+    resumed = result(tmp_path)
+    assert_bit_identical(expected, resumed)
+    slots = {
+        value.dtype for slots in resumed["optimizer"]["state"].values() for value in slots.values()
+    }
+    assert torch.bfloat16 in slots  # AdamW's moments, in the parameters' dtype
 
 
 def test_sigterm_mid_window_snapshots_stops_and_resumes_bit_identical(
@@ -133,24 +189,42 @@ def test_fp16_autocast_and_grad_scaler_resume_bit_identical(
     tmp_path: Path, baseline: dict[str, Any]
 ) -> None:
     """float16 autocast and a GradScaler on the CPU, stopped in the first window of an epoch."""
-    ok(phase("baseline", tmp_path / "baseline", "", "--fp16"))
+    ok(phase("baseline", tmp_path / "baseline", "", "--precision", "fp16"))
     expected = result(tmp_path / "baseline")
     assert expected["scaler"]["scale"] > 2.0**10  # the scale moved during the run
-    differs = any(
-        not torch.equal(value, baseline["params"][name])
-        for name, value in expected["params"].items()
-    )
-    assert differs, "fp16 autocast changed nothing: it did not run"
+    assert differs_from(baseline, expected), "fp16 autocast changed nothing: it did not run"
 
     store = str(tmp_path / "store")
-    killed = phase("every", tmp_path, store, "--fp16", "--step", "4", "--micro", "4")
+    stop = ["--precision", "fp16", "--step", "4", "--micro", "4"]
+    killed = phase("every", tmp_path, store, *stop)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
     state = resume_state(tmp_path / "run")
     assert (state["global_step"], state["micro_step"]) == (3, 4)
     assert state["first_in_epoch"]  # step 4 opens the second epoch
     assert state["scaler"]["scale"] == 2.0**13
 
-    ok(phase("resume", tmp_path, store, "--fp16"))
+    ok(phase("resume", tmp_path, store, "--precision", "fp16"))
+    assert_bit_identical(expected, result(tmp_path))
+
+
+def test_bf16_autocast_resume_bit_identical(tmp_path: Path, baseline: dict[str, Any]) -> None:
+    """``TrainingArguments(bf16=True)``: bfloat16 autocast (accelerate runs it on the CPU),
+    float32 parameters and gradients; stopped in the first window of an epoch."""
+    ok(phase("baseline", tmp_path / "baseline", "", "--precision", "bf16"))
+    expected = result(tmp_path / "baseline")
+    assert {value.dtype for value in expected["params"].values()} == {torch.float32}
+    assert expected["scaler"] is None  # bfloat16 needs no loss scaling
+    assert differs_from(baseline, expected), "bf16 autocast changed nothing: it did not run"
+
+    store = str(tmp_path / "store")
+    killed = phase("every", tmp_path, store, "--precision", "bf16", "--step", "4", "--micro", "4")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    state = resume_state(tmp_path / "run")
+    assert (state["global_step"], state["micro_step"]) == (3, 4)
+    assert state["first_in_epoch"]
+
+    ok(phase("resume", tmp_path, store, "--precision", "bf16"))
+    assert_gradients_round_trip(tmp_path, store, state["snapshot_id"], torch.float32)
     assert_bit_identical(expected, result(tmp_path))
 
 

@@ -3,6 +3,7 @@ resume folders that do not fit, failing targets, and snapshots seen through the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -19,7 +20,12 @@ import torch  # noqa: E402 - after the skips
 from transformers import Trainer  # noqa: E402
 
 from gradvault.client import Client  # noqa: E402
-from gradvault.core import InvalidFieldError, Recorder, SnapshotNotFoundError  # noqa: E402
+from gradvault.core import (  # noqa: E402
+    DtypeMismatchError,
+    InvalidFieldError,
+    Recorder,
+    SnapshotNotFoundError,
+)
 from gradvault.integrations.transformers import (  # noqa: E402
     GradvaultCallback,
     GradvaultTrainer,
@@ -36,7 +42,7 @@ from tests.service.conftest import UvicornThread  # noqa: E402
 def trainer_for(
     tmp_path: Path, callbacks: list[Any], trainer_class: type[Trainer] = GradvaultTrainer
 ) -> Trainer:
-    return hf_run.make_trainer(trainer_class, tmp_path / "run", False, callbacks)
+    return hf_run.make_trainer(trainer_class, tmp_path / "run", "fp32", callbacks)
 
 
 # ---------------------------------------------------------------------- the callback's arguments
@@ -104,11 +110,21 @@ def test_jit_checkpoint_and_sigterm_snapshots_are_not_both_taken(tmp_path: Path)
         trainer.train()
 
 
-def test_bfloat16_parameters_are_refused(tmp_path: Path) -> None:
-    trainer = trainer_for(tmp_path, [GradvaultCallback(str(tmp_path / "store"))])
-    trainer.model.to(torch.bfloat16)
-    with pytest.raises(UnsupportedSetupError, match=r"'transformer\.wte\.weight' is bfloat16"):
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bfloat16_parameters_on_cuda_are_refused(tmp_path: Path) -> None:
+    """CuPy has no bfloat16: the core shares bfloat16 gradients on the cpu only."""
+    trainer = GradvaultTrainer(
+        model=hf_run.tiny_gpt2("bf16-params"),
+        args=dataclasses.replace(hf_run.training_args(tmp_path / "run"), use_cpu=False),
+        train_dataset=hf_run.Sequences(),
+        callbacks=[GradvaultCallback(str(tmp_path / "store"))],
+    )
+    with pytest.raises(
+        UnsupportedSetupError, match=r"'transformer\.wte\.weight' is bfloat16 on cuda:0"
+    ):
         trainer.train()
+    assert not (tmp_path / "store").exists()
 
 
 # ---------------------------------------------------------------------- resume folders
@@ -189,11 +205,23 @@ def test_snapshot_missing_from_the_store_is_named(saved: Path) -> None:
         resume(saved)
 
 
+def test_float32_snapshot_into_a_bfloat16_model_is_refused(saved: Path) -> None:
+    """The gradients must be the parameters' dtype: checked when they would be put back."""
+    trainer = hf_run.make_trainer(
+        GradvaultTrainer, saved / "run", "bf16-params", [GradvaultCallback(str(saved / "store"))]
+    )
+    with pytest.raises(
+        DtypeMismatchError, match=r"has dtype float32; the module's parameter .* has torch.bfloat16"
+    ):
+        trainer.train(resume_from_checkpoint=str(saved / "run" / "gradvault-checkpoint-0"))
+    assert all(param.grad is None for param in trainer.model.parameters())  # none was set
+
+
 def test_other_data_is_refused(saved: Path) -> None:
     callback = GradvaultCallback(str(saved / "store"))
     trainer = GradvaultTrainer(
         model=hf_run.tiny_gpt2(),
-        args=hf_run.training_args(saved / "run", False),
+        args=hf_run.training_args(saved / "run"),
         train_dataset=hf_run.Sequences(seed=99),
         callbacks=[callback],
     )
