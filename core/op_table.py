@@ -20,7 +20,7 @@ Tensor class (``attach``); the ops import Tensor and register. The table is full
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
@@ -140,6 +140,10 @@ class OpTable:
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        """The names of the registered ops, in the order they were registered."""
+        return iter(list(self._entries))
 
     def entry(self, name: str) -> OpEntry:
         """The registration of op ``name``."""
