@@ -271,8 +271,13 @@ class Tensor:
         self._take_buffer(value)
 
     @property
+    def version(self) -> int:
+        """In-place writes to this tensor's storage so far (its views share the count)."""
+        return self._storage.version
+
+    @property
     def _version(self) -> int:
-        """PyTorch's ``tensor._version``: in-place writes so far, shared with views."""
+        """PyTorch's spelling of ``version`` (``tensor._version``), for code written for it."""
         return self._storage.version
 
     @property
