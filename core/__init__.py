@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import autograd, backend, record_rules
+from . import autograd, backend, ops, record_rules
 from .accumulator import GradientsAccumulator
 from .autograd import Gradients, enable_grad, inference_mode, no_grad, set_grad_enabled
 from .backend import Device, cuda_available, device
@@ -75,43 +75,17 @@ from .nn import (
     Sequential,
     Tanh,
 )
-from .ops import (
-    abs,
-    argmax,
-    cat,
-    clamp,
-    clone,
-    cross_entropy,
-    exp,
-    gelu,
-    linear,
-    log,
-    log_softmax,
-    matmul,
-    max,
-    mean,
-    min,
-    mse_loss,
-    permute,
-    pow,
-    relu,
-    reshape,
-    sigmoid,
-    softmax,
-    sqrt,
-    stack,
-    sum,
-    tanh,
-    transpose,
-    var,
-    where,
-)
+from .op_table import op_table
 from .optim import SGD, Adam, AdamW, Optimizer, OptimizerRecord
 from .param_id import ParamId
 from .record import GradientRecordEntry, GradientsParamsRecord
 from .recorder import Recorder, SnapshotHandle, SyncRecorder
 from .store import SnapshotInfo, SnapshotStore, open_store
 from .tensor import Tensor, bfloat16, bool_, float16, float32, float64, int32, int64
+
+# the ops registered with export="core" (core/op_table.py): exp, matmul, cross_entropy, ...
+_exported_ops = {name: getattr(ops, name) for name in op_table.exports("core")}
+globals().update(_exported_ops)
 
 __all__ = [
     "GELU",
@@ -182,63 +156,35 @@ __all__ = [
     "UnsupportedOptionError",
     "UnsupportedSetupError",
     "Tensor",
-    "abs",
     "arange",
-    "argmax",
     "autograd",
     "backend",
     "bfloat16",
     "bool_",
-    "cat",
-    "clamp",
-    "clone",
-    "cross_entropy",
     "cuda_available",
     "device",
     "enable_grad",
-    "exp",
     "float16",
     "float32",
     "float64",
     "from_dlpack",
     "full",
     "full_like",
-    "gelu",
     "inference_mode",
     "int32",
     "int64",
-    "linear",
-    "log",
-    "log_softmax",
     "manual_seed",
-    "matmul",
-    "max",
-    "mean",
-    "min",
-    "mse_loss",
     "no_grad",
     "ones",
     "ones_like",
-    "permute",
-    "pow",
     "rand",
     "rand_like",
     "randn",
     "randn_like",
     "record_rules",
-    "relu",
-    "reshape",
     "set_grad_enabled",
-    "sigmoid",
-    "softmax",
-    "sqrt",
-    "stack",
-    "sum",
-    "tanh",
     "tensor",
-    "transpose",
-    "var",
-    "where",
     "zeros",
     "zeros_like",
+    *sorted(_exported_ops),
 ]

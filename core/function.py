@@ -94,7 +94,7 @@ class Function:
             node.input_shapes = tuple(tuple(t.shape) for t in tensor_inputs)
             out = wrap(data, requires_grad=True, grad_fn=node)
             if node.saves_output:
-                ctx._saved = ctx._saved + ((out, out._version),)
+                ctx._saved = ctx._saved + ((out, out.version),)
             return out
         with np.errstate(all="ignore"):
             data = _as_array(cls.forward(_FreeContext(), *args, **kwargs))

@@ -42,7 +42,7 @@ class Context:
                     f"tensor of shape {tuple(t.shape)} was made under inference_mode; clone "
                     "it outside inference_mode to use it in autograd"
                 )
-        self._saved = tuple((t, t._version if t is not None else 0) for t in tensors)
+        self._saved = tuple((t, t.version if t is not None else 0) for t in tensors)
 
     def save_output(self) -> None:
         """Keep the op's output too (it is appended to ``saved_tensors`` once known)."""
@@ -60,7 +60,7 @@ class Context:
         for index, (tensor, version) in enumerate(self._saved):
             if tensor is None:  # not needed by this backward (its partner needs no grad)
                 continue
-            current = tensor._version
+            current = tensor.version
             if current != version:
                 op = tensor.last_inplace_op or "an in-place operation"
                 raise InplaceModificationError(

@@ -271,8 +271,13 @@ class Tensor:
         self._take_buffer(value)
 
     @property
+    def version(self) -> int:
+        """In-place writes to this tensor's storage so far (its views share the count)."""
+        return self._storage.version
+
+    @property
     def _version(self) -> int:
-        """PyTorch's ``tensor._version``: in-place writes so far, shared with views."""
+        """PyTorch's spelling of ``version`` (``tensor._version``), for code written for it."""
         return self._storage.version
 
     @property
@@ -468,178 +473,14 @@ class Tensor:
         return "tensor(" + ", ".join([body, *extra]) + ")"
 
     # ------------------------------------------------------------------ ops as methods
-    # Thin calls into the op functions (registered in ``op_table`` by ``core/ops``); the
-    # forward and backward rules live with each op.
-    def __add__(self, other: Any) -> Tensor:
-        return op_table.add(self, other)
-
-    def __radd__(self, other: Any) -> Tensor:
-        return op_table.add(other, self)
-
-    def __sub__(self, other: Any) -> Tensor:
-        return op_table.sub(self, other)
-
-    def __rsub__(self, other: Any) -> Tensor:
-        return op_table.sub(other, self)
-
-    def __mul__(self, other: Any) -> Tensor:
-        return op_table.mul(self, other)
-
-    def __rmul__(self, other: Any) -> Tensor:
-        return op_table.mul(other, self)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        return op_table.div(self, other)
-
-    def __rtruediv__(self, other: Any) -> Tensor:
-        return op_table.div(other, self)
-
-    def __pow__(self, exponent: Any) -> Tensor:
-        return op_table.pow(self, exponent)
-
-    def __rpow__(self, base: Any) -> Tensor:
-        return op_table.pow(base, self)
-
-    def __neg__(self) -> Tensor:
-        return op_table.neg(self)
-
-    def __matmul__(self, other: Tensor) -> Tensor:
-        return op_table.matmul(self, other)
-
-    def __rmatmul__(self, other: Tensor) -> Tensor:
-        return op_table.matmul(other, self)
-
-    def __getitem__(self, index: Any) -> Tensor:
-        return op_table.getitem(self, index)
-
-    def __lt__(self, other: Any) -> Tensor:
-        return op_table.less(self, other)
-
-    def __le__(self, other: Any) -> Tensor:
-        return op_table.less_equal(self, other)
-
-    def __gt__(self, other: Any) -> Tensor:
-        return op_table.greater(self, other)
-
-    def __ge__(self, other: Any) -> Tensor:
-        return op_table.greater_equal(self, other)
-
-    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
-        return op_table.equal(self, other)
-
-    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
-        return op_table.not_equal(self, other)
-
-    def __and__(self, other: Any) -> Tensor:
-        return op_table.logical_and(self, other)
-
-    def __or__(self, other: Any) -> Tensor:
-        return op_table.logical_or(self, other)
-
-    def __invert__(self) -> Tensor:
-        return op_table.logical_not(self)
-
-    def add(self, other: Any) -> Tensor:
-        return op_table.add(self, other)
-
-    def sub(self, other: Any) -> Tensor:
-        return op_table.sub(self, other)
-
-    def mul(self, other: Any) -> Tensor:
-        return op_table.mul(self, other)
-
-    def div(self, other: Any) -> Tensor:
-        return op_table.div(self, other)
-
-    def pow(self, exponent: Any) -> Tensor:
-        return op_table.pow(self, exponent)
-
-    def neg(self) -> Tensor:
-        return op_table.neg(self)
-
-    def exp(self) -> Tensor:
-        return op_table.exp(self)
-
-    def log(self) -> Tensor:
-        return op_table.log(self)
-
-    def sqrt(self) -> Tensor:
-        return op_table.sqrt(self)
-
-    def abs(self) -> Tensor:
-        return op_table.abs(self)
-
-    def tanh(self) -> Tensor:
-        return op_table.tanh(self)
-
-    def sigmoid(self) -> Tensor:
-        return op_table.sigmoid(self)
-
-    def relu(self) -> Tensor:
-        return op_table.relu(self)
-
-    def erf(self) -> Tensor:
-        return op_table.erf(self)
-
+    # Each op's registration (``@register_op(methods=...)`` in ``core/ops``) makes the op's
+    # function a method here: ``t.exp()`` is ``exp(t)``, ``t + u`` is ``add(t, u)``. Only the
+    # methods built from several ops, or from an op with other arguments, are written here.
     def square(self) -> Tensor:
         return op_table.mul(self, self)
 
-    def clamp(self, min: Any = None, max: Any = None) -> Tensor:
-        return op_table.clamp(self, min, max)
-
-    clip = clamp
-
-    def matmul(self, other: Tensor) -> Tensor:
-        return op_table.matmul(self, other)
-
-    def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor:
-        return op_table.sum(self, dim, keepdim)
-
-    def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor:
-        return op_table.mean(self, dim, keepdim)
-
-    def max(self, dim: int | None = None, keepdim: bool = False) -> Any:
-        return op_table.max(self, dim, keepdim)
-
-    def min(self, dim: int | None = None, keepdim: bool = False) -> Any:
-        return op_table.min(self, dim, keepdim)
-
-    def var(
-        self,
-        dim: Any = None,
-        *,
-        correction: int = 1,
-        unbiased: bool | None = None,
-        keepdim: bool = False,
-    ) -> Tensor:
-        return op_table.var(self, dim, correction=correction, unbiased=unbiased, keepdim=keepdim)
-
-    def std(
-        self,
-        dim: Any = None,
-        *,
-        correction: int = 1,
-        unbiased: bool | None = None,
-        keepdim: bool = False,
-    ) -> Tensor:
-        return op_table.std(self, dim, correction=correction, unbiased=unbiased, keepdim=keepdim)
-
-    def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
-        return op_table.argmax(self, dim, keepdim)
-
-    def reshape(self, *shape: Any) -> Tensor:
-        return op_table.reshape(self, *shape)
-
-    view = reshape
-
     def view_as(self, other: Tensor) -> Tensor:
         return op_table.reshape(self, other.shape)
-
-    def permute(self, *dims: Any) -> Tensor:
-        return op_table.permute(self, *dims)
-
-    def transpose(self, dim0: int, dim1: int) -> Tensor:
-        return op_table.transpose(self, dim0, dim1)
 
     @property
     def T(self) -> Tensor:
@@ -651,35 +492,11 @@ class Tensor:
         """The last two dims swapped (a view)."""
         return op_table.transpose(self, -1, -2)
 
-    def expand(self, *shape: Any) -> Tensor:
-        return op_table.expand(self, *shape)
-
     def expand_as(self, other: Tensor) -> Tensor:
         return op_table.expand(self, other.shape)
 
-    def unsqueeze(self, dim: int) -> Tensor:
-        return op_table.unsqueeze(self, dim)
-
-    def squeeze(self, dim: int | None = None) -> Tensor:
-        return op_table.squeeze(self, dim)
-
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-        return op_table.flatten(self, start_dim, end_dim)
-
-    def contiguous(self) -> Tensor:
-        return op_table.contiguous(self)
-
     def is_contiguous(self) -> bool:
         return bool(self._data.flags.c_contiguous)
-
-    def softmax(self, dim: int) -> Tensor:
-        return op_table.softmax(self, dim)
-
-    def log_softmax(self, dim: int) -> Tensor:
-        return op_table.log_softmax(self, dim)
-
-    def clone(self) -> Tensor:
-        return op_table.clone(self)
 
     # ------------------------------------------------------------------ copy-on-write
     # A snapshot, or another tensor, may hold this tensor's buffer instead of a copy. Two
@@ -958,6 +775,8 @@ class Tensor:
     def __itruediv__(self, other: Any) -> Tensor:
         return self.div_(other)
 
+
+op_table.attach(Tensor)  # the ops' registrations add their methods (core/op_table.py)
 
 #: The array a tensor reads, for the ops' forward rules and the engine. Read it, never
 #: write through it or keep a view of it: views go through ``Tensor.adopt_view``, writes

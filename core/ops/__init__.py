@@ -1,5 +1,5 @@
-"""Every differentiable op as a function; each is registered once in ``op_table``, which
-Tensor's methods call (tensor.py)."""
+"""Every differentiable op as a function; each is registered once in ``op_table``
+(core/op_table.py), which gives it its Tensor methods and its place in ``__all__``."""
 
 from __future__ import annotations
 
@@ -8,45 +8,14 @@ from typing import Any
 from .. import backend
 from ..function import Function
 from ..graph import Context
-from ..op_table import register_op
+from ..op_table import op_table, register_op
 from ..tensor import Tensor, array_of
-from .elementwise import (
-    abs,
-    add,
-    clamp,
-    div,
-    erf,
-    exp,
-    gelu,
-    log,
-    logical_and,
-    logical_or,
-    mul,
-    neg,
-    pow,
-    relu,
-    sigmoid,
-    sqrt,
-    sub,
-    tanh,
-    where,
-)
-from .nn import cross_entropy, linear, log_softmax, matmul, mse_loss, softmax
-from .reduction import ValuesIndices, argmax, max, mean, min, std, sum, var
-from .shape import (
-    cat,
-    expand,
-    flatten,
-    getitem,
-    index_put,
-    permute,
-    reshape,
-    squeeze,
-    stack,
-    transpose,
-    unsqueeze,
-    view,
-)
+from . import elementwise, nn, reduction, shape
+from .reduction import ValuesIndices
+from .shape import view
+
+#: importing each op module registered its ops, with their methods and exports
+_OP_MODULES = (elementwise, nn, reduction, shape)
 
 
 class ToDtype(Function):
@@ -87,7 +56,7 @@ class Clone(Function):
         return g
 
 
-@register_op
+@register_op(methods=("clone",), export="core")
 def clone(a: Tensor) -> Tensor:
     """A copy with its own storage, still in the graph."""
     return Clone.apply(a)
@@ -105,51 +74,7 @@ def to_device(a: Tensor, device: backend.Device) -> Tensor:
     return ToDevice.apply(a, device)
 
 
-__all__ = [
-    "ValuesIndices",
-    "abs",
-    "add",
-    "argmax",
-    "cat",
-    "clamp",
-    "clone",
-    "cross_entropy",
-    "div",
-    "erf",
-    "exp",
-    "expand",
-    "flatten",
-    "gelu",
-    "getitem",
-    "index_put",
-    "linear",
-    "log",
-    "log_softmax",
-    "logical_and",
-    "logical_or",
-    "matmul",
-    "max",
-    "mean",
-    "min",
-    "mse_loss",
-    "mul",
-    "neg",
-    "permute",
-    "pow",
-    "relu",
-    "reshape",
-    "sigmoid",
-    "softmax",
-    "sqrt",
-    "squeeze",
-    "stack",
-    "std",
-    "sub",
-    "sum",
-    "tanh",
-    "transpose",
-    "unsqueeze",
-    "var",
-    "view",
-    "where",
-]
+# the functions registered with export="ops" or "core" (core/op_table.py), and two names
+# that are no registration of their own: max/min's result type and reshape's alias
+globals().update(op_table.exports("ops"))
+__all__ = ["ValuesIndices", "view", *sorted(op_table.exports("ops"))]

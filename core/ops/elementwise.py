@@ -341,32 +341,32 @@ def _binary(fn: type[Function], a: Any, b: Any, *, true_division: bool = False) 
     return fn.apply(*_promoted(a, b, target))
 
 
-@register_op
-def add(a: Any, b: Any) -> Tensor:
-    return _binary(Add, a, b)
+@register_op(methods=("add", "__add__"), reflected=("__radd__",), export="ops")
+def add(a: Any, other: Any) -> Tensor:
+    return _binary(Add, a, other)
 
 
-@register_op
-def sub(a: Any, b: Any) -> Tensor:
-    return _binary(Sub, a, b)
+@register_op(methods=("sub", "__sub__"), reflected=("__rsub__",), export="ops")
+def sub(a: Any, other: Any) -> Tensor:
+    return _binary(Sub, a, other)
 
 
-@register_op
-def mul(a: Any, b: Any) -> Tensor:
-    return _binary(Mul, a, b)
+@register_op(methods=("mul", "__mul__"), reflected=("__rmul__",), export="ops")
+def mul(a: Any, other: Any) -> Tensor:
+    return _binary(Mul, a, other)
 
 
-@register_op
-def div(a: Any, b: Any) -> Tensor:
-    return _binary(Div, a, b, true_division=True)
+@register_op(methods=("div", "__truediv__"), reflected=("__rtruediv__",), export="ops")
+def div(a: Any, other: Any) -> Tensor:
+    return _binary(Div, a, other, true_division=True)
 
 
-@register_op
+@register_op(methods=("neg", "__neg__"), export="ops")
 def neg(a: Tensor) -> Tensor:
     return Neg.apply(a)
 
 
-@register_op
+@register_op(methods=("pow", "__pow__"), reflected=("__rpow__",), export="core")
 def pow(a: Any, exponent: Any) -> Tensor:  # PyTorch's name
     """``a ** exponent``; a Python-number exponent keeps the graph small."""
     if (
@@ -380,46 +380,47 @@ def pow(a: Any, exponent: Any) -> Tensor:  # PyTorch's name
     return _binary(Pow, a, exponent)
 
 
-@register_op
+@register_op(methods=("exp",), export="core")
 def exp(a: Tensor) -> Tensor:
     return Exp.apply(a)
 
 
-@register_op
+@register_op(methods=("log",), export="core")
 def log(a: Tensor) -> Tensor:
     return Log.apply(a)
 
 
-@register_op
+@register_op(methods=("sqrt",), export="core")
 def sqrt(a: Tensor) -> Tensor:
     return Sqrt.apply(a)
 
 
-@register_op
+@register_op(methods=("abs",), export="core")
 def abs(a: Tensor) -> Tensor:  # PyTorch's name
     return Abs.apply(a)
 
 
-@register_op
+@register_op(methods=("tanh",), export="core")
 def tanh(a: Tensor) -> Tensor:
     return Tanh.apply(a)
 
 
-@register_op
+@register_op(methods=("sigmoid",), export="core")
 def sigmoid(a: Tensor) -> Tensor:
     return Sigmoid.apply(a)
 
 
-@register_op
+@register_op(methods=("relu",), export="core")
 def relu(a: Tensor) -> Tensor:
     return Relu.apply(a)
 
 
-@register_op
+@register_op(methods=("erf",), export="ops")
 def erf(a: Tensor) -> Tensor:
     return Erf.apply(a)
 
 
+@register_op(export="core")
 def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     """GELU; ``approximate='tanh'`` uses the tanh formula, as in PyTorch."""
     if approximate == "none":
@@ -430,7 +431,7 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     raise InvalidArgumentError(f"approximate must be 'none' or 'tanh'; got {approximate!r}")
 
 
-@register_op
+@register_op(methods=("clamp", "clip"), export="core")
 def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:
     """Values limited to [min, max]; the gradient passes where min <= a <= max."""
     if min is None and max is None:
@@ -445,6 +446,7 @@ def clamp(a: Tensor, min: Any = None, max: Any = None) -> Tensor:
     return Clamp.apply(a, min, max)
 
 
+@register_op(export="core")
 def where(condition: Any, a: Any, b: Any) -> Tensor:
     """Elements of ``a`` where ``condition`` holds, else of ``b``."""
     like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else condition
@@ -463,46 +465,46 @@ def _compare(ufunc: str, a: Tensor, b: Any) -> Tensor:
     return constant(getattr(xp(a), ufunc)(array_of(a), array_of(b)))
 
 
-@register_op
+@register_op(methods=("__lt__",))
 def less(a: Tensor, b: Any) -> Tensor:
     return _compare("less", a, b)
 
 
-@register_op
+@register_op(methods=("__le__",))
 def less_equal(a: Tensor, b: Any) -> Tensor:
     return _compare("less_equal", a, b)
 
 
-@register_op
+@register_op(methods=("__gt__",))
 def greater(a: Tensor, b: Any) -> Tensor:
     return _compare("greater", a, b)
 
 
-@register_op
+@register_op(methods=("__ge__",))
 def greater_equal(a: Tensor, b: Any) -> Tensor:
     return _compare("greater_equal", a, b)
 
 
-@register_op
+@register_op(methods=("__eq__",))
 def equal(a: Tensor, b: Any) -> Tensor:
     return _compare("equal", a, b)
 
 
-@register_op
+@register_op(methods=("__ne__",))
 def not_equal(a: Tensor, b: Any) -> Tensor:
     return _compare("not_equal", a, b)
 
 
-@register_op
+@register_op(methods=("__invert__",))
 def logical_not(a: Tensor) -> Tensor:
     return constant(xp(a).logical_not(array_of(a)))
 
 
-@register_op
+@register_op(methods=("__and__",), export="ops")
 def logical_and(a: Tensor, b: Any) -> Tensor:
     return _compare("logical_and", a, b)
 
 
-@register_op
+@register_op(methods=("__or__",), export="ops")
 def logical_or(a: Tensor, b: Any) -> Tensor:
     return _compare("logical_or", a, b)

@@ -118,16 +118,17 @@ class LogSoftmax(Function):
         return g - out.exp() * sum(g, ctx.dim, keepdim=True)
 
 
-@register_op
-def matmul(a: Tensor, b: Tensor) -> Tensor:
+@register_op(methods=("matmul", "__matmul__"), reflected=("__rmatmul__",), export="core")
+def matmul(a: Tensor, other: Tensor) -> Tensor:
     """Matrix product, batched over leading dims."""
-    if a.ndim == 0 or b.ndim == 0:
+    if a.ndim == 0 or other.ndim == 0:
         raise InvalidArgumentError(
             "matmul needs tensors of at least one dimension; use * for scalars"
         )
-    return Matmul.apply(a, b)
+    return Matmul.apply(a, other)
 
 
+@register_op(export="core")
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` (PyTorch's ``F.linear``)."""
     if input.ndim == 0 or weight.ndim != 2:
@@ -144,13 +145,13 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return Linear.apply(input, weight, bias)
 
 
-@register_op
+@register_op(methods=("softmax",), export="core")
 def softmax(a: Tensor, dim: int) -> Tensor:
     """exp(a) normalised along ``dim``."""
     return Softmax.apply(a, dim % max(a.ndim, 1))
 
 
-@register_op
+@register_op(methods=("log_softmax",), export="core")
 def log_softmax(a: Tensor, dim: int) -> Tensor:
     """log(softmax(a, dim)), computed stably."""
     return LogSoftmax.apply(a, dim % max(a.ndim, 1))
@@ -168,6 +169,7 @@ def _reduce(loss: Tensor, reduction: str, count: Any = None) -> Tensor:
     raise InvalidArgumentError(f"reduction must be 'mean', 'sum' or 'none'; got {reduction!r}")
 
 
+@register_op(export="core")
 def cross_entropy(
     input: Tensor,
     target: Tensor,
@@ -221,6 +223,7 @@ def cross_entropy(
     return _reduce(nll, reduction, int(keep.sum()))
 
 
+@register_op(export="core")
 def mse_loss(input: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
     """Mean squared error."""
     diff = input - target

@@ -75,13 +75,13 @@ class ValuesIndices(NamedTuple):
     indices: Tensor
 
 
-@register_op
+@register_op(methods=("sum",), export="core")
 def sum(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Sum over ``dim`` (all dims when None)."""
     return Sum.apply(a, normalize_dims(dim, a.ndim), keepdim)
 
 
-@register_op
+@register_op(methods=("mean",), export="core")
 def mean(a: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Mean over ``dim`` (all dims when None)."""
     dims = normalize_dims(dim, a.ndim)
@@ -104,19 +104,19 @@ def _extreme(a: Tensor, dim: int | None, keepdim: bool, largest: bool) -> Any:
     return ValuesIndices(values, constant(indices.astype("int64")))
 
 
-@register_op
+@register_op(methods=("max",), export="core")
 def max(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """Largest element, or ``(values, indices)`` along ``dim``."""
     return _extreme(a, dim, keepdim, True)
 
 
-@register_op
+@register_op(methods=("min",), export="core")
 def min(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """Smallest element, or ``(values, indices)`` along ``dim``."""
     return _extreme(a, dim, keepdim, False)
 
 
-@register_op
+@register_op(methods=("var",), export="core")
 def var(
     a: Tensor,
     dim: Any = None,
@@ -136,7 +136,7 @@ def var(
     return sum(centered * centered, dims, keepdim) / (count - correction)
 
 
-@register_op
+@register_op(methods=("std",), export="ops")
 def std(
     a: Tensor,
     dim: Any = None,
@@ -149,7 +149,7 @@ def std(
     return var(a, dim, correction=correction, unbiased=unbiased, keepdim=keepdim).sqrt()
 
 
-@register_op
+@register_op(methods=("argmax",), export="core")
 def argmax(a: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """Index of the largest element (no gradient)."""
     return constant(xp(a).argmax(array_of(a), axis=dim, keepdims=keepdim).astype("int64"))

@@ -177,7 +177,7 @@ class Cat(Function):
 
 
 # ---------------------------------------------------------------------- functional API
-@register_op
+@register_op(methods=("reshape", "view"), export="core")
 def reshape(a: Tensor, *shape: Any) -> Tensor:
     """The same elements in ``shape`` (one dim may be -1)."""
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
@@ -191,7 +191,7 @@ def reshape(a: Tensor, *shape: Any) -> Tensor:
 view = reshape
 
 
-@register_op
+@register_op(methods=("permute",), export="core")
 def permute(a: Tensor, *dims: Any) -> Tensor:
     """Dimensions reordered as ``dims``."""
     if len(dims) == 1 and isinstance(dims[0], tuple | list):
@@ -203,7 +203,7 @@ def permute(a: Tensor, *dims: Any) -> Tensor:
     return _as_view(Permute.apply(a, dims), a)
 
 
-@register_op
+@register_op(methods=("transpose",), export="core")
 def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
     """Dims ``dim0`` and ``dim1`` swapped."""
     dims = list(range(a.ndim))
@@ -211,7 +211,7 @@ def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
     return permute(a, tuple(dims))
 
 
-@register_op
+@register_op(methods=("expand",), export="ops")
 def expand(a: Tensor, *shape: Any) -> Tensor:
     """A broadcast view of ``a`` with ``shape`` (-1 keeps a dim)."""
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
@@ -224,13 +224,13 @@ def expand(a: Tensor, *shape: Any) -> Tensor:
     return _as_view(Expand.apply(a, shape), a)
 
 
-@register_op
+@register_op(methods=("unsqueeze",), export="ops")
 def unsqueeze(a: Tensor, dim: int) -> Tensor:
     dim = dim % (a.ndim + 1)
     return reshape(a, a.shape[:dim] + (1,) + a.shape[dim:])
 
 
-@register_op
+@register_op(methods=("squeeze",), export="ops")
 def squeeze(a: Tensor, dim: int | None = None) -> Tensor:
     if dim is None:
         return reshape(a, tuple(n for n in a.shape if n != 1))
@@ -240,7 +240,7 @@ def squeeze(a: Tensor, dim: int | None = None) -> Tensor:
     return reshape(a, a.shape[:dim] + a.shape[dim + 1 :])
 
 
-@register_op
+@register_op(methods=("flatten",), export="ops")
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     """Dims ``start_dim`` to ``end_dim`` merged into one; ``a`` itself when that is one dim
     already (PyTorch returns the tensor itself there, a new view otherwise)."""
@@ -255,7 +255,7 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     return reshape(a, a.shape[:start] + (size,) + a.shape[end + 1 :])
 
 
-@register_op
+@register_op(methods=("contiguous",))
 def contiguous(a: Tensor) -> Tensor:
     """``a`` itself when its elements lie in C order, else a C-ordered copy in the graph."""
     if array_of(a).flags.c_contiguous:
@@ -263,7 +263,7 @@ def contiguous(a: Tensor) -> Tensor:
     return Contiguous.apply(a)
 
 
-@register_op
+@register_op(methods=("__getitem__",), export="ops")
 def getitem(a: Tensor, index: Any) -> Tensor:
     """``a[index]`` with NumPy/PyTorch indexing; differentiable (repeated indices sum)."""
     index = _index_arrays(index, xp(a))
@@ -277,7 +277,7 @@ def getitem(a: Tensor, index: Any) -> Tensor:
     return Index.apply(a, index)
 
 
-@register_op
+@register_op(export="ops")
 def index_put(a: Tensor, index: Any, value: Any) -> Tensor:
     """A copy of ``a`` with ``value`` written at ``index``."""
     index = _index_arrays(index, xp(a))
@@ -287,6 +287,7 @@ def index_put(a: Tensor, index: Any, value: Any) -> Tensor:
     return IndexPut.apply(a, value, index)
 
 
+@register_op(export="core")
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along ``dim``."""
     tensors = list(tensors)
@@ -296,6 +297,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return Cat.apply(*tensors, dim)
 
 
+@register_op(export="core")
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along a new dim ``dim``."""
     tensors = list(tensors)

@@ -286,11 +286,12 @@ def test_in_place_op_on_a_leaf_that_requires_grad_raises_outside_no_grad() -> No
 
 def test_in_place_ops_bump_the_version_counter() -> None:
     x = gv.tensor([1.0, 2.0])
-    start = x._version
+    start = x.version
     x.add_(1.0)
     x[0] = 3.0
     x.zero_()
-    assert x._version == start + 3
+    assert x.version == start + 3 and x.last_inplace_op == "zero_"
+    assert x[0].version == x.version  # a view shares the counter
 
 
 # ---------------------------------------------------------------------- grad modes

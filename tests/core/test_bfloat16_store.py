@@ -14,7 +14,6 @@ import zarr
 import gradvault.core as gv
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, open_store
-from gradvault.core.store._stats import gradient_stats
 from gradvault.zarr_dtypes import BFloat16
 
 from .bf16_values import special_values
@@ -78,10 +77,12 @@ async def test_manifest_names_bfloat16_and_stats_use_float_math(store: SnapshotS
         assert stats["max_abs"] == (float(np.abs(finite).max()) if finite.size else 0.0)
 
 
-def test_a_sum_of_squares_is_not_rounded_to_bf16() -> None:
+async def test_a_sum_of_squares_is_not_rounded_to_bf16(store: SnapshotStore) -> None:
     """1000 ones: 1000.0 in float math (bf16 math would stop at 256)."""
-    stats = gradient_stats(np.ones(1000, dtype=gv.bfloat16))
-    assert stats["l2_norm"] == pytest.approx(math.sqrt(1000)) and stats["max_abs"] == 1.0
+    ones = GradientRecordEntry.from_array(OWN, "ones", np.ones(1000, dtype=gv.bfloat16))
+    info = await store.write_snapshot(GradientsParamsRecord([ones]), run="bf16", step=1)
+    stats = (await store.info(info.id))["gradients"]["stats"]
+    assert stats["l2_norm"] == [pytest.approx(math.sqrt(1000))] and stats["max_abs"] == [1.0]
 
 
 async def _write_local(tmp_path: Path, compression: str | None = None) -> tuple[Path, str]:

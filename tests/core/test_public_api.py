@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import gradvault.core as gv
+from gradvault.core.op_table import op_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,6 +162,119 @@ EXPORTED_NAMES = [
 ]
 
 
+OPS_EXPORTED_NAMES = [
+    "ValuesIndices",
+    "abs",
+    "add",
+    "argmax",
+    "cat",
+    "clamp",
+    "clone",
+    "cross_entropy",
+    "div",
+    "erf",
+    "exp",
+    "expand",
+    "flatten",
+    "gelu",
+    "getitem",
+    "index_put",
+    "linear",
+    "log",
+    "log_softmax",
+    "logical_and",
+    "logical_or",
+    "matmul",
+    "max",
+    "mean",
+    "min",
+    "mse_loss",
+    "mul",
+    "neg",
+    "permute",
+    "pow",
+    "relu",
+    "reshape",
+    "sigmoid",
+    "softmax",
+    "sqrt",
+    "squeeze",
+    "stack",
+    "std",
+    "sub",
+    "sum",
+    "tanh",
+    "transpose",
+    "unsqueeze",
+    "var",
+    "view",
+    "where",
+]
+
+#: the Tensor methods and operators that op registrations give (core/op_table.py)
+TENSOR_OP_METHODS = [
+    "__add__",
+    "__and__",
+    "__eq__",
+    "__ge__",
+    "__getitem__",
+    "__gt__",
+    "__invert__",
+    "__le__",
+    "__lt__",
+    "__matmul__",
+    "__mul__",
+    "__ne__",
+    "__neg__",
+    "__or__",
+    "__pow__",
+    "__radd__",
+    "__rmatmul__",
+    "__rmul__",
+    "__rpow__",
+    "__rsub__",
+    "__rtruediv__",
+    "__sub__",
+    "__truediv__",
+    "abs",
+    "add",
+    "argmax",
+    "clamp",
+    "clip",
+    "clone",
+    "contiguous",
+    "div",
+    "erf",
+    "exp",
+    "expand",
+    "flatten",
+    "log",
+    "log_softmax",
+    "matmul",
+    "max",
+    "mean",
+    "min",
+    "mul",
+    "neg",
+    "permute",
+    "pow",
+    "relu",
+    "reshape",
+    "sigmoid",
+    "softmax",
+    "sqrt",
+    "squeeze",
+    "std",
+    "sub",
+    "sum",
+    "tanh",
+    "transpose",
+    "unsqueeze",
+    "var",
+    "view",
+]
+
+
 def test_design_names_are_exported() -> None:
     assert DESIGN_NAMES <= set(gv.__all__)
     for name in gv.__all__:
@@ -171,6 +285,21 @@ def test_exported_names_are_pinned() -> None:
     """Adding or removing a public name is a decision: it shows up here, by name."""
     assert len(gv.__all__) == len(set(gv.__all__))
     assert sorted(gv.__all__) == EXPORTED_NAMES
+
+
+def test_ops_names_and_tensor_op_methods_are_pinned() -> None:
+    """The op registrations give these names; dropping or adding one is a decision too."""
+    assert sorted(gv.ops.__all__) == OPS_EXPORTED_NAMES
+    for name in gv.ops.__all__:
+        assert hasattr(gv.ops, name), name
+    installed = sorted(
+        method
+        for name in op_table
+        for method in (*op_table.entry(name).methods, *op_table.entry(name).reflected)
+    )
+    assert installed == TENSOR_OP_METHODS
+    for name in TENSOR_OP_METHODS:
+        assert callable(getattr(gv.Tensor, name)), name
 
 
 def test_autograd_subpackage_names() -> None:
