@@ -11,7 +11,6 @@ import numpy as np
 from .. import ops
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..factories import generator, ones, zeros
-from ..ops._common import constant
 from ..tensor import DeviceLike, DTypeLike, Tensor, as_dtype, wrap
 from .module import Module, Param
 
@@ -125,7 +124,7 @@ class Dropout(Module):
             return x * 0
         keep = generator().random(x.shape) >= self.p
         mask = (keep / (1 - self.p)).astype(x.dtype)
-        return x * constant(mask).to(x.device)
+        return x * wrap(mask).to(x.device)
 
 
 class Sequential(Module):
