@@ -141,3 +141,43 @@ def test_no_imports_inside_functions_but_optional_ones() -> None:
                     ):
                         found.append(f"{where}: {names}")
     assert not found, "\n".join(sorted(found))
+
+
+def _owner(private: str) -> str:
+    """The package that owns a module path's first private component (``a.b`` for ``a.b._c``)."""
+    parts = private.split(".")
+    first = next(i for i, part in enumerate(parts) if part.startswith("_"))
+    return ".".join(parts[:first])
+
+
+def test_private_modules_are_used_only_inside_their_package() -> None:
+    """``core.ops._common`` serves ``core.ops``; other packages use what it exports."""
+    violations = [
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        for target in targets
+        if any(part.startswith("_") for part in target.split("."))
+        and not (module == _owner(target) or module.startswith(_owner(target) + "."))
+    ]
+    assert not violations, "\n".join(sorted(violations))
+
+
+def test_the_other_packages_use_only_the_cores_public_modules() -> None:
+    root = CORE.parent
+    violations = []
+    for package in ("service", "client", "cli", "integrations", "gradvault", "zarr_dtypes"):
+        for path in (root / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    names = [node.module]
+                elif isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                else:
+                    continue
+                violations += [
+                    f"{path.relative_to(root)} imports {name}"
+                    for name in names
+                    if name.startswith("gradvault.core.")
+                    and any(part.startswith("_") for part in name.split("."))
+                ]
+    assert not violations, "\n".join(sorted(violations))
