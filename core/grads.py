@@ -65,8 +65,11 @@ class GradientsCapture:
     def __init__(self, entries: tuple[tuple[ParamId, str, Any], ...]) -> None:
         self.entries = entries
         """``(param_id, name, array)`` for each gradient, in registration order."""
-        devices = {str(array_backend.device_of(array)) for _, _, array in entries}
-        self.device = ",".join(sorted(devices)) if devices - {"cpu"} else "cpu"
+        if all(type(array) is np.ndarray for _, _, array in entries):
+            self.device = "cpu"  # the common case, without a device lookup per gradient
+        else:
+            devices = {str(array_backend.device_of(array)) for _, _, array in entries}
+            self.device = ",".join(sorted(devices)) if devices - {"cpu"} else "cpu"
         """Where the arrays are: ``"cpu"``, or the sorted devices joined by commas."""
 
     def __len__(self) -> int:

@@ -31,6 +31,9 @@ from .record import GradientsParamsRecord
 from .record_rules import check_snapshot_fields
 from .store import RetentionRules, SnapshotInfo, SnapshotStore, open_store, parse_compression
 
+#: how long a commit waits before its first step, so that start_snapshot returns at once
+_HANDBACK_SECONDS = 0.002
+
 if TYPE_CHECKING:
     from .nn.module import Module
 
@@ -171,10 +174,11 @@ class Recorder:
                     )
                 return None
             captured = _capture(grads)
+            nbytes, count = captured.nbytes, len(captured)  # before the commit competes for the GIL
             future = self._submit(self._commit(captured, run, step, tags))
             self._inflight.add(future)
             future.add_done_callback(self._inflight.discard)
-            return SnapshotHandle(future, captured.nbytes, len(captured))
+            return SnapshotHandle(future, nbytes, count)
 
     async def _commit(
         self,
@@ -183,6 +187,9 @@ class Recorder:
         step: int,
         tags: dict[str, str],
     ) -> SnapshotInfo:
+        # The caller's thread still has a few lines to run before start_snapshot returns;
+        # waiting here (off the GIL) lets it have the interpreter, not wait for a switch.
+        await asyncio.sleep(_HANDBACK_SECONDS)
         if isinstance(captured, GradientsParamsRecord):
             record = captured
         else:  # device-to-host reads go to a thread, off the recorder's loop
