@@ -13,6 +13,7 @@ from gradvault.core import open_store
 from .access_log import RequestTelemetry
 from .error_handlers import install_error_handlers
 from .index import SnapshotIndex
+from .lister import StoreLister
 from .metrics import ServiceMetrics
 from .routes import gradients, health, metrics, snapshots, zarr
 from .settings import Settings
@@ -33,7 +34,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = open_store(settings.store, **settings.store_options)
         app.state.store = store
-        app.state.index = SnapshotIndex(store, settings.index_refresh_seconds)
+        # listed on a thread of its own, so that relisting never holds up requests
+        lister = StoreLister(settings.store, settings.store_options)
+        app.state.index = SnapshotIndex(lister, settings.index_refresh_seconds)
         app.state.index.prefetch()  # the first listing reads every manifest: start it now
         if settings.is_open:
             _log.warning(
@@ -46,7 +49,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            await store.close()
+            try:
+                await lister.aclose()
+            finally:
+                await store.close()
 
     app = FastAPI(
         title="gradvault",

@@ -11,6 +11,10 @@ snapshot that another process commits to the same store therefore shows up here 
 ``refresh_seconds`` after its commit; snapshots this service writes or deletes show up
 (or go) at once. Concurrent requests share one listing, and a listing that was under
 way while this service wrote or deleted does not undo that change.
+
+The service lists through a :class:`~.lister.StoreLister`, which does the listing on a
+thread of its own; the index only swaps the result in. Any object with an async
+``list()`` that returns summaries newest first will do (a ``SnapshotStore`` too).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import asyncio
 import bisect
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from gradvault.core import SnapshotInfo, SnapshotStore
+from gradvault.core import SnapshotInfo
 from gradvault.core.store import parse_snapshot_id
 
 from .errors import InvalidCursorError
@@ -45,12 +50,18 @@ def decode_cursor(cursor: str) -> str:
         ) from None
 
 
+class Listable(Protocol):
+    """What the index lists: a ``SnapshotStore``, or a ``StoreLister`` of one."""
+
+    async def list(self) -> list[SnapshotInfo]: ...
+
+
 class SnapshotIndex:
     """Summaries of a store's committed snapshots (see the module docstring)."""
 
     def __init__(
         self,
-        store: SnapshotStore,
+        store: Listable,
         refresh_seconds: float,
         *,
         clock: Callable[[], float] = time.monotonic,
