@@ -28,15 +28,19 @@ def interleaved(
     """Run each side's measurement ``repeat`` times, round-robin; the samples per side.
 
     A side is a callable returning the seconds of one measured run (it may prepare and
-    clean up outside the timed part).
+    clean up outside the timed part). Each round starts one side later than the one
+    before, so that no side always runs right after the same other one (a disk still
+    writing back the previous side's bytes, a cache the previous side warmed).
     """
     for _ in range(warmup):
         for measure in sides.values():
             measure()
-    samples: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(repeat):
-        for name, measure in sides.items():
-            samples[name].append(measure())
+    names = list(sides)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(repeat):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(sides[name]())
     return samples
 
 
