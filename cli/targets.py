@@ -60,8 +60,12 @@ class Target(Protocol):
 
 
 def detail_from_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """A store manifest (gradients by column) in the service's detail shape (by row)."""
-    table = manifest["gradients"]
+    """A store manifest (gradients by column) in the service's detail shape (by row).
+
+    A sharded snapshot's manifest has no gradients (they are in its shards), and says
+    ``world_size``.
+    """
+    table = manifest.get("gradients") or {"param_id": [], "stats": {}}
     stats = table["stats"]
     gradients = [
         {
@@ -83,6 +87,7 @@ def detail_from_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": manifest.get("metadata"),
         "compression": manifest.get("compression"),
         "gradients": gradients,
+        "world_size": manifest.get("world_size"),
     }
 
 

@@ -35,6 +35,7 @@ from .errors import (
     RecorderError,
     ResumeStateError,
     ShapeMismatchError,
+    ShardedSnapshotError,
     SizeMismatchError,
     SnapshotBusyError,
     SnapshotNotFoundError,
@@ -80,7 +81,7 @@ from .optim import SGD, Adam, AdamW, Optimizer, OptimizerRecord
 from .param_id import ParamId
 from .record import GradientRecordEntry, GradientsParamsRecord
 from .recorder import Recorder, SnapshotHandle, SyncRecorder
-from .store import SnapshotInfo, SnapshotStore, open_store
+from .store import ShardInfo, SnapshotInfo, SnapshotStore, new_snapshot_id, open_store
 from .tensor import Tensor, bfloat16, bool_, float16, float32, float64, int32, int64
 
 # the ops registered with export="core" (core/op_table.py): exp, matmul, cross_entropy, ...
@@ -108,11 +109,13 @@ __all__ = [
     "ReLU",
     "Recorder",
     "Sequential",
+    "ShardInfo",
     "SnapshotHandle",
     "SnapshotInfo",
     "SnapshotStore",
     "SyncRecorder",
     "Tanh",
+    "new_snapshot_id",
     "open_store",
     "AuthError",
     "AutogradError",
@@ -149,6 +152,7 @@ __all__ = [
     "ShapeMismatchError",
     "SizeMismatchError",
     "SnapshotBusyError",
+    "ShardedSnapshotError",
     "SnapshotNotFoundError",
     "StoreKeyNotFoundError",
     "StoreNotFoundError",

@@ -37,6 +37,8 @@ what was found, naming the parameter::
         │   └── ManifestError                 a snapshot's manifest or array document is
         │                                     malformed (its version is fine)
         ├── SnapshotNotFoundError (KeyError)
+        ├── ShardedSnapshotError (ValueError)  a whole-snapshot read of a sharded snapshot
+        │                                     that needs one rank's shard (pass rank=)
         ├── StoreKeyNotFoundError (KeyError)  no readable store key at that path
         ├── StoreNotFoundError (FileNotFoundError)  a read of a local store folder that does
         │                                           not exist
@@ -180,6 +182,14 @@ class ManifestError(FormatVersionError):
 
 class SnapshotNotFoundError(RecorderError, KeyError):
     """No committed snapshot has that id."""
+
+
+class ShardedSnapshotError(RecorderError, ValueError):
+    """A call that needs one snapshot's gradients met a sharded snapshot it cannot merge.
+
+    The message names the snapshot, its world size and why (a ParamId in two shards, a
+    streaming read that serves one shard at a time); passing ``rank=`` reads one shard.
+    """
 
 
 class StoreKeyNotFoundError(RecorderError, KeyError):

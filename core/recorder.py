@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from . import backend as array_backend
 from .errors import (
@@ -29,7 +29,16 @@ from .errors import (
 from .grads import GradientsCapture, GradientsParams
 from .record import GradientsParamsRecord
 from .record_rules import check_snapshot_fields
-from .store import RetentionRules, SnapshotInfo, SnapshotStore, open_store, parse_compression
+from .store import (
+    RetentionRules,
+    ShardInfo,
+    SnapshotInfo,
+    SnapshotStore,
+    check_rank,
+    open_store,
+    parse_compression,
+    parse_snapshot_id,
+)
 
 #: how long a commit waits before its first step, so that start_snapshot returns at once
 _HANDBACK_SECONDS = 0.002
@@ -38,20 +47,20 @@ if TYPE_CHECKING:
     from .nn.module import Module
 
 T = TypeVar("T")
+R = TypeVar("R", SnapshotInfo, ShardInfo)
 _log = logging.getLogger("gradvault.recorder")
 BusyPolicy = Literal["wait", "reject"]
 
 
-class SnapshotHandle:
+class SnapshotHandle(Generic[R]):
     """A snapshot whose capture is done and whose commit may still be running.
 
-    ``handle.result(timeout)`` blocks for the ``SnapshotInfo``; ``await handle`` does the
-    same in async code; ``done()`` says whether the commit has finished.
+    ``handle.result(timeout)`` blocks for the ``SnapshotInfo`` (a shard's ``ShardInfo``);
+    ``await handle`` does the same in async code; ``done()`` says whether the commit has
+    finished.
     """
 
-    def __init__(
-        self, future: concurrent.futures.Future[SnapshotInfo], nbytes: int, num_params: int
-    ) -> None:
+    def __init__(self, future: concurrent.futures.Future[R], nbytes: int, num_params: int) -> None:
         self._future = future
         self.nbytes = nbytes
         self.num_params = num_params
@@ -59,11 +68,11 @@ class SnapshotHandle:
     def done(self) -> bool:
         return self._future.done()
 
-    def result(self, timeout: float | None = None) -> SnapshotInfo:
+    def result(self, timeout: float | None = None) -> R:
         """The committed snapshot's info; re-raises the error if the commit failed."""
         return self._future.result(timeout)
 
-    def __await__(self) -> Generator[Any, None, SnapshotInfo]:
+    def __await__(self) -> Generator[Any, None, R]:
         return asyncio.wrap_future(self._future).__await__()
 
 
@@ -106,7 +115,7 @@ class Recorder:
             target=self._loop.run_forever, name="gradvault-recorder", daemon=True
         )
         self._thread.start()
-        self._inflight: set[concurrent.futures.Future[SnapshotInfo]] = set()
+        self._inflight: set[concurrent.futures.Future[Any]] = set()
         self._lock = threading.Lock()
         self._closed = False
         self.sync = SyncRecorder(self)
@@ -146,17 +155,15 @@ class Recorder:
         return await asyncio.wrap_future(self._submit(run()))
 
     # ------------------------------------------------------------------ snapshots
-    def _in_flight(self) -> list[concurrent.futures.Future[SnapshotInfo]]:
+    def _in_flight(self) -> list[concurrent.futures.Future[Any]]:
         with self._lock:
             return [future for future in self._inflight if not future.done()]
 
     def _try_launch(
         self,
         grads: GradientsParams | GradientsParamsRecord,
-        run: str,
-        step: int,
-        tags: dict[str, str],
-    ) -> SnapshotHandle | None:
+        commit: Callable[[GradientsCapture | GradientsParamsRecord], Coroutine[Any, Any, R]],
+    ) -> SnapshotHandle[R] | None:
         """Capture and launch the commit; None while another snapshot is still committing.
 
         One snapshot commits at a time: that bounds the memory a recorder holds and keeps
@@ -175,7 +182,7 @@ class Recorder:
                 return None
             captured = _capture(grads)
             nbytes, count = captured.nbytes, len(captured)  # before the commit competes for the GIL
-            future = self._submit(self._commit(captured, run, step, tags))
+            future = self._submit(commit(captured))
             self._inflight.add(future)
             future.add_done_callback(self._inflight.discard)
             return SnapshotHandle(future, nbytes, count)
@@ -187,13 +194,7 @@ class Recorder:
         step: int,
         tags: dict[str, str],
     ) -> SnapshotInfo:
-        # The caller's thread still has a few lines to run before start_snapshot returns;
-        # waiting here (off the GIL) lets it have the interpreter, not wait for a switch.
-        await asyncio.sleep(_HANDBACK_SECONDS)
-        if isinstance(captured, GradientsParamsRecord):
-            record = captured
-        else:  # device-to-host reads go to a thread, off the recorder's loop
-            record = await captured.to_record_async()
+        record = await _host_record(captured)
         info = await self._store.write_snapshot(
             record,
             run=run,
@@ -202,6 +203,36 @@ class Recorder:
             device=str(record.metadata.get("device", "cpu")),
             compression=self.compression,
         )
+        await self._retain(info, run)
+        return info
+
+    async def _commit_shard(
+        self,
+        captured: GradientsCapture | GradientsParamsRecord,
+        shard: tuple[str, int, int],
+        run: str,
+        step: int,
+        tags: dict[str, str],
+    ) -> ShardInfo:
+        record = await _host_record(captured)
+        snapshot_id, rank, world_size = shard
+        written = await self._store.write_shard(
+            record,
+            snapshot_id=snapshot_id,
+            rank=rank,
+            world_size=world_size,
+            run=run,
+            step=step,
+            tags=tags,
+            device=str(record.metadata.get("device", "cpu")),
+            compression=self.compression,
+        )
+        if written.snapshot is not None:  # this rank's call completed the snapshot
+            await self._retain(written.snapshot, run)
+        return written
+
+    async def _retain(self, info: SnapshotInfo, run: str) -> None:
+        """The retention pass after ``info``'s commit; a failure is logged, not raised."""
         if not self._retention.keeps_everything:
             try:
                 await self._store.apply_retention(
@@ -214,7 +245,6 @@ class Recorder:
                     type(error).__name__,
                     error,
                 )
-        return info
 
     def start_snapshot(
         self,
@@ -223,7 +253,7 @@ class Recorder:
         run: str,
         step: int,
         tags: Mapping[str, str] | None = None,
-    ) -> SnapshotHandle:
+    ) -> SnapshotHandle[SnapshotInfo]:
         """Capture ``grads`` now and commit them in the background; returns once capture is safe.
 
         Nothing training does after this returns changes what is written. With
@@ -231,9 +261,29 @@ class Recorder:
         async code, ``await recorder.snapshot(...)`` waits without blocking the loop).
         """
         run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
-        while (handle := self._try_launch(grads, run, step, plain_tags)) is None:
+        return self._launch_blocking(
+            grads, lambda captured: self._commit(captured, run, step, plain_tags)
+        )
+
+    def _launch_blocking(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        commit: Callable[[GradientsCapture | GradientsParamsRecord], Coroutine[Any, Any, R]],
+    ) -> SnapshotHandle[R]:
+        while (handle := self._try_launch(grads, commit)) is None:
             concurrent.futures.wait(self._in_flight())
         return handle
+
+    async def _launch_waiting(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        commit: Callable[[GradientsCapture | GradientsParamsRecord], Coroutine[Any, Any, R]],
+    ) -> R:
+        while (handle := self._try_launch(grads, commit)) is None:
+            busy = self._in_flight()
+            if busy:
+                await asyncio.wait([asyncio.wrap_future(future) for future in busy])
+        return await handle
 
     async def snapshot(
         self,
@@ -245,11 +295,53 @@ class Recorder:
     ) -> SnapshotInfo:
         """Capture and commit ``grads``; returns the committed snapshot's info."""
         run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
-        while (handle := self._try_launch(grads, run, step, plain_tags)) is None:
-            busy = self._in_flight()
-            if busy:
-                await asyncio.wait([asyncio.wrap_future(future) for future in busy])
-        return await handle
+        return await self._launch_waiting(
+            grads, lambda captured: self._commit(captured, run, step, plain_tags)
+        )
+
+    def start_snapshot_shard(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+    ) -> SnapshotHandle[ShardInfo]:
+        """Capture ``grads`` now as rank ``rank``'s shard of sharded snapshot ``snapshot_id``
+        and write it in the background; the handle's result is a ``ShardInfo``.
+
+        Every rank of ``world_size`` passes the same ``snapshot_id`` (drawn once, e.g. by
+        rank 0 with ``new_snapshot_id()``, and shared as the trainer shares other values),
+        run, step and tags; the snapshot commits in the call of the rank whose shard
+        completes it (docs/FORMAT.md, "Sharded snapshots").
+        """
+        shard = _checked_shard(snapshot_id, rank, world_size)
+        run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
+        return self._launch_blocking(
+            grads, lambda captured: self._commit_shard(captured, shard, run, step, plain_tags)
+        )
+
+    async def snapshot_shard(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+    ) -> ShardInfo:
+        """Capture and write ``grads`` as rank ``rank``'s shard; its ``ShardInfo`` once
+        durable (``committed`` says whether the whole snapshot is)."""
+        shard = _checked_shard(snapshot_id, rank, world_size)
+        run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
+        return await self._launch_waiting(
+            grads, lambda captured: self._commit_shard(captured, shard, run, step, plain_tags)
+        )
 
     # ------------------------------------------------------------------ reads
     async def restore(
@@ -257,17 +349,19 @@ class Recorder:
         snapshot_id: str,
         device: array_backend.Device | str = "cpu",
         *,
+        rank: int | None = None,
         module: Module | None = None,
         match: str = "id",
     ) -> GradientsParams:
-        """The snapshot's gradients on ``device`` (checksums verified)."""
-        record = await self.fetch(snapshot_id)
+        """The snapshot's gradients on ``device`` (checksums verified); ``rank`` picks one
+        shard of a sharded snapshot."""
+        record = await self.fetch(snapshot_id, rank=rank)
         # the record was read for this call alone: its buffers can become the tensors'
         return GradientsParams.from_record(record, device, module=module, match=match, copy=False)
 
-    async def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
-        """The snapshot as a record (checksums verified)."""
-        return await self._read(lambda store: store.read_snapshot(snapshot_id))
+    async def fetch(self, snapshot_id: str, *, rank: int | None = None) -> GradientsParamsRecord:
+        """The snapshot (or rank ``rank``'s shard of it) as a record (checksums verified)."""
+        return await self._read(lambda store: store.read_snapshot(snapshot_id, rank=rank))
 
     async def list(
         self, run: str | None = None, step_min: int | None = None, step_max: int | None = None
@@ -277,9 +371,9 @@ class Recorder:
             lambda store: store.list(run=run, step_min=step_min, step_max=step_max)
         )
 
-    async def info(self, snapshot_id: str) -> dict[str, Any]:
-        """The snapshot's manifest."""
-        return await self._read(lambda store: store.info(snapshot_id))
+    async def info(self, snapshot_id: str, *, rank: int | None = None) -> dict[str, Any]:
+        """The snapshot's manifest (or rank ``rank``'s shard's)."""
+        return await self._read(lambda store: store.info(snapshot_id, rank=rank))
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete one committed snapshot."""
@@ -324,6 +418,22 @@ class Recorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _checked_shard(snapshot_id: str, rank: int, world_size: int) -> tuple[str, int, int]:
+    """The shard's coordinates, checked before the capture (InvalidArgumentError)."""
+    rank, world_size = check_rank(rank, world_size)
+    return parse_snapshot_id(snapshot_id), rank, world_size
+
+
+async def _host_record(captured: GradientsCapture | GradientsParamsRecord) -> GradientsParamsRecord:
+    """The captured gradients as a host record (device reads in a thread, off the loop)."""
+    # The caller's thread still has a few lines to run before start_snapshot returns;
+    # waiting here (off the GIL) lets it have the interpreter, not wait for a switch.
+    await asyncio.sleep(_HANDBACK_SECONDS)
+    if isinstance(captured, GradientsParamsRecord):
+        return captured
+    return await captured.to_record_async()
 
 
 def _capture(
@@ -378,24 +488,66 @@ class SyncRecorder:
         run: str,
         step: int,
         tags: Mapping[str, str] | None = None,
-    ) -> SnapshotHandle:
+    ) -> SnapshotHandle[SnapshotInfo]:
         return self._recorder.start_snapshot(grads, run=run, step=step, tags=tags)
+
+    def snapshot_shard(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+    ) -> ShardInfo:
+        return self.start_snapshot_shard(
+            grads,
+            snapshot_id=snapshot_id,
+            rank=rank,
+            world_size=world_size,
+            run=run,
+            step=step,
+            tags=tags,
+        ).result()
+
+    def start_snapshot_shard(
+        self,
+        grads: GradientsParams | GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+    ) -> SnapshotHandle[ShardInfo]:
+        return self._recorder.start_snapshot_shard(
+            grads,
+            snapshot_id=snapshot_id,
+            rank=rank,
+            world_size=world_size,
+            run=run,
+            step=step,
+            tags=tags,
+        )
 
     def restore(
         self, snapshot_id: str, device: array_backend.Device | str = "cpu", **kwargs: Any
     ) -> GradientsParams:
         return self._run("restore", self._recorder.restore(snapshot_id, device, **kwargs))
 
-    def fetch(self, snapshot_id: str) -> GradientsParamsRecord:
-        return self._run("fetch", self._recorder.fetch(snapshot_id))
+    def fetch(self, snapshot_id: str, *, rank: int | None = None) -> GradientsParamsRecord:
+        return self._run("fetch", self._recorder.fetch(snapshot_id, rank=rank))
 
     def list(
         self, run: str | None = None, step_min: int | None = None, step_max: int | None = None
     ) -> list[SnapshotInfo]:
         return self._run("list", self._recorder.list(run, step_min, step_max))
 
-    def info(self, snapshot_id: str) -> dict[str, Any]:
-        return self._run("info", self._recorder.info(snapshot_id))
+    def info(self, snapshot_id: str, *, rank: int | None = None) -> dict[str, Any]:
+        return self._run("info", self._recorder.info(snapshot_id, rank=rank))
 
     def delete(self, snapshot_id: str) -> None:
         self._run("delete", self._recorder.delete(snapshot_id))

@@ -20,6 +20,7 @@ from gradvault.core import (
     InvalidStorePathError,
     InvalidUploadError,
     MissingGradientError,
+    ShardedSnapshotError,
     SnapshotBusyError,
     SnapshotNotFoundError,
     StoreKeyNotFoundError,
@@ -53,7 +54,8 @@ STATUS_BY_ERROR: list[tuple[type[BaseException] | tuple[type[BaseException], ...
         ),
         400,
     ),
-    (SnapshotBusyError, 409),
+    # a whole-snapshot read of a sharded snapshot: the snapshot's state, not the request's form
+    ((SnapshotBusyError, ShardedSnapshotError), 409),
     (UploadTooLargeError, 413),
     (RangeNotSatisfiableError, 416),
     (InsufficientStorageError, 507),

@@ -53,7 +53,11 @@ class GradientInfo(BaseModel):
 
 
 class SnapshotDetail(SnapshotSummary):
-    """A snapshot's manifest: the summary, where it came from, and every gradient."""
+    """A snapshot's manifest: the summary, where it came from, and every gradient.
+
+    A sharded snapshot (written by several ranks) has ``world_size`` and no gradients
+    here: each rank's gradients are in its shard.
+    """
 
     device: str
     backend: str | None = None
@@ -61,10 +65,13 @@ class SnapshotDetail(SnapshotSummary):
     metadata: dict[str, Any] | None = None
     compression: str | None = None
     gradients: list[GradientInfo]
+    world_size: int | None = Field(
+        default=None, description="the ranks of a sharded snapshot; null if written whole"
+    )
 
     @classmethod
     def of_manifest(cls, manifest: dict[str, Any]) -> SnapshotDetail:
-        table = manifest["gradients"]
+        table = manifest.get("gradients") or {"param_id": [], "stats": {}}
         stats = table["stats"]
         gradients = [
             GradientInfo.model_construct(
@@ -91,6 +98,7 @@ class SnapshotDetail(SnapshotSummary):
             metadata=manifest.get("metadata"),
             compression=manifest.get("compression"),
             gradients=gradients,
+            world_size=manifest.get("world_size"),
         )
 
 

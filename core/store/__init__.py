@@ -7,6 +7,7 @@ from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import SnapshotInfo
 from ._open import open_store
 from ._retention import RetentionRules
+from ._shards import ShardInfo, check_rank
 from ._snapshot_store import SnapshotStore
 from ._zarr_format import (
     DEFAULT_CHUNK_BYTES,
@@ -20,8 +21,10 @@ __all__ = [
     "DEFAULT_PACK_THRESHOLD",
     "STORE_FORMAT_VERSION",
     "RetentionRules",
+    "ShardInfo",
     "SnapshotInfo",
     "SnapshotStore",
+    "check_rank",
     "new_snapshot_id",
     "open_store",
     "parse_compression",

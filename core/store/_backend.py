@@ -12,9 +12,12 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import crc32c
+
+if TYPE_CHECKING:
+    from ._shards import ShardedSet
 
 T = TypeVar("T")
 
@@ -25,11 +28,18 @@ EncodedChunk = tuple[str, list[Any]]
 
 SNAPSHOTS_PREFIX = "snapshots"
 MANIFEST_NAME = "zarr.json"
+#: The group of a sharded snapshot that holds one group per rank (docs/FORMAT.md).
+RANKS_GROUP = "ranks"
 
 
 def snapshot_key(snapshot_id: str, *parts: str) -> str:
     """The key of ``parts`` inside the snapshot group ``snapshot_id``."""
     return "/".join((SNAPSHOTS_PREFIX, snapshot_id, *parts))
+
+
+def shard_prefix(snapshot_id: str, rank: int) -> str:
+    """The key prefix of rank ``rank``'s shard: ``snapshots/<id>/ranks/<rank>``."""
+    return snapshot_key(snapshot_id, RANKS_GROUP, str(rank))
 
 
 class ThreadRunner:
@@ -97,6 +107,30 @@ class SnapshotWriter(ABC):
         """Remove whatever was written, as far as possible; never raises."""
 
 
+class ShardWriter(SnapshotWriter):
+    """Writes one rank's shard of a sharded snapshot; :meth:`publish` makes it durable.
+
+    ``commit`` is not used: a shard is published, and the snapshot commits once every
+    rank's shard is (docs/FORMAT.md, "Sharded snapshots"). ``abort`` removes only what
+    was not published yet: a published shard is left to the snapshot (or to gc).
+    """
+
+    async def commit(self, group_metadata: bytes) -> None:
+        raise TypeError("a shard is published with publish(), not committed alone")
+
+    @abstractmethod
+    async def publish(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
+        """Write the shard's ``zarr.json`` and make the shard durable and visible to the
+        other ranks, atomically, once ``shards.check`` accepts the shards published before
+        it; then, if ``shards.commit_document`` gives a manifest, commit the snapshot.
+
+        Returns the committed snapshot's group document (this rank's commit, or one that
+        another rank's call made at the same time), or None while some rank is missing.
+        InvalidArgumentError if this rank's shard was published already or the snapshot
+        is committed without it; StoreUnavailableError if gc took the write.
+        """
+
+
 class Backend(ABC):
     """A store root: the local folder or an object-store prefix."""
 
@@ -112,6 +146,10 @@ class Backend(ABC):
     @abstractmethod
     async def begin(self, snapshot_id: str) -> SnapshotWriter:
         """A writer for a new snapshot."""
+
+    @abstractmethod
+    async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:
+        """A writer for rank ``rank``'s shard of the sharded snapshot ``snapshot_id``."""
 
     @abstractmethod
     async def read(self, key: str, max_size: int | None = None) -> memoryview:

@@ -33,19 +33,22 @@ from typing import Any, TypeVar
 
 import crc32c
 
-from ..errors import StoreUnavailableError
+from ..errors import InvalidArgumentError, StoreUnavailableError
 from ._backend import (
     MANIFEST_NAME,
+    RANKS_GROUP,
     SNAPSHOTS_PREFIX,
     Backend,
     EncodedChunk,
     MissingKeyError,
+    ShardWriter,
     SnapshotWriter,
     ThreadRunner,
     UnexpectedObjectError,
 )
 from ._checksums import SLICE_BYTES, Crc32cTrailer
 from ._ids import parse_snapshot_id
+from ._shards import ShardedSet, rank_of_folder, ranks_group_document
 from ._zarr_format import dump_json, group_metadata
 
 STAGING_FOLDER = ".staging"
@@ -286,6 +289,34 @@ def _lock_for_removal(path: str) -> int | None:
     return fd
 
 
+def _lock_folder(path: str) -> int:
+    """A descriptor of folder ``path`` holding its lock exclusively, waiting for it.
+
+    The lock a writer of a sharded snapshot holds while it publishes its shard and
+    perhaps commits: gc and other ranks wait or skip meanwhile. FileNotFoundError if the
+    folder is gone. (Without flock the folder is returned unlocked; see _lock_for_removal.)
+    """
+    fd = os.open(path, _LOCK_FLAGS)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as error:
+        if error.errno not in _NO_LOCKING:
+            os.close(fd)
+            raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _replace_file(path: str, buffers: list[Any]) -> None:
+    """Write ``path`` whole (a private temporary file, fsynced, renamed over it)."""
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, f".{name}.{secrets.token_hex(8)}")
+    _write_file(temporary, buffers)
+    os.replace(temporary, path)
+
+
 def _remove_tree(path: str) -> bool:
     """Remove ``path`` and what it holds; True once it is gone.
 
@@ -359,6 +390,12 @@ class LocalBackend(Backend):
         folder = self.staging_dir / snapshot_id
         await self._run(f"creating staging folder {folder}", folder.mkdir)
         return _LocalSnapshotWriter(self, snapshot_id, folder)
+
+    async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:
+        # A private folder: the shard appears under ranks/ only once whole (a rename).
+        folder = self.staging_dir / f"{snapshot_id}.rank{rank}-{secrets.token_hex(4)}"
+        await self._run(f"creating staging folder {folder}", folder.mkdir)
+        return _LocalShardWriter(self, snapshot_id, folder, rank)
 
     async def read(self, key: str, max_size: int | None = None) -> memoryview:
         try:
@@ -595,3 +632,107 @@ class _LocalSnapshotWriter(SnapshotWriter):
             await self._backend._threads.run(shutil.rmtree, self._folder, True)
         except Exception:  # noqa: BLE001 - best effort; gc collects what remains
             pass
+
+
+class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter):
+    """Writes one rank's shard in a private staging folder, then moves it under
+    ``.staging/<id>/ranks/<rank>`` and, if every rank is there, commits the snapshot.
+
+    Publishing and committing happen under the lock of ``.staging/<id>`` (the lock gc
+    takes before it claims a folder), so gc never takes a shard set while a rank looks
+    at it, and the ranks that finish together commit one at a time: the first that finds
+    every shard commits, and any later one finds ``.staging/<id>`` gone.
+    """
+
+    def __init__(self, backend: LocalBackend, snapshot_id: str, folder: Path, rank: int) -> None:
+        super().__init__(backend, snapshot_id, folder)
+        self._rank = rank
+
+    def _committed_without_this_rank(self) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"snapshot {self._snapshot_id} is committed already, without this write of rank "
+            f"{self._rank}: rank {self._rank} was written twice (or the id was reused); "
+            f"nothing was changed"
+        )
+
+    @staticmethod
+    def _published_shards(ranks: str) -> dict[str, memoryview]:
+        """The ``zarr.json`` of every shard under ``ranks``, by folder name."""
+        published = {}
+        for entry in os.scandir(ranks):
+            if rank_of_folder(entry.name) is not None and entry.is_dir(follow_symlinks=False):
+                published[entry.name] = _read_file(os.path.join(entry.path, MANIFEST_NAME))
+        return published
+
+    def _publish_sync(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
+        _write_file(os.path.join(self._folder, MANIFEST_NAME), [shard_document])
+        self._written.add(MANIFEST_NAME)
+        _fsync_directory(str(self._folder))
+        missing = self._missing_files()
+        if missing:
+            if not os.path.isdir(self._folder):
+                raise self._collected()
+            raise StoreUnavailableError(
+                f"snapshot {self._snapshot_id}: {len(missing)} files of the shard of rank "
+                f"{self._rank} vanished from {self._folder} before it was published (first: "
+                f"{missing[0]}); nothing was published"
+            )
+        backend = self._backend
+        staging = str(backend.staging_dir / self._snapshot_id)
+        ranks = os.path.join(staging, RANKS_GROUP)
+        committed = str(backend.snapshots_dir / self._snapshot_id)
+        if os.path.isdir(committed):
+            raise self._committed_without_this_rank()
+        os.makedirs(ranks, exist_ok=True)
+        try:
+            fd = _lock_folder(staging)
+        except FileNotFoundError:
+            raise self._collected() from None
+        try:
+            try:
+                if not os.path.samestat(os.fstat(fd), os.lstat(staging)):
+                    raise FileNotFoundError(staging)
+            except FileNotFoundError:
+                # committed or collected between the folder's creation and its lock
+                if os.path.isdir(committed):
+                    raise self._committed_without_this_rank() from None
+                raise self._collected() from None
+            shards.check(self._published_shards(ranks))
+            try:
+                os.rename(self._folder, os.path.join(ranks, str(self._rank)))
+            except OSError as error:
+                if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise InvalidArgumentError(
+                        f"snapshot {self._snapshot_id}: rank {self._rank} has written its "
+                        f"shard already; a rank writes one shard per snapshot (this second "
+                        f"write was not published)"
+                    ) from None
+                raise
+            _fsync_directory(ranks)
+            document = shards.commit_document(self._published_shards(ranks))
+            if document is None:
+                return None
+            _replace_file(os.path.join(ranks, MANIFEST_NAME), [ranks_group_document()])
+            _fsync_directory(ranks)
+            _replace_file(os.path.join(staging, MANIFEST_NAME), [document])
+            _fsync_directory(staging)
+            try:
+                os.rename(staging, committed)
+            except FileNotFoundError:
+                # only where flock is missing: another rank committed first
+                return _read_file(os.path.join(committed, MANIFEST_NAME)).tobytes()
+            _fsync_directory(str(backend.snapshots_dir))
+            return document
+        finally:
+            os.close(fd)
+
+    async def publish(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
+        try:
+            return await self._backend._run(
+                f"publishing rank {self._rank}'s shard of snapshot {self._snapshot_id}",
+                self._publish_sync,
+                shard_document,
+                shards,
+            )
+        except FileNotFoundError as error:
+            raise self._collected() from error

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import ChecksumMismatchError, FormatVersionError, ManifestError
 from ..param_id import ParamId
 from ..record import SUPPORTED_DTYPES, GradientRecordEntry, GradientsParamsRecord
+from ._backend import shard_prefix, snapshot_key
 from ._checksums import format_checksum, parse_checksum
 from ._ids import iso_utc, snapshot_id_time_ms
 from ._validation import GRADIENT_COLUMNS, STATS_COLUMNS, validate_manifest
@@ -34,7 +35,10 @@ from ._zarr_format import (
 
 @dataclass(frozen=True)
 class SnapshotInfo:
-    """A committed snapshot: id, run, step, creation time (ISO 8601 UTC), bytes, gradients."""
+    """A committed snapshot: id, run, step, creation time (ISO 8601 UTC), bytes, gradients.
+
+    ``world_size`` is the number of ranks of a sharded snapshot, None for one written whole.
+    """
 
     id: str
     run: str
@@ -42,6 +46,7 @@ class SnapshotInfo:
     created_at: str
     nbytes: int
     num_params: int
+    world_size: int | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any]) -> SnapshotInfo:
@@ -52,6 +57,7 @@ class SnapshotInfo:
             created_at=manifest["created_at"],
             nbytes=manifest["nbytes"],
             num_params=manifest["num_params"],
+            world_size=manifest.get("world_size"),
         )
 
 
@@ -95,12 +101,13 @@ def build_manifest(
     packed_positions: list[int],
     packed: PackedGradients | None,
     own_arrays: dict[int, dict[str, Any]],
+    shard: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """The manifest of a snapshot whose arrays are all written.
+    """The manifest of a snapshot (or of one rank's shard) whose arrays are all written.
 
     ``packed_positions`` are the record positions of the packed gradients (in packing
     order); ``own_arrays`` maps the other positions to their array, chunk_shape, checksum
-    and stats.
+    and stats; ``shard`` is ``(rank, world_size)`` for a shard of a sharded snapshot.
     """
     entries = record.entries
     count = len(entries)
@@ -129,7 +136,7 @@ def build_manifest(
                 gradients[key][position] = placed[key]
             for key in STATS_COLUMNS:
                 stats[key][position] = placed["stats"][key]
-    return {
+    manifest = {
         "format_version": STORE_FORMAT_VERSION,
         "id": snapshot_id,
         "run": run,
@@ -160,6 +167,9 @@ def build_manifest(
             "stats": stats,
         },
     }
+    if shard is not None:
+        manifest["shard"] = {"rank": shard[0], "world_size": shard[1]}
+    return manifest
 
 
 def _little_endian(dtype: str) -> np.dtype:
@@ -175,12 +185,27 @@ class Manifest:
     """A parsed manifest: gradient columns, lookups by ParamId text, packed layout.
 
     The document is validated first (:func:`validate_manifest`): FormatVersionError if
-    it is malformed, so nothing is ever read through a damaged manifest.
+    it is malformed, so nothing is ever read through a damaged manifest. ``shard`` is
+    ``(rank, world_size)`` for one rank's shard of a sharded snapshot, whose manifest must
+    say so; ``prefix`` is the key prefix the arrays lie under.
     """
 
-    def __init__(self, document: dict[str, Any], snapshot_id: str) -> None:
+    def __init__(
+        self, document: dict[str, Any], snapshot_id: str, shard: tuple[int, int] | None = None
+    ) -> None:
         validate_manifest(document, snapshot_id)
+        said = document.get("shard")
+        expected = None if shard is None else {"rank": shard[0], "world_size": shard[1]}
+        if said != expected:
+            raise ManifestError(
+                f"snapshot {snapshot_id}: manifest field 'shard' should be "
+                f"{'absent' if expected is None else expected}; found {said!r}"
+            )
         self.snapshot_id = snapshot_id
+        self.shard = shard
+        self.prefix = (
+            snapshot_key(snapshot_id) if shard is None else shard_prefix(snapshot_id, shard[0])
+        )
         self.document = document
         self.columns: dict[str, Any] = document["gradients"]
         self.count = len(self.columns["param_id"])

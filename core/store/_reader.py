@@ -35,7 +35,6 @@ from ._backend import (
     MissingKeyError,
     ThreadRunner,
     UnexpectedObjectError,
-    snapshot_key,
 )
 from ._checksums import crc32c_combine, parse_checksum
 from ._codecs import decompress_into, encoded_size_bounds, split_crc
@@ -90,12 +89,16 @@ class SnapshotReader:
         self._id = manifest.snapshot_id
         self._recheck = recheck
 
+    def _key(self, *parts: str) -> str:
+        """The key of ``parts`` inside the snapshot (or the shard) this reader reads."""
+        return "/".join((self._manifest.prefix, *parts))
+
     # --- the two ways in ----------------------------------------------------------------
 
     async def read_all(self, max_concurrency: int) -> list[GradientRecordEntry]:
         """Every gradient, in the manifest's order."""
         manifest = self._manifest
-        objects = _group_by_array(await self._backend.object_sizes(snapshot_key(self._id)))
+        objects = _group_by_array(await self._backend.object_sizes(self._manifest.prefix))
         packed_positions = manifest.packed_positions()
         packed_set = set(packed_positions)
         own_positions = [i for i in range(manifest.count) if i not in packed_set]
@@ -120,7 +123,7 @@ class SnapshotReader:
     async def read_one(self, position: int) -> GradientRecordEntry:
         """The gradient at ``position`` (only its array's objects are listed and read)."""
         array = self._manifest.columns["array"][position]
-        objects = await self._backend.object_sizes(snapshot_key(self._id, array))
+        objects = await self._backend.object_sizes(self._key(array))
         if array == PACKED_ARRAY:
             return (await self._read_packed([position], objects))[0]
         return await self._read_own(position, objects)
@@ -134,7 +137,7 @@ class SnapshotReader:
         missing or of a size it cannot have; the work is bounded by the objects listed.
         """
         manifest = self._manifest
-        objects = _group_by_array(await self._backend.object_sizes(snapshot_key(self._id)))
+        objects = _group_by_array(await self._backend.object_sizes(self._manifest.prefix))
         columns = manifest.columns
         for position in range(manifest.count):
             array = columns["array"][position]
@@ -207,7 +210,7 @@ class SnapshotReader:
         who = manifest.describe(position)
         await self._check_document(array, self._own_claim(position))
         if objects is None:
-            objects = await self._backend.object_sizes(snapshot_key(self._id, array))
+            objects = await self._backend.object_sizes(self._key(array))
         itemsize = np.dtype(columns["dtype"][position]).itemsize
         needed = itertools.takewhile(
             lambda span: span.start < end,
@@ -272,9 +275,7 @@ class SnapshotReader:
         if not cache.checked:
             await self._check_document(PACKED_ARRAY, self._packed_claim())
             if cache.objects is None:
-                cache.objects = await self._backend.object_sizes(
-                    snapshot_key(self._id, PACKED_ARRAY)
-                )
+                cache.objects = await self._backend.object_sizes(self._key(PACKED_ARRAY))
             cache.checked = True
         chunk = self._manifest.packed["chunk_bytes"]  # type: ignore[index]
         wanted = [ChunkSpan(f"c/{index}", index * chunk, chunk, chunk)]
@@ -402,7 +403,7 @@ class SnapshotReader:
     # --- checks before reading ----------------------------------------------------------
 
     async def _check_document(self, array: str, claim: ArrayClaim) -> None:
-        key = snapshot_key(self._id, array, MANIFEST_NAME)
+        key = self._key(array, MANIFEST_NAME)
         try:
             raw = await self._backend.read(key, _ARRAY_DOCUMENT_LIMIT)
         except MissingKeyError:
@@ -466,7 +467,7 @@ class SnapshotReader:
         who: Callable[[ChunkSpan], str] | str,
     ) -> int:
         """Read chunk ``span`` and put its data part in ``out``; the crc32c of ``out``."""
-        key = snapshot_key(self._id, array, span.key)
+        key = self._key(array, span.key)
         compression = self._manifest.compression
         padding = span.padded_length - span.length
 

@@ -130,7 +130,7 @@ class RetentionPass:
             newest = infos[0].id
             store._forget(newest)
             try:
-                await store._load_manifest(newest)
+                await store._load_top(newest)
             except SnapshotNotFoundError:
                 pass  # deleted since the listing
             except FormatVersionError as error:

@@ -32,23 +32,27 @@ from typing import Any
 from urllib.parse import urlparse
 
 import obstore
-from obstore.exceptions import NotFoundError
+from obstore.exceptions import AlreadyExistsError, NotFoundError
 from obstore.store import S3Store
 
-from ..errors import StoreUnavailableError
+from ..errors import InvalidArgumentError, StoreUnavailableError
 from ._backend import (
     MANIFEST_NAME,
+    RANKS_GROUP,
     SNAPSHOTS_PREFIX,
     Backend,
     EncodedChunk,
     MissingKeyError,
+    ShardWriter,
     SnapshotWriter,
     ThreadRunner,
     UnexpectedObjectError,
+    shard_prefix,
     snapshot_key,
 )
 from ._checksums import resolved
 from ._ids import parse_snapshot_id, snapshot_id_time_ms
+from ._shards import ShardedSet, rank_of_folder, ranks_group_document
 from ._zarr_format import dump_json, group_metadata
 
 _log = logging.getLogger("gradvault.store")
@@ -172,10 +176,22 @@ class S3Backend(Backend):
     def _unavailable(self, action: str, error: BaseException) -> StoreUnavailableError:
         return StoreUnavailableError(f"object store {self.location}: {action} failed: {error}")
 
-    async def _put(self, key: str, body: bytes | memoryview) -> None:
+    async def _put(self, key: str, body: bytes | memoryview, *, create: bool = False) -> None:
+        """PUT ``key``; with ``create``, only if it does not exist (AlreadyExistsError if it
+        does: a conditional create, of which exactly one of several racing writers wins)."""
         async with self._requests:
             try:
-                await obstore.put_async(self._store, key, body, use_multipart=False)
+                await obstore.put_async(
+                    self._store,
+                    key,
+                    body,
+                    use_multipart=False,
+                    mode="create" if create else "overwrite",
+                )
+            except AlreadyExistsError:
+                if create:
+                    raise
+                raise self._unavailable(f"writing {key}", AlreadyExistsError(key)) from None
             except Exception as error:
                 raise self._unavailable(f"writing {key}", error) from error
 
@@ -217,6 +233,14 @@ class S3Backend(Backend):
 
     async def begin(self, snapshot_id: str) -> SnapshotWriter:
         return _S3SnapshotWriter(self, snapshot_id)
+
+    async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:
+        writer = _S3ShardWriter(self, snapshot_id, rank)
+        # Before any chunk is written: a second write of a rank would overwrite the
+        # chunks of the shard it published (objects have no private staging folder).
+        if await self._head(f"{shard_prefix(snapshot_id, rank)}/{MANIFEST_NAME}") is not None:
+            raise writer.written_twice()
+        return writer
 
     async def read(self, key: str, max_size: int | None = None) -> memoryview:
         async with self._requests:
@@ -273,14 +297,17 @@ class S3Backend(Backend):
         start = len(prefix) + 1
         return {meta["path"][start:]: meta["size"] for meta in await self._list(prefix + "/")}
 
-    async def _snapshot_prefixes(self) -> list[str]:
+    async def _folder_names(self, prefix: str) -> list[str]:
+        """The names of the "folders" directly under ``prefix`` (common prefixes)."""
         try:
-            listing = await obstore.list_with_delimiter_async(self._store, f"{SNAPSHOTS_PREFIX}/")
+            listing = await obstore.list_with_delimiter_async(self._store, prefix)
         except Exception as error:
-            raise self._unavailable("listing snapshots", error) from error
+            raise self._unavailable(f"listing {prefix}", error) from error
+        return [name.rstrip("/").rpartition("/")[2] for name in listing["common_prefixes"]]
+
+    async def _snapshot_prefixes(self) -> list[str]:
         names = []
-        for prefix in listing["common_prefixes"]:
-            name = prefix.rstrip("/").rpartition("/")[2]
+        for name in await self._folder_names(f"{SNAPSHOTS_PREFIX}/"):
             try:
                 names.append(parse_snapshot_id(name))
             except ValueError:
@@ -374,9 +401,11 @@ class S3Backend(Backend):
 
 
 class _S3SnapshotWriter(SnapshotWriter):
-    def __init__(self, backend: S3Backend, snapshot_id: str) -> None:
+    def __init__(self, backend: S3Backend, snapshot_id: str, prefix: str | None = None) -> None:
         self._backend = backend
         self._snapshot_id = snapshot_id
+        #: where the arrays go: the snapshot's prefix, or a shard's
+        self._prefix = snapshot_key(snapshot_id) if prefix is None else prefix
 
     async def write_array(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
         uploads: list[asyncio.Task[None]] = []
@@ -386,7 +415,7 @@ class _S3SnapshotWriter(SnapshotWriter):
                 if item is None:
                     break
                 key, body = item
-                key = snapshot_key(self._snapshot_id, name, key)
+                key = f"{self._prefix}/{name}/{key}"
                 uploads.append(asyncio.ensure_future(self._backend._put(key, body)))
                 # Bound the encoded chunks held in memory: wait once a few are in flight.
                 if len(uploads) >= 4:
@@ -397,7 +426,7 @@ class _S3SnapshotWriter(SnapshotWriter):
                 upload.cancel()
             await asyncio.gather(*uploads, return_exceptions=True)
             raise
-        await self._backend._put(snapshot_key(self._snapshot_id, name, MANIFEST_NAME), metadata)
+        await self._backend._put(f"{self._prefix}/{name}/{MANIFEST_NAME}", metadata)
 
     def _collected(self) -> StoreUnavailableError:
         return StoreUnavailableError(
@@ -422,7 +451,105 @@ class _S3SnapshotWriter(SnapshotWriter):
 
     async def abort(self) -> None:
         try:
-            objects = await self._backend._list(snapshot_key(self._snapshot_id) + "/")
+            objects = await self._backend._list(self._prefix + "/")
             await self._backend._delete([meta["path"] for meta in objects])
         except Exception:  # noqa: BLE001 - best effort; gc collects what remains
             pass
+
+
+class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
+    """Writes one rank's shard under ``snapshots/<id>/ranks/<rank>/``; see :meth:`publish`.
+
+    The shard's ``zarr.json`` is PUT last and only if absent (a conditional create), so a
+    second write of the same rank is refused; the snapshot's ``zarr.json`` is likewise a
+    conditional create, so of the ranks that find every shard there exactly one writes it,
+    and the others read it back.
+    """
+
+    def __init__(self, backend: S3Backend, snapshot_id: str, rank: int) -> None:
+        super().__init__(backend, snapshot_id, shard_prefix(snapshot_id, rank))
+        self._rank = rank
+        #: once published (or once another writer's shard of this rank is found), the
+        #: objects under the prefix are not this writer's to remove
+        self._keep = False
+
+    def written_twice(self) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"snapshot {self._snapshot_id}: rank {self._rank} has written its shard "
+            f"already; a rank writes one shard per snapshot (this second write was not "
+            f"published)"
+        )
+
+    def _committed_without_this_rank(self) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"snapshot {self._snapshot_id} is committed already, without this write of rank "
+            f"{self._rank}: rank {self._rank} was written twice (or the id was reused); "
+            f"nothing was changed"
+        )
+
+    async def publish(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
+        backend = self._backend
+        manifest_key = snapshot_key(self._snapshot_id, MANIFEST_NAME)
+        marker_key = snapshot_key(self._snapshot_id, COLLECTED_MARKER)
+        if await backend._head(marker_key) is not None:
+            raise self._collected()
+        if await backend._head(manifest_key) is not None:
+            raise self._committed_without_this_rank()
+        published = await self._published_shards({})
+        await backend._threads.run(shards.check, published)
+        try:
+            await backend._put(f"{self._prefix}/{MANIFEST_NAME}", shard_document, create=True)
+        except AlreadyExistsError:
+            self._keep = True  # the other write's shard: its chunks share these keys
+            raise self.written_twice() from None
+        self._keep = True
+        # gc claims a prefix before it looks for the snapshot's manifest, which a shard
+        # does not write: a claimed prefix is being removed, this shard with it.
+        if await backend._head(marker_key) is not None:
+            raise self._collected()
+        published = await self._published_shards(published)
+        document = await backend._threads.run(shards.commit_document, published)
+        if document is None:
+            return None
+        ranks_key = snapshot_key(self._snapshot_id, RANKS_GROUP, MANIFEST_NAME)
+        await backend._put(ranks_key, ranks_group_document())
+        try:
+            await backend._put(manifest_key, document, create=True)
+            won = True
+        except AlreadyExistsError:  # another rank found every shard at the same time
+            document = (await backend.read(manifest_key)).tobytes()
+            won = False
+        # As for a snapshot written whole: a gc that did not see the manifest left a
+        # marker that this HEAD sees (see the module docstring).
+        if await backend._head(marker_key) is not None:
+            if won:
+                await backend._delete([manifest_key])
+            raise self._collected()
+        backend._known_committed.add(self._snapshot_id)
+        return document
+
+    async def _published_shards(self, known: dict[str, memoryview]) -> dict[str, memoryview]:
+        """The ``zarr.json`` of every shard published now, by rank folder name; ``known``
+        ones are not read again (a published shard document never changes)."""
+        ranks_prefix = snapshot_key(self._snapshot_id, RANKS_GROUP)
+        names = [
+            name
+            for name in await self._backend._folder_names(ranks_prefix + "/")
+            if rank_of_folder(name) is not None and name not in known
+        ]
+        documents = await asyncio.gather(
+            *(self._shard_document(f"{ranks_prefix}/{name}/{MANIFEST_NAME}") for name in names)
+        )
+        found = dict(known)
+        found.update((n, raw) for n, raw in zip(names, documents, strict=True) if raw is not None)
+        return found
+
+    async def _shard_document(self, key: str) -> memoryview | None:
+        try:
+            return await self._backend.read(key)
+        except MissingKeyError:
+            return None  # that rank is still writing
+
+    async def abort(self) -> None:
+        if not self._keep:
+            await super().abort()

@@ -14,12 +14,12 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
-import orjson
-
 from ..errors import (
     FormatVersionError,
+    InvalidArgumentError,
     ManifestError,
     MissingGradientError,
+    ShardedSnapshotError,
     SnapshotNotFoundError,
 )
 from ..param_id import ParamId, as_param_id
@@ -32,12 +32,14 @@ from ._backend import (
     MissingKeyError,
     ThreadRunner,
     UnexpectedObjectError,
+    shard_prefix,
     snapshot_key,
 )
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, SnapshotInfo
 from ._reader import SnapshotReader
 from ._retention import RetentionPass, RetentionRules
+from ._shards import ShardedManifest, ShardedSet, ShardInfo, check_rank, manifest_in
 from ._write import SnapshotWrite
 from ._zarr_format import (
     PACKED_ARRAY,
@@ -77,8 +79,11 @@ class SnapshotStore:
         self.chunk_bytes = chunk_bytes
         self.max_concurrency = max_concurrency
         self._infos: dict[str, SnapshotInfo] = {}
-        self._manifests: OrderedDict[str, Manifest] = OrderedDict()
-        self._zarr_view = ZarrView(backend, self._load_manifest, self._recheck, self._reader)
+        #: parsed manifests by snapshot id, and shards' by ``<id>/<rank>``
+        self._manifests: OrderedDict[str, Manifest | ShardedManifest] = OrderedDict()
+        self._zarr_view = ZarrView(
+            backend, self._load_top, self._load_manifest, self._recheck, self._reader
+        )
 
     @property
     def location(self) -> str:
@@ -140,68 +145,225 @@ class SnapshotStore:
         self._infos[snapshot_id] = info
         return info
 
+    async def write_shard(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: dict[str, str] | None = None,
+        device: str = "cpu",
+        compression: str | None = None,
+    ) -> ShardInfo:
+        """Write ``record`` as rank ``rank``'s shard of the sharded snapshot ``snapshot_id``.
+
+        Returns once the shard is durable. The snapshot commits when every rank of
+        ``world_size`` has written its shard, in the call of the rank that completes it
+        (``ShardInfo.committed``; docs/FORMAT.md, "Sharded snapshots"). Every rank passes
+        the same id (drawn once, e.g. by rank 0 with :func:`new_snapshot_id`), world
+        size, run, step and tags: InvalidArgumentError or InvalidFieldError otherwise, and
+        for a rank written twice or outside ``0..world_size-1``; nothing commits then.
+        """
+        if not isinstance(record, GradientsParamsRecord):
+            raise TypeError(f"record must be a GradientsParamsRecord; got {type(record).__name__}")
+        snapshot_id = parse_snapshot_id(snapshot_id)
+        rank, world_size = check_rank(rank, world_size)
+        run, step, tags = check_snapshot_fields(run, step, tags)
+        if not isinstance(device, str) or not device:
+            raise ValueError(f"device must be a non-empty string; got {device!r}")
+        codec = parse_compression(compression)
+        check_metadata(record.metadata)
+        if await self._backend.is_committed(snapshot_id):
+            raise InvalidArgumentError(
+                f"snapshot {snapshot_id} is committed already; rank {rank} cannot add a "
+                f"shard to it (was rank {rank} written twice, or the id reused?)"
+            )
+        shards = ShardedSet(
+            snapshot_id, rank=rank, world_size=world_size, run=run, step=step, tags=tags
+        )
+        write = SnapshotWrite(
+            self._backend,
+            self._threads,
+            snapshot_id=snapshot_id,
+            pack_threshold=self.pack_threshold,
+            chunk_bytes=self.chunk_bytes,
+            max_concurrency=self.max_concurrency,
+            compression=codec,
+            shard=shards,
+        )
+        manifest = await write.run(record, run=run, step=step, tags=tags, device=device)
+        snapshot = None
+        if write.committed_document is not None:
+            top = manifest_in(write.committed_document, f"snapshot {snapshot_id}")
+            snapshot = SnapshotInfo.from_manifest(top)
+            self._infos[snapshot_id] = snapshot
+        return ShardInfo(
+            id=snapshot_id,
+            run=run,
+            step=step,
+            created_at=manifest["created_at"],
+            rank=rank,
+            world_size=world_size,
+            nbytes=manifest["nbytes"],
+            num_params=manifest["num_params"],
+            committed=snapshot is not None,
+            snapshot=snapshot,
+        )
+
     # --- reading ----------------------------------------------------------------------
 
-    async def _load_manifest(self, snapshot_id: str) -> Manifest:
-        cached = self._manifests.get(snapshot_id)
-        if cached is not None:
-            self._manifests.move_to_end(snapshot_id)
-            return cached
+    async def _load_document(
+        self, snapshot_id: str, key: str, where: str
+    ) -> tuple[dict[str, Any], int]:
+        """The gradvault manifest in the group document at ``key``, and the document's size.
+
+        SnapshotNotFoundError if it is absent; ManifestError or FormatVersionError if it is
+        not a manifest this release reads.
+        """
         try:
-            raw = await self._backend.read(snapshot_key(snapshot_id, MANIFEST_NAME))
+            raw = await self._backend.read(key)
         except MissingKeyError:
             raise SnapshotNotFoundError(
                 f"no committed snapshot {snapshot_id} in store {self.location}"
             ) from None
         except UnexpectedObjectError as error:
-            raise ManifestError(
-                f"snapshot {snapshot_id}: its manifest document {MANIFEST_NAME} {error}"
-            ) from None
+            raise ManifestError(f"{where}: its manifest document {MANIFEST_NAME} {error}") from None
 
-        def parse() -> Manifest:
-            try:
-                document = orjson.loads(raw)
-                manifest = document["attributes"]["gradvault"]
-                version = manifest.get("format_version")
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
-                raise ManifestError(
-                    f"snapshot {snapshot_id}: its zarr.json has no gradvault manifest ({error!r})"
-                ) from None
+        def parse() -> dict[str, Any]:
+            manifest = manifest_in(raw, where)
+            version = manifest.get("format_version")
             if type(version) is not int or version != STORE_FORMAT_VERSION:
                 raise FormatVersionError(
-                    f"snapshot {snapshot_id} has store format version {version!r}; this "
+                    f"{where} has store format version {version!r}; this "
                     f"release reads version {STORE_FORMAT_VERSION}"
                 )
-            return Manifest(manifest, snapshot_id)  # validated: FormatVersionError if malformed
+            return manifest
 
         if len(raw) > _THREAD_DECODE_BYTES:
-            parsed = await self._threads.run(parse)
-        else:
-            parsed = parse()
-        self._manifests[snapshot_id] = parsed
+            return await self._threads.run(parse), len(raw)
+        return parse(), len(raw)
+
+    def _remember(self, key: str, parsed: Manifest | ShardedManifest) -> None:
+        self._manifests[key] = parsed
         if len(self._manifests) > _MANIFEST_CACHE_SIZE:
             self._manifests.popitem(last=False)
+
+    async def _load_top(self, snapshot_id: str) -> Manifest | ShardedManifest:
+        """The snapshot's own manifest: a whole snapshot's, or a sharded one's (validated)."""
+        cached = self._manifests.get(snapshot_id)
+        if cached is not None:
+            self._manifests.move_to_end(snapshot_id)
+            return cached
+        where = f"snapshot {snapshot_id}"
+        document, size = await self._load_document(
+            snapshot_id, snapshot_key(snapshot_id, MANIFEST_NAME), where
+        )
+        parsed: Manifest | ShardedManifest
+        if "world_size" in document:
+            parsed = ShardedManifest(document, snapshot_id)
+        elif size > _THREAD_DECODE_BYTES:
+            parsed = await self._threads.run(Manifest, document, snapshot_id)
+        else:
+            parsed = Manifest(document, snapshot_id)  # validated: FormatVersionError if malformed
+        self._remember(snapshot_id, parsed)
         self._infos[snapshot_id] = SnapshotInfo.from_manifest(parsed.document)
         return parsed
 
+    async def _load_manifest(self, snapshot_id: str, rank: int | None = None) -> Manifest:
+        """The manifest gradients are read through: the snapshot's, or rank ``rank``'s shard's.
+
+        A sharded snapshot needs ``rank`` (ShardedSnapshotError without it), a snapshot
+        written whole refuses one (InvalidArgumentError).
+        """
+        top = await self._load_top(snapshot_id)
+        if isinstance(top, Manifest):
+            if rank is not None:
+                raise InvalidArgumentError(
+                    f"snapshot {snapshot_id} is not sharded (it was written whole); rank= "
+                    f"is for sharded snapshots; got rank {rank!r}"
+                )
+            return top
+        if rank is None:
+            raise ShardedSnapshotError(
+                f"snapshot {snapshot_id} is sharded over {top.world_size} ranks: pass rank= "
+                f"(0..{top.world_size - 1}) to read one rank's shard"
+            )
+        rank = top.check_rank(rank)
+        key = f"{snapshot_id}/{rank}"
+        cached = self._manifests.get(key)
+        if isinstance(cached, Manifest):
+            self._manifests.move_to_end(key)
+            return cached
+        where = f"snapshot {snapshot_id}, the shard of rank {rank}"
+        try:
+            document, size = await self._load_document(
+                snapshot_id, f"{shard_prefix(snapshot_id, rank)}/{MANIFEST_NAME}", where
+            )
+        except SnapshotNotFoundError:
+            await self._recheck(snapshot_id)  # SnapshotNotFoundError if deleted meanwhile
+            raise ManifestError(f"{where}: its manifest {MANIFEST_NAME} is missing") from None
+        shard = (rank, top.world_size)
+        if size > _THREAD_DECODE_BYTES:
+            parsed = await self._threads.run(Manifest, document, snapshot_id, shard)
+        else:
+            parsed = Manifest(document, snapshot_id, shard)
+        self._remember(key, parsed)
+        return parsed
+
     def _forget(self, snapshot_id: str) -> None:
-        self._manifests.pop(snapshot_id, None)
+        for key in [k for k in self._manifests if k.partition("/")[0] == snapshot_id]:
+            del self._manifests[key]
         self._infos.pop(snapshot_id, None)
 
-    async def read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
+    async def read_snapshot(
+        self, snapshot_id: str, *, rank: int | None = None
+    ) -> GradientsParamsRecord:
         """The snapshot's gradients, every chunk's crc32c verified.
 
         The record's metadata is what was written, plus ``"snapshot"``: id, run, step,
         created_at, device and tags. ChecksumMismatchError names the damaged parameter.
+        Of a sharded snapshot: rank ``rank``'s shard (``"snapshot"`` then also holds
+        ``rank`` and ``world_size``), or without ``rank`` every shard merged in rank order
+        when no ParamId is in two shards (ShardedSnapshotError naming one otherwise).
         """
         snapshot_id = parse_snapshot_id(snapshot_id)
         with paused_gc():  # the manifest and the entries are many small acyclic objects
-            return await self._read_snapshot(snapshot_id)
+            top = await self._load_top(snapshot_id)
+            if isinstance(top, ShardedManifest) and rank is None:
+                return await self._read_merged(top)
+            return await self._read_snapshot(await self._load_manifest(snapshot_id, rank))
+
+    async def _read_merged(self, top: ShardedManifest) -> GradientsParamsRecord:
+        """Every shard of a sharded snapshot as one record, if their ParamIds are disjoint."""
+        snapshot_id = top.snapshot_id
+        shards = [await self._load_manifest(snapshot_id, r) for r in range(top.world_size)]
+        owner: dict[str, int] = {}
+        for rank, shard in enumerate(shards):
+            for pid in shard.columns["param_id"]:
+                first = owner.setdefault(pid, rank)
+                if first != rank:
+                    raise ShardedSnapshotError(
+                        f"snapshot {snapshot_id} is sharded over {top.world_size} ranks and "
+                        f"param {pid} is in the shards of ranks {first} and {rank}, so they "
+                        f"cannot be merged into one record: pass rank= (0..{top.world_size - 1})"
+                        f" to read one rank's shard"
+                    )
+        entries: list[GradientRecordEntry] = []
+        for shard in shards:
+            entries.extend(await self._reader(shard).read_all(self.max_concurrency))
+        summary = {
+            key: copy.deepcopy(top.document[key])
+            for key in ("id", "run", "step", "created_at", "device", "tags", "world_size")
+        }
+        return GradientsParamsRecord.from_checked_entries(entries, metadata={"snapshot": summary})
 
     async def _recheck(self, snapshot_id: str) -> None:
         """SnapshotNotFoundError if the snapshot was deleted since its manifest was loaded."""
         self._forget(snapshot_id)
-        await self._load_manifest(snapshot_id)
+        await self._load_top(snapshot_id)
 
     def _reader(self, manifest: Manifest) -> SnapshotReader:
         snapshot_id = manifest.snapshot_id
@@ -209,8 +371,7 @@ class SnapshotStore:
             self._backend, self._threads, manifest, lambda: self._recheck(snapshot_id)
         )
 
-    async def _read_snapshot(self, snapshot_id: str) -> GradientsParamsRecord:
-        manifest = await self._load_manifest(snapshot_id)
+    async def _read_snapshot(self, manifest: Manifest) -> GradientsParamsRecord:
         ordered = await self._reader(manifest).read_all(self.max_concurrency)
         document = manifest.document
         metadata = dict(document.get("metadata") or {})
@@ -218,19 +379,26 @@ class SnapshotStore:
             key: copy.deepcopy(document[key])
             for key in ("id", "run", "step", "created_at", "device", "tags")
         }
+        if manifest.shard is not None:
+            metadata["snapshot"]["rank"], metadata["snapshot"]["world_size"] = manifest.shard
         # entries are built from the manifest's own dtype and shape: consistent by construction
         return GradientsParamsRecord.from_checked_entries(ordered, metadata=metadata)
 
-    async def read_gradient(self, snapshot_id: str, param_id: ParamId | str) -> GradientRecordEntry:
-        """One gradient of a snapshot (only its chunks are read and verified)."""
-        manifest, position = await self._locate(snapshot_id, param_id)
+    async def read_gradient(
+        self, snapshot_id: str, param_id: ParamId | str, *, rank: int | None = None
+    ) -> GradientRecordEntry:
+        """One gradient of a snapshot, or of rank ``rank``'s shard of a sharded one (only
+        its chunks are read and verified)."""
+        manifest, position = await self._locate(snapshot_id, param_id, rank)
         return await self._reader(manifest).read_one(position)
 
-    async def _locate(self, snapshot_id: str, param_id: ParamId | str) -> tuple[Manifest, int]:
+    async def _locate(
+        self, snapshot_id: str, param_id: ParamId | str, rank: int | None = None
+    ) -> tuple[Manifest, int]:
         """The snapshot's manifest and the gradient's position in it; ids checked before I/O."""
         snapshot_id = parse_snapshot_id(snapshot_id)
         pid = str(as_param_id(param_id))
-        manifest = await self._load_manifest(snapshot_id)
+        manifest = await self._load_manifest(snapshot_id, rank)
         position = manifest.position(pid)
         if position is None:
             raise MissingGradientError(f"snapshot {snapshot_id} has no gradient for param {pid}")
@@ -239,7 +407,13 @@ class SnapshotStore:
     # --- streaming reads --------------------------------------------------------------
 
     async def iter_gradient(
-        self, snapshot_id: str, param_id: ParamId | str, start: int = 0, end: int | None = None
+        self,
+        snapshot_id: str,
+        param_id: ParamId | str,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        rank: int | None = None,
     ) -> AsyncIterator[memoryview]:
         """Bytes ``[start, end)`` of one gradient (little-endian, C order), chunk by chunk.
 
@@ -250,9 +424,9 @@ class SnapshotStore:
         unless ``0 <= start <= end <= nbytes``); the array's document and the presence of
         every chunk needed are checked before the first piece. A damaged chunk raises
         ChecksumMismatchError naming the snapshot, the param id and the name, ending the
-        stream where it is.
+        stream where it is. ``rank`` picks a shard of a sharded snapshot.
         """
-        manifest, position = await self._locate(snapshot_id, param_id)
+        manifest, position = await self._locate(snapshot_id, param_id, rank)
         start, end = checked_range(
             start,
             end,
@@ -263,7 +437,7 @@ class SnapshotStore:
             yield piece
 
     async def iter_safetensors(
-        self, snapshot_id: str
+        self, snapshot_id: str, *, rank: int | None = None
     ) -> tuple[int, AsyncIterator[bytes | memoryview]]:
         """The snapshot as one safetensors file: its length in bytes, and its pieces.
 
@@ -271,10 +445,11 @@ class SnapshotStore:
         manifest's summary in ``__metadata__``; docs/FORMAT.md); then each gradient
         streams as :meth:`iter_gradient` streams it. Every chunk is seen to be in the
         store before this returns; a damaged one ends the stream with
-        ChecksumMismatchError.
+        ChecksumMismatchError. ``rank`` picks a shard of a sharded snapshot (without it,
+        ShardedSnapshotError).
         """
         snapshot_id = parse_snapshot_id(snapshot_id)
-        manifest = await self._load_manifest(snapshot_id)
+        manifest = await self._load_manifest(snapshot_id, rank)
         reader = self._reader(manifest)
         objects = await reader.present_objects()
         columns = manifest.columns
@@ -353,7 +528,7 @@ class SnapshotStore:
         async def load(snapshot_id: str) -> None:
             async with slots:
                 try:
-                    await self._load_manifest(snapshot_id)
+                    await self._load_top(snapshot_id)
                 except SnapshotNotFoundError:
                     pass  # deleted since the listing
                 except FormatVersionError as error:
@@ -376,17 +551,21 @@ class SnapshotStore:
             reverse=True,
         )
 
-    async def info(self, snapshot_id: str) -> dict[str, Any]:
+    async def info(self, snapshot_id: str, *, rank: int | None = None) -> dict[str, Any]:
         """The snapshot's manifest (a copy): see docs/FORMAT.md for its fields.
 
-        A manifest remembered from an earlier call is used only after checking that the
-        snapshot is still committed, so a snapshot that another process or store handle
-        deleted raises SnapshotNotFoundError here too.
+        Of a sharded snapshot: its sharded manifest (``world_size``, ``shards``), or with
+        ``rank`` that rank's shard's manifest. A manifest remembered from an earlier call
+        is used only after checking that the snapshot is still committed, so a snapshot
+        that another process or store handle deleted raises SnapshotNotFoundError here too.
         """
         snapshot_id = parse_snapshot_id(snapshot_id)
-        if snapshot_id in self._manifests and not await self._backend.is_committed(snapshot_id):
+        remembered = any(key.partition("/")[0] == snapshot_id for key in self._manifests)
+        if remembered and not await self._backend.is_committed(snapshot_id):
             self._forget(snapshot_id)
-        return copy.deepcopy((await self._load_manifest(snapshot_id)).document)
+        if rank is None:
+            return copy.deepcopy((await self._load_top(snapshot_id)).document)
+        return copy.deepcopy((await self._load_manifest(snapshot_id, rank)).document)
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete a committed snapshot; SnapshotNotFoundError if there is none."""

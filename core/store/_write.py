@@ -17,10 +17,11 @@ from typing import Any
 
 from ..errors import StoreUnavailableError
 from ..record import GradientRecordEntry, GradientsParamsRecord
-from ._backend import Backend, EncodedChunk, SnapshotWriter, ThreadRunner
+from ._backend import Backend, EncodedChunk, ShardWriter, SnapshotWriter, ThreadRunner
 from ._checksums import crc32c_combine, format_checksum
 from ._codecs import encode_chunk
 from ._manifest import PackedGradients, build_manifest, pack
+from ._shards import ShardedSet
 from ._stats import gradient_stats, packed_stats
 from ._zarr_format import (
     PACKED_ARRAY,
@@ -73,7 +74,12 @@ class _GradientChunks:
 
 
 class SnapshotWrite:
-    """Writes one record as snapshot ``snapshot_id``; :meth:`run` returns its manifest."""
+    """Writes one record as snapshot ``snapshot_id``; :meth:`run` returns its manifest.
+
+    With ``shard`` it writes one rank's shard of a sharded snapshot instead, and publishes
+    it; ``committed_document`` is then the snapshot's group document if the snapshot
+    committed (every rank's shard is there), else None.
+    """
 
     def __init__(
         self,
@@ -85,8 +91,11 @@ class SnapshotWrite:
         chunk_bytes: int,
         max_concurrency: int,
         compression: Compression | None,
+        shard: ShardedSet | None = None,
     ) -> None:
         self._backend = backend
+        self._shard = shard
+        self.committed_document: bytes | None = None
         self._threads = threads
         self._id = snapshot_id
         self._pack_threshold = pack_threshold
@@ -120,7 +129,11 @@ class SnapshotWrite:
             i for i, entry in enumerate(entries) if entry.array.nbytes >= self._pack_threshold
         ]
         await self._backend.prepare()
-        writer = await self._backend.begin(self._id)
+        shard = self._shard
+        if shard is None:
+            writer = await self._backend.begin(self._id)
+        else:
+            writer = await self._backend.begin_shard(self._id, shard.rank)
         jobs = [self._guarded(self._write_own, writer, entries[i]) for i in own_positions]
         if packed_positions:
             small = [entries[i] for i in packed_positions]
@@ -141,10 +154,15 @@ class SnapshotWrite:
                 packed_positions=packed_positions,
                 packed=results[-1] if packed_positions else None,
                 own_arrays=dict(zip(own_positions, results, strict=False)),
+                shard=None if shard is None else (shard.rank, shard.world_size),
             )
             group_document = await self._threads.run(_manifest_document, manifest)
             await asyncio.gather(*self._in_flight)
-            await writer.commit(group_document)
+            if shard is None:
+                await writer.commit(group_document)
+            else:
+                assert isinstance(writer, ShardWriter)
+                self.committed_document = await writer.publish(group_document, shard)
         except BaseException as error:
             self.failed = True
             await asyncio.gather(*self._in_flight, return_exceptions=True)

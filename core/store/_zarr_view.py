@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ._backend import (
     MANIFEST_NAME,
+    RANKS_GROUP,
     SNAPSHOTS_PREFIX,
     Backend,
     MissingKeyError,
@@ -39,6 +40,7 @@ from ._codecs import encoded_size_bounds, split_crc
 from ._ids import is_snapshot_id
 from ._manifest import Manifest
 from ._reader import SnapshotReader
+from ._shards import ShardedManifest, rank_of_folder
 from ._validation import validate_array_document
 from ._zarr_format import PACKED_ARRAY, ChunkSpan
 
@@ -154,6 +156,7 @@ class _Key:
     array: str | None = None  # an array's document or chunk
     chunk: ChunkSpan | None = None
     owner: str = ""  # how messages name the gradients a chunk holds
+    rank: int | None = None  # the shard of a sharded snapshot the key is in
 
 
 class ZarrView:
@@ -162,11 +165,13 @@ class ZarrView:
     def __init__(
         self,
         backend: Backend,
-        load_manifest: Callable[[str], Awaitable[Manifest]],
+        load_top: Callable[[str], Awaitable[Manifest | ShardedManifest]],
+        load_manifest: Callable[[str, int | None], Awaitable[Manifest]],
         recheck: Callable[[str], Awaitable[None]],
         reader_for: Callable[[Manifest], SnapshotReader],
     ) -> None:
         self._backend = backend
+        self._load_top = load_top
         self._load_manifest = load_manifest
         self._recheck = recheck
         self._reader_for = reader_for
@@ -176,7 +181,8 @@ class ZarrView:
         found = await self._resolve(path)
         limit = _DOCUMENT_LIMIT
         if found.chunk is not None:
-            compression = (await self._load_manifest(found.snapshot_id)).compression  # type: ignore[arg-type]
+            manifest = await self._load_manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
+            compression = manifest.compression
             limit = encoded_size_bounds(found.chunk.padded_length, compression)[1]
         elif found.snapshot_id is not None and found.array is None:
             limit = None  # the manifest, which the store has read whole already
@@ -187,7 +193,7 @@ class ZarrView:
         if found.chunk is not None:
             self._verify_chunk(found, data)
         elif found.array is not None:
-            manifest = await self._load_manifest(found.snapshot_id)  # type: ignore[arg-type]
+            manifest = await self._load_manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
             claim = self._reader_for(manifest).array_claim(found.array)
             validate_array_document(data, claim, manifest.snapshot_id, found.key)
         start, end = checked_range(start, end, len(data), f"store key {found.key}")
@@ -209,16 +215,29 @@ class ZarrView:
         snapshot_id = snapshot_id_of(segments)
         if snapshot_id is None:
             raise StoreKeyNotFoundError(f"store path {key!r} is not a key this store serves")
-        manifest = await self._load_manifest(snapshot_id)  # SnapshotNotFoundError
+        top = await self._load_top(snapshot_id)  # SnapshotNotFoundError
         inside = segments[2:]
+        rank = None
+        if isinstance(top, ShardedManifest):
+            # the snapshot's group, the ranks group, and each shard as a snapshot of its own
+            if inside in ([MANIFEST_NAME], [RANKS_GROUP, MANIFEST_NAME]):
+                return _Key(key, snapshot_id)
+            rank = rank_of_folder(inside[1]) if inside[0] == RANKS_GROUP else None
+            if rank is None or rank >= top.world_size or len(inside) < 3:
+                raise StoreKeyNotFoundError(
+                    f"snapshot {snapshot_id} has no key {'/'.join(inside)!r}"
+                )
+            inside = inside[2:]
+        manifest = await self._load_manifest(snapshot_id, rank)
         if not snapshot_key_exists(manifest, inside):
             raise StoreKeyNotFoundError(f"snapshot {snapshot_id} has no key {'/'.join(inside)!r}")
         if inside == [MANIFEST_NAME]:
-            return _Key(key, snapshot_id)
+            return _Key(key, snapshot_id, rank=rank)
         array = inside[0]
         if inside[1:] == [MANIFEST_NAME]:
-            return _Key(key, snapshot_id, array)
-        return _Key(key, snapshot_id, array, *_chunk_of(manifest, array, "/".join(inside[1:])))
+            return _Key(key, snapshot_id, array, rank=rank)
+        span, owner = _chunk_of(manifest, array, "/".join(inside[1:]))
+        return _Key(key, snapshot_id, array, span, owner, rank)
 
     def _verify_chunk(self, found: _Key, data: memoryview) -> None:
         try:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import crc32c
 from fastapi import APIRouter, Header, Path, Query, Response
 
-from gradvault.core import MissingGradientError, ParamId
+from gradvault.core import MissingGradientError, ParamId, ShardedSnapshotError
 from gradvault.core.safetensors_file import data_order
 from gradvault.core.store import SnapshotStore, parse_snapshot_id
 
@@ -45,7 +45,13 @@ _GRADIENT_HEADERS = {
 
 
 def _gradient_row(manifest: dict[str, Any], snapshot_id: str, param_id: str) -> dict[str, Any]:
-    table = manifest["gradients"]
+    table = manifest.get("gradients")
+    if table is None:  # a sharded snapshot: each rank's gradients are in its shard
+        raise ShardedSnapshotError(
+            f"snapshot {snapshot_id} is sharded over {manifest.get('world_size')} ranks; this "
+            f"route serves the gradients of a snapshot written whole (read a shard's arrays "
+            f"under /v1/zarr/snapshots/{snapshot_id}/ranks/<rank>/)"
+        )
     try:
         position = table["param_id"].index(param_id)
     except ValueError:

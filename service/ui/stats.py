@@ -31,6 +31,9 @@ def _as_float(value: float | str) -> float:
     return math.inf if value == "Infinity" else float(value)
 
 
+_STATS = ("l2_norm", "max_abs", "nan_count", "inf_count")
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotStats:
     """One snapshot's summary and, per gradient, its name and stats (from its manifest)."""
@@ -49,8 +52,9 @@ class SnapshotStats:
 
     @classmethod
     def of_manifest(cls, manifest: dict[str, Any]) -> SnapshotStats:
-        table = manifest["gradients"]
-        stats = table["stats"]
+        # a sharded snapshot's gradients are in its shards: none at the top
+        table = manifest.get("gradients") or {"param_id": [], "name": [], "stats": {}}
+        stats = table["stats"] or {key: [] for key in _STATS}
         return cls(
             id=manifest["id"],
             run=manifest["run"],

@@ -15,11 +15,14 @@ DOCUMENTED = {
     "SyncRecorder": gv.SyncRecorder,
     "SnapshotHandle": gv.SnapshotHandle,
     "SnapshotInfo": gv.SnapshotInfo,
+    "ShardInfo": gv.ShardInfo,
     "SnapshotStore": gv.SnapshotStore,
 }
 FUNCTIONS = {
     "open_store": store_package.open_store,
     "parse_compression": store_package.parse_compression,
+    "new_snapshot_id": store_package.new_snapshot_id,
+    "check_rank": store_package.check_rank,
 }
 
 

@@ -82,3 +82,38 @@ def test_zarr_python_alone_reads_a_snapshot(tmp_path: Path, compression: str | N
         for pid in grads
     }
     assert read == expected
+
+
+def test_zarr_python_alone_reads_a_shard_of_a_sharded_snapshot(tmp_path: Path) -> None:
+    """A rank's shard is a snapshot group of its own: the same reader, pointed at it."""
+    rng = np.random.default_rng(1)
+    records = []
+    for _ in range(2):
+        grads = gv.GradientsParams()
+        grads.register(gv.ParamId(), wrap(rng.standard_normal((300, 200)).astype(np.float32)))
+        grads.register(gv.ParamId(), wrap(rng.standard_normal((7, 3)).astype(np.float64)))
+        records.append(grads)
+    snapshot_id = gv.new_snapshot_id()
+    with gv.Recorder(tmp_path) as recorder:
+        for rank, grads in enumerate(records):
+            recorder.sync.snapshot_shard(
+                grads, snapshot_id=snapshot_id, rank=rank, world_size=2, run="plain", step=0
+            )
+    site_packages = sysconfig.get_paths()["purelib"]
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", READER, str(tmp_path), f"{snapshot_id}/ranks/1"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": site_packages},
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    grads = records[1]
+    assert json.loads(result.stdout) == {
+        str(pid): [
+            str(grads.get(pid).dtype),
+            list(grads.get(pid).shape),
+            hashlib.sha256(grads.get(pid).numpy().tobytes()).hexdigest(),
+        ]
+        for pid in grads
+    }
