@@ -515,15 +515,15 @@ class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
         await backend._put(ranks_key, ranks_group_document())
         try:
             await backend._put(manifest_key, document, create=True)
-            won = True
-        except AlreadyExistsError:  # another rank found every shard at the same time
-            document = (await backend.read(manifest_key)).tobytes()
-            won = False
+        except AlreadyExistsError:
+            # Another rank found every shard at the same time and wrote the manifest. Its
+            # own marker check (below) may still withdraw it, after any check made here,
+            # so only that rank reports the commit; this shard is published either way.
+            return None
         # As for a snapshot written whole: a gc that did not see the manifest left a
         # marker that this HEAD sees (see the module docstring).
         if await backend._head(marker_key) is not None:
-            if won:
-                await backend._delete([manifest_key])
+            await backend._delete([manifest_key])
             raise self._collected()
         backend._known_committed.add(self._snapshot_id)
         return document
