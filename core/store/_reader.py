@@ -31,8 +31,8 @@ from ..errors import ChecksumMismatchError, ManifestError
 from ..record import GradientRecordEntry
 from ._backend import (
     MANIFEST_NAME,
-    Backend,
     MissingKeyError,
+    StoreBackend,
     ThreadRunner,
     UnexpectedObjectError,
 )
@@ -78,7 +78,7 @@ class SnapshotReader:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: StoreBackend,
         threads: ThreadRunner,
         manifest: Manifest,
         recheck: Callable[[], Awaitable[None]],

@@ -32,8 +32,8 @@ from ._backend import (
     MANIFEST_NAME,
     RANKS_GROUP,
     SNAPSHOTS_PREFIX,
-    Backend,
     MissingKeyError,
+    StoreBackend,
     UnexpectedObjectError,
 )
 from ._codecs import encoded_size_bounds, split_crc
@@ -164,7 +164,7 @@ class ZarrView:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: StoreBackend,
         load_top: Callable[[str], Awaitable[Manifest | ShardedManifest]],
         load_manifest: Callable[[str, int | None], Awaitable[Manifest]],
         recheck: Callable[[str], Awaitable[None]],
