@@ -1,8 +1,10 @@
 """The snapshot store: gradient snapshots in a Zarr v3 hierarchy, local or on S3.
 
 ``open_store(url_or_path)`` gives a :class:`SnapshotStore`; docs/FORMAT.md is the layout.
+``SnapshotStore.backend`` is the :class:`StoreBackend` that all its I/O goes through.
 """
 
+from ._backend import GC_MARKER_NAME, ShardWriter, SnapshotWriter, StoreBackend
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import SnapshotInfo
 from ._open import open_store
@@ -19,11 +21,15 @@ from ._zarr_format import (
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_PACK_THRESHOLD",
+    "GC_MARKER_NAME",
     "STORE_FORMAT_VERSION",
     "RetentionRules",
     "ShardInfo",
+    "ShardWriter",
     "SnapshotInfo",
     "SnapshotStore",
+    "SnapshotWriter",
+    "StoreBackend",
     "check_rank",
     "new_snapshot_id",
     "open_store",

@@ -3,6 +3,10 @@
 Keys are ``/``-separated paths relative to the store root (``snapshots/<id>/zarr.json``).
 A backend never sees a record; SnapshotStore hands it encoded chunks and metadata
 documents, so the local folder and the object store share all format logic.
+
+:class:`StoreBackend` is public (``SnapshotStore.backend``): every read, write, listing
+and removal of the store goes through its methods on that one instance, which is the
+seam where tests inject faults and pauses (docs/API.md, "The store's backend").
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ SNAPSHOTS_PREFIX = "snapshots"
 MANIFEST_NAME = "zarr.json"
 #: The group of a sharded snapshot that holds one group per rank (docs/FORMAT.md).
 RANKS_GROUP = "ranks"
+#: The object gc writes into an object-store prefix it removes (``snapshots/<id>/``); a
+#: commit that finds it fails (docs/FORMAT.md, "Commit protocol"). Never listed.
+GC_MARKER_NAME = "gc-collected"
 
 
 def snapshot_key(snapshot_id: str, *parts: str) -> str:
@@ -131,8 +138,13 @@ class ShardWriter(SnapshotWriter):
         """
 
 
-class Backend(ABC):
-    """A store root: the local folder or an object-store prefix."""
+class StoreBackend(ABC):
+    """A store root: the local folder or an object-store prefix (``SnapshotStore.backend``).
+
+    The store and everything it uses (readers, writers, the key view, retention) call
+    this one instance, so wrapping a method on it (``monkeypatch.setattr(store.backend,
+    "read", spy)``) sees or changes every call of that kind.
+    """
 
     #: How messages name this store (a path or a URL).
     location: str

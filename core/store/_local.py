@@ -38,11 +38,11 @@ from ._backend import (
     MANIFEST_NAME,
     RANKS_GROUP,
     SNAPSHOTS_PREFIX,
-    Backend,
     EncodedChunk,
     MissingKeyError,
     ShardWriter,
     SnapshotWriter,
+    StoreBackend,
     ThreadRunner,
     UnexpectedObjectError,
 )
@@ -347,7 +347,7 @@ def _remove_tree(path: str) -> bool:
     return False
 
 
-class LocalBackend(Backend):
+class LocalBackend(StoreBackend):
     """Snapshots in a local folder (see the module docstring for the commit protocol)."""
 
     def __init__(self, root: Path, threads: ThreadRunner) -> None:

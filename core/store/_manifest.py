@@ -27,6 +27,7 @@ from ._zarr_format import (
     PACK_ALIGNMENT,
     PACKED_ARRAY,
     STORE_FORMAT_VERSION,
+    ChunkSpan,
     Compression,
     packed_layout,
     parse_compression,
@@ -241,6 +242,33 @@ class Manifest:
     def packed_positions(self) -> list[int]:
         return [i for i, name in enumerate(self.columns["array"]) if name == PACKED_ARRAY]
 
+    def packed_chunk(self, index: int) -> ChunkSpan:
+        """Chunk ``index`` of the packed array. Its padding is read as data: the packed
+        gradients are read in whole chunks, and only a snapshot with packed gradients has
+        this array."""
+        chunk = self.packed["chunk_bytes"]  # type: ignore[index]
+        return ChunkSpan(f"c/{index}", index * chunk, chunk, chunk)
+
+    def describe_packed_chunk(self, span: ChunkSpan) -> str:
+        """How messages name the gradients a packed chunk holds (the first five, then a
+        count); empty if it holds none."""
+        offsets, sizes = self.columns["offset"], self.columns["nbytes"]
+        inside = [
+            self.describe(i)
+            for i in self.packed_positions()
+            if offsets[i] < span.start + span.length and offsets[i] + sizes[i] > span.start
+        ]
+        shown = ", ".join(inside[:5])
+        return shown + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+
+    def checksum_mismatch(self, position: int, found: int) -> ChecksumMismatchError:
+        """The error for gradient ``position`` read back with crc32c ``found``, which is
+        not the checksum the manifest gives it."""
+        return ChecksumMismatchError(
+            f"snapshot {self.snapshot_id}: {self.describe(position)} has crc32c {found:08x}; "
+            f"the manifest says {self.columns['checksum'][position]}"
+        )
+
     def checksum_values(self) -> list[int]:
         """Every gradient's crc32c as an int, parsed once per manifest."""
         if self._checksums is None:
@@ -248,7 +276,7 @@ class Manifest:
         return self._checksums
 
     def packed_entries(
-        self, snapshot_id: str, positions: list[int], buffer: memoryview, base: int = 0
+        self, positions: list[int], buffer: memoryview, base: int = 0
     ) -> list[GradientRecordEntry]:
         """The packed gradients at ``positions`` over ``buffer``, the packed array's bytes
         from byte ``base`` on (the chunks that hold those gradients).
@@ -267,10 +295,7 @@ class Manifest:
             data = buffer[offset : offset + size]
             found = crc32c.crc32c(data)
             if found != checksums[i]:
-                raise ChecksumMismatchError(
-                    f"snapshot {snapshot_id}: {self.describe(i)} has crc32c {found:08x}; the "
-                    f"manifest says {columns['checksum'][i]}"
-                )
+                raise self.checksum_mismatch(i, found)
             layout = _LAYOUTS[dtype]  # validated when the manifest was loaded
             itemsize = layout.itemsize
             shape = tuple(shapes[i])

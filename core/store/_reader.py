@@ -15,6 +15,15 @@ Nothing a manifest or a file claims is acted on before it is held against what i
 
 Restoring N bytes of uncompressed gradients takes N bytes plus, per chunk in flight, its
 zero padding (an edge chunk's) and crc32c; with zstd, plus the compressed chunks in flight.
+
+A gradient is assembled from its chunks in one place per step, for both ways of reading
+it (whole, ``read_all``/``read_one``, and streamed, ``stream``): which chunks hold which
+of its bytes and whether they are all there (:meth:`SnapshotReader._own_chunks`;
+``Manifest.packed_chunk`` for the packed array), reading and verifying one chunk
+(:meth:`SnapshotReader._read_chunk`), and the gradient's checksum combined from its
+chunks' (:class:`_GradientChecksum`, ``Manifest.checksum_mismatch``). Only the order of
+the reads differs: a whole read reads every chunk at once into the gradient's buffer, a
+stream one chunk after another into a buffer of the chunk's own, within its memory bound.
 """
 
 from __future__ import annotations
@@ -31,8 +40,8 @@ from ..errors import ChecksumMismatchError, ManifestError
 from ..record import GradientRecordEntry
 from ._backend import (
     MANIFEST_NAME,
-    Backend,
     MissingKeyError,
+    StoreBackend,
     ThreadRunner,
     UnexpectedObjectError,
 )
@@ -69,6 +78,27 @@ def _group_by_array(objects: dict[str, int | None]) -> dict[str, ArrayObjects]:
     return grouped
 
 
+class _GradientChecksum:
+    """A gradient's crc32c, combined from its pieces in order, checked against the manifest."""
+
+    def __init__(self, manifest: Manifest, position: int) -> None:
+        self._manifest = manifest
+        self._position = position
+        self.value = 0
+
+    def add_chunk(self, payload_crc: int, length: int) -> None:
+        """Append a chunk's data of ``length`` bytes whose crc32c is ``payload_crc``."""
+        self.value = crc32c_combine(self.value, payload_crc, length)
+
+    def add_bytes(self, data: memoryview) -> None:
+        self.value = crc32c.crc32c(data, value=self.value)
+
+    def check(self) -> None:
+        """ChecksumMismatchError naming the gradient unless the pieces were all of it."""
+        if self.value != parse_checksum(self._manifest.columns["checksum"][self._position]):
+            raise self._manifest.checksum_mismatch(self._position, self.value)
+
+
 class SnapshotReader:
     """Reads the gradients of one snapshot through its validated manifest.
 
@@ -78,7 +108,7 @@ class SnapshotReader:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: StoreBackend,
         threads: ThreadRunner,
         manifest: Manifest,
         recheck: Callable[[], Awaitable[None]],
@@ -154,9 +184,7 @@ class SnapshotReader:
             )
         if manifest.packed is not None:
             chunk, length = manifest.packed["chunk_bytes"], manifest.packed["nbytes"]
-            spans = (
-                ChunkSpan(f"c/{j}", j * chunk, chunk, chunk) for j in range(-(-length // chunk))
-            )
+            spans = (manifest.packed_chunk(j) for j in range(-(-length // chunk)))
             await self._present_chunks(
                 PACKED_ARRAY, spans, objects.get(PACKED_ARRAY, {}), "the packed array"
             )
@@ -194,42 +222,20 @@ class SnapshotReader:
         async for piece in pieces:
             yield piece
 
-    def _whole_checksum_failed(self, position: int, found: int) -> ChecksumMismatchError:
-        expected = self._manifest.columns["checksum"][position]
-        return ChecksumMismatchError(
-            f"snapshot {self._id}: {self._manifest.describe(position)} has crc32c "
-            f"{found:08x}; the manifest says {expected}"
-        )
-
     async def _stream_own(
         self, position: int, start: int, end: int, objects: ArrayObjects | None
     ) -> AsyncIterator[memoryview]:
         manifest = self._manifest
-        columns = manifest.columns
-        array = columns["array"][position]
+        array = manifest.columns["array"][position]
         who = manifest.describe(position)
-        await self._check_document(array, self._own_claim(position))
-        if objects is None:
-            objects = await self._backend.object_sizes(self._key(array))
-        itemsize = np.dtype(columns["dtype"][position]).itemsize
-        needed = itertools.takewhile(
-            lambda span: span.start < end,
-            iter_chunk_spans(
-                tuple(columns["shape"][position]),
-                tuple(columns["chunk_shape"][position]),
-                itemsize,
-                start,
-            ),
-        )
-        spans = await self._present_chunks(array, needed, objects, who)
-        whole = start == 0 and end == columns["nbytes"][position]
-        expected = parse_checksum(columns["checksum"][position])
+        spans = await self._own_chunks(position, start, end, objects)
+        whole = start == 0 and end == manifest.columns["nbytes"][position]
+        checksum = _GradientChecksum(manifest, position)
 
         async def fetch(span: ChunkSpan) -> tuple[memoryview, int]:
             out = _allocate(span.length)
             return out, await self._read_chunk(array, span, out, who)
 
-        checksum = 0
         pending: asyncio.Future[tuple[memoryview, int]] | None = None
         try:
             for index, span in enumerate(spans):
@@ -242,9 +248,9 @@ class SnapshotReader:
                 if not last and span.length + spans[index + 1].length <= READ_AHEAD_BYTES:
                     pending = asyncio.ensure_future(fetch(spans[index + 1]))
                 if whole:
-                    checksum = crc32c_combine(checksum, payload_crc, span.length)
-                    if last and checksum != expected:
-                        raise self._whole_checksum_failed(position, checksum)
+                    checksum.add_chunk(payload_crc, span.length)
+                    if last:
+                        checksum.check()
                 yield data[max(start - span.start, 0) : min(end - span.start, span.length)]
                 del data  # let the sent chunk go before the next one is read
         finally:
@@ -260,15 +266,15 @@ class SnapshotReader:
         begin, stop = columns["offset"][position] + start, columns["offset"][position] + end
         who = f"{self._manifest.describe(position)}, in the packed array"
         whole = start == 0 and end == columns["nbytes"][position]
-        checksum = 0
+        checksum = _GradientChecksum(self._manifest, position)
         last_chunk = (stop - 1) // chunk
         for j in range(begin // chunk, last_chunk + 1):
             data = await packed.chunk(j, who)
             piece = data[max(begin - j * chunk, 0) : min(stop - j * chunk, chunk)]
             if whole:
-                checksum = crc32c.crc32c(piece, value=checksum)
-                if j == last_chunk and checksum != parse_checksum(columns["checksum"][position]):
-                    raise self._whole_checksum_failed(position, checksum)
+                checksum.add_bytes(piece)
+                if j == last_chunk:
+                    checksum.check()
             yield piece
 
     async def _read_packed_chunk(self, cache: PackedChunks, index: int, who: str) -> memoryview:
@@ -277,10 +283,9 @@ class SnapshotReader:
             if cache.objects is None:
                 cache.objects = await self._backend.object_sizes(self._key(PACKED_ARRAY))
             cache.checked = True
-        chunk = self._manifest.packed["chunk_bytes"]  # type: ignore[index]
-        wanted = [ChunkSpan(f"c/{index}", index * chunk, chunk, chunk)]
+        wanted = [self._manifest.packed_chunk(index)]
         (span,) = await self._present_chunks(PACKED_ARRAY, wanted, cache.objects, who)
-        out = _allocate(chunk)
+        out = _allocate(span.padded_length)
         await self._read_chunk(PACKED_ARRAY, span, out, who)
         return out
 
@@ -328,32 +333,47 @@ class SnapshotReader:
             },
         )
 
-    async def _read_own(self, position: int, objects: ArrayObjects) -> GradientRecordEntry:
+    async def _own_chunks(
+        self, position: int, start: int, end: int, objects: ArrayObjects | None
+    ) -> list[ChunkSpan]:
+        """The chunks of gradient ``position``'s own array that hold its bytes ``[start,
+        end)``, in order, once the array's document says what the manifest says and each
+        of them is seen in ``objects`` (the array's objects; listed now if None), a
+        regular file of a size it can have."""
         manifest = self._manifest
         columns = manifest.columns
-        array, dtype = columns["array"][position], columns["dtype"][position]
-        shape, chunk_shape = columns["shape"][position], columns["chunk_shape"][position]
-        who = manifest.describe(position)
+        array = columns["array"][position]
         await self._check_document(array, self._own_claim(position))
-        itemsize = np.dtype(dtype).itemsize
-        spans = await self._present_chunks(
-            array, iter_chunk_spans(tuple(shape), tuple(chunk_shape), itemsize), objects, who
+        if objects is None:
+            objects = await self._backend.object_sizes(self._key(array))
+        itemsize = np.dtype(columns["dtype"][position]).itemsize
+        needed = itertools.takewhile(
+            lambda span: span.start < end,
+            iter_chunk_spans(
+                tuple(columns["shape"][position]),
+                tuple(columns["chunk_shape"][position]),
+                itemsize,
+                start,
+            ),
         )
-        data = _allocate(columns["nbytes"][position])
+        return await self._present_chunks(array, needed, objects, manifest.describe(position))
+
+    async def _read_own(self, position: int, objects: ArrayObjects) -> GradientRecordEntry:
+        manifest = self._manifest
+        array, nbytes = manifest.columns["array"][position], manifest.columns["nbytes"][position]
+        who = manifest.describe(position)
+        spans = await self._own_chunks(position, 0, nbytes, objects)
+        data = _allocate(nbytes)
         payload_crcs = await asyncio.gather(
             *(
                 self._read_chunk(array, span, data[span.start : span.start + span.length], who)
                 for span in spans
             )
         )
-        checksum = 0
+        checksum = _GradientChecksum(manifest, position)
         for span, payload_crc in zip(spans, payload_crcs, strict=True):
-            checksum = crc32c_combine(checksum, payload_crc, span.length)
-        if checksum != parse_checksum(columns["checksum"][position]):
-            raise ChecksumMismatchError(
-                f"snapshot {self._id}: {who} has crc32c {checksum:08x}; the manifest says "
-                f"{columns['checksum'][position]}"
-            )
+            checksum.add_chunk(payload_crc, span.length)
+        checksum.check()
         return manifest.entry(position, data)
 
     async def _read_packed(
@@ -368,21 +388,12 @@ class SnapshotReader:
         offsets, sizes = manifest.columns["offset"], manifest.columns["nbytes"]
         holding = [i for i in positions if sizes[i]]
         if not holding:
-            return manifest.packed_entries(self._id, positions, memoryview(b""))
+            return manifest.packed_entries(positions, memoryview(b""))
         first = min(offsets[i] for i in holding) // chunk
         last = max(offsets[i] + sizes[i] - 1 for i in holding) // chunk
-
-        def who(span: ChunkSpan) -> str:
-            inside = [
-                manifest.describe(i)
-                for i in manifest.packed_positions()
-                if offsets[i] < span.start + span.length and offsets[i] + sizes[i] > span.start
-            ]
-            shown = ", ".join(inside[:5])
-            return shown + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
-
+        who = manifest.describe_packed_chunk
         # Each chunk's padding is read as data: the buffer holds whole chunks.
-        wanted = (ChunkSpan(f"c/{j}", j * chunk, chunk, chunk) for j in range(first, last + 1))
+        wanted = (manifest.packed_chunk(j) for j in range(first, last + 1))
         spans = await self._present_chunks(PACKED_ARRAY, wanted, objects, who)
         base = first * chunk
         buffer = _allocate((last + 1 - first) * chunk)
@@ -395,10 +406,8 @@ class SnapshotReader:
             )
         )
         if len(positions) > 64:
-            return await self._threads.run(
-                manifest.packed_entries, self._id, positions, buffer, base
-            )
-        return manifest.packed_entries(self._id, positions, buffer, base)
+            return await self._threads.run(manifest.packed_entries, positions, buffer, base)
+        return manifest.packed_entries(positions, buffer, base)
 
     # --- checks before reading ----------------------------------------------------------
 

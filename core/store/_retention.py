@@ -98,7 +98,7 @@ class RetentionPass:
         for _ in range(RETENTION_ROUNDS):
             infos = await self._readable_newest_first(run)
             for snapshot_id in self._rules.doomed(infos, self._protected):
-                if not await store._backend.is_committed(infos[0].id):
+                if not await store.backend.is_committed(infos[0].id):
                     break  # the newest we keep is gone: decide again from a new listing
                 try:
                     await store.delete(snapshot_id)

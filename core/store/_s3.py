@@ -10,14 +10,19 @@ manifest are leftovers of writes that never finished, and ``gc`` removes them on
 of their objects is younger than the grace period.
 
 gc and a late commit are kept apart by a marker and two checks in opposite orders. gc
-PUTs ``snapshots/<id>/gc-collected``, then checks for the manifest, and removes the
-prefix only if there is none. A writer PUTs its manifest, then checks for the marker, and
-if it is there withdraws the manifest and fails. With the read-after-write consistency
-S3 gives, at least one of the two sees the other's PUT: either gc backs off, or the
-writer does (or both). The marker stays until a gc finds it older than
-``max(grace, MARKER_LIFETIME_SECONDS)``. Not covered: a writer stalled between its
-manifest PUT and its check for longer than that; and between those two requests a
+PUTs ``snapshots/<id>/gc-collected`` (``GC_MARKER_NAME``), then checks for the manifest,
+and removes the prefix only if there is none. A writer PUTs its manifest, then checks for
+the marker, and if it is there withdraws the manifest and fails. With the
+read-after-write consistency S3 gives, at least one of the two sees the other's PUT:
+either gc backs off, or the writer does (or both). The marker stays until a gc finds it
+older than ``max(grace, marker_lifetime_seconds)``. Not covered: a writer stalled between
+its manifest PUT and its check for longer than that; and between those two requests a
 listing may show a manifest that the writer then withdraws.
+
+Every request the backend makes goes through a public method of :class:`S3Backend`
+(``read``, ``read_into`` and ``size`` of the StoreBackend, and the primitives ``put``,
+``head``, ``list_objects``, ``folder_names`` and ``delete_keys``), so that a test can
+wrap one on the store's instance to pause or fail it (tests/core/test_store_races.py).
 """
 
 from __future__ import annotations
@@ -37,14 +42,15 @@ from obstore.store import S3Store
 
 from ..errors import InvalidArgumentError, StoreUnavailableError
 from ._backend import (
+    GC_MARKER_NAME,
     MANIFEST_NAME,
     RANKS_GROUP,
     SNAPSHOTS_PREFIX,
-    Backend,
     EncodedChunk,
     MissingKeyError,
     ShardWriter,
     SnapshotWriter,
+    StoreBackend,
     ThreadRunner,
     UnexpectedObjectError,
     shard_prefix,
@@ -71,10 +77,6 @@ _TRUE = {"1", "true", "yes", "on"}
 
 
 _DELETE_BATCH = 1000
-#: The object gc writes into a prefix it removes; a commit that finds it fails.
-COLLECTED_MARKER = "gc-collected"
-#: The least time a marker stays, however short the grace period gc runs with.
-MARKER_LIFETIME_SECONDS = 3600.0
 #: Pieces a GET body is streamed in when it is read into place.
 _STREAM_PIECE = 1 << 20
 
@@ -108,8 +110,11 @@ def _folders(keys: list[str], root: str) -> list[str]:
     return sorted(folders, key=lambda folder: folder.count("/"), reverse=True)
 
 
-class S3Backend(Backend):
+class S3Backend(StoreBackend):
     """Snapshots under ``s3://bucket/prefix`` (see the module docstring)."""
+
+    #: The least time gc's marker stays, however short the grace period gc runs with.
+    marker_lifetime_seconds: float = 3600.0
 
     @classmethod
     def from_url(
@@ -176,9 +181,12 @@ class S3Backend(Backend):
     def _unavailable(self, action: str, error: BaseException) -> StoreUnavailableError:
         return StoreUnavailableError(f"object store {self.location}: {action} failed: {error}")
 
-    async def _put(self, key: str, body: bytes | memoryview, *, create: bool = False) -> None:
+    async def put(self, key: str, body: bytes | memoryview, *, create: bool = False) -> None:
         """PUT ``key``; with ``create``, only if it does not exist (AlreadyExistsError if it
-        does: a conditional create, of which exactly one of several racing writers wins)."""
+        does: a conditional create, of which exactly one of several racing writers wins).
+
+        StoreUnavailableError if the request fails.
+        """
         async with self._requests:
             try:
                 await obstore.put_async(
@@ -195,7 +203,9 @@ class S3Backend(Backend):
             except Exception as error:
                 raise self._unavailable(f"writing {key}", error) from error
 
-    async def _head(self, key: str) -> dict[str, Any] | None:
+    async def head(self, key: str) -> dict[str, Any] | None:
+        """The metadata of the object at ``key`` (``path``, ``size``, ``last_modified``, ...),
+        or None if there is none; StoreUnavailableError if the request fails."""
         async with self._requests:
             try:
                 return await obstore.head_async(self._store, key)  # type: ignore[return-value]
@@ -204,7 +214,9 @@ class S3Backend(Backend):
             except Exception as error:
                 raise self._unavailable(f"reading {key}", error) from error
 
-    async def _list(self, prefix: str) -> list[dict[str, Any]]:
+    async def list_objects(self, prefix: str) -> list[dict[str, Any]]:
+        """The metadata of every object whose key starts with ``prefix``, as :meth:`head`
+        gives it, in pages of 1000; StoreUnavailableError if a request fails."""
         found: list[dict[str, Any]] = []
         try:
             async for batch in obstore.list(self._store, prefix, chunk_size=1000):
@@ -213,7 +225,11 @@ class S3Backend(Backend):
             raise self._unavailable(f"listing {prefix}", error) from error
         return found
 
-    async def _delete(self, keys: list[str]) -> None:
+    async def delete_keys(self, keys: list[str]) -> None:
+        """Delete ``keys``, 1000 per request; a key that is not there is not an error.
+
+        StoreUnavailableError if a request fails.
+        """
         for start in range(0, len(keys), _DELETE_BATCH):
             batch = keys[start : start + _DELETE_BATCH]
             try:
@@ -227,8 +243,8 @@ class S3Backend(Backend):
         if self._prepared:
             return
         for key in (MANIFEST_NAME, f"{SNAPSHOTS_PREFIX}/{MANIFEST_NAME}"):
-            if await self._head(key) is None:
-                await self._put(key, dump_json(group_metadata()))
+            if await self.head(key) is None:
+                await self.put(key, dump_json(group_metadata()))
         self._prepared = True
 
     async def begin(self, snapshot_id: str) -> SnapshotWriter:
@@ -238,7 +254,7 @@ class S3Backend(Backend):
         writer = _S3ShardWriter(self, snapshot_id, rank)
         # Before any chunk is written: a second write of a rank would overwrite the
         # chunks of the shard it published (objects have no private staging folder).
-        if await self._head(f"{shard_prefix(snapshot_id, rank)}/{MANIFEST_NAME}") is not None:
+        if await self.head(f"{shard_prefix(snapshot_id, rank)}/{MANIFEST_NAME}") is not None:
             raise writer.written_twice()
         return writer
 
@@ -288,17 +304,20 @@ class S3Backend(Backend):
                 raise self._unavailable(f"reading {key}", error) from error
 
     async def size(self, key: str) -> int:
-        meta = await self._head(key)
+        meta = await self.head(key)
         if meta is None:
             raise MissingKeyError(key)
         return int(meta["size"])
 
     async def object_sizes(self, prefix: str) -> dict[str, int | None]:
         start = len(prefix) + 1
-        return {meta["path"][start:]: meta["size"] for meta in await self._list(prefix + "/")}
+        return {
+            meta["path"][start:]: meta["size"] for meta in await self.list_objects(prefix + "/")
+        }
 
-    async def _folder_names(self, prefix: str) -> list[str]:
-        """The names of the "folders" directly under ``prefix`` (common prefixes)."""
+    async def folder_names(self, prefix: str) -> list[str]:
+        """The names of the "folders" directly under ``prefix`` (its common prefixes, one
+        listing request); StoreUnavailableError if the request fails."""
         try:
             listing = await obstore.list_with_delimiter_async(self._store, prefix)
         except Exception as error:
@@ -307,7 +326,7 @@ class S3Backend(Backend):
 
     async def _snapshot_prefixes(self) -> list[str]:
         names = []
-        for name in await self._folder_names(f"{SNAPSHOTS_PREFIX}/"):
+        for name in await self.folder_names(f"{SNAPSHOTS_PREFIX}/"):
             try:
                 names.append(parse_snapshot_id(name))
             except ValueError:
@@ -325,7 +344,7 @@ class S3Backend(Backend):
         names = await self._snapshot_prefixes()
         checked = names if fresh else [name for name in names if name not in self._known_committed]
         heads = await asyncio.gather(
-            *(self._head(snapshot_key(name, MANIFEST_NAME)) for name in checked)
+            *(self.head(snapshot_key(name, MANIFEST_NAME)) for name in checked)
         )
         for name, head in zip(checked, heads, strict=True):
             if head:
@@ -336,24 +355,24 @@ class S3Backend(Backend):
         return [name for name in names if name in self._known_committed]
 
     async def is_committed(self, snapshot_id: str) -> bool:
-        if await self._head(snapshot_key(snapshot_id, MANIFEST_NAME)) is None:
+        if await self.head(snapshot_key(snapshot_id, MANIFEST_NAME)) is None:
             self._known_committed.discard(snapshot_id)
             return False
         return True
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         manifest_key = snapshot_key(snapshot_id, MANIFEST_NAME)
-        if await self._head(manifest_key) is None:
+        if await self.head(manifest_key) is None:
             return False
-        await self._delete([manifest_key])  # invisible from here on
+        await self.delete_keys([manifest_key])  # invisible from here on
         self._known_committed.discard(snapshot_id)
         # Deleted whatever happens next: what is left is a prefix without a manifest,
         # which gc removes, so a failure here must not fail the delete (nor a retention
         # pass that called it).
         try:
-            objects = await self._list(snapshot_key(snapshot_id) + "/")
+            objects = await self.list_objects(snapshot_key(snapshot_id) + "/")
             keys = [meta["path"] for meta in objects]
-            await self._delete(keys + _folders(keys, snapshot_key(snapshot_id)))
+            await self.delete_keys(keys + _folders(keys, snapshot_key(snapshot_id)))
         except StoreUnavailableError as error:
             _log.warning(
                 "store %s: snapshot %s is deleted but removing its objects failed (%s); "
@@ -370,29 +389,29 @@ class S3Backend(Backend):
             if snapshot_id_time_ms(name) / 1000 > time.time() - grace_seconds:
                 continue
             manifest_key = snapshot_key(name, MANIFEST_NAME)
-            marker_key = snapshot_key(name, COLLECTED_MARKER)
-            if await self._head(manifest_key) is not None:
+            marker_key = snapshot_key(name, GC_MARKER_NAME)
+            if await self.head(manifest_key) is not None:
                 continue
             # "now" is when this prefix is looked at: a pass over many prefixes is slow
             now = time.time()
             cutoff = now - grace_seconds
-            marker_cutoff = now - max(grace_seconds, MARKER_LIFETIME_SECONDS)
-            objects = await self._list(snapshot_key(name) + "/")
+            marker_cutoff = now - max(grace_seconds, self.marker_lifetime_seconds)
+            objects = await self.list_objects(snapshot_key(name) + "/")
             leftovers = [meta for meta in objects if meta["path"] != marker_key]
             if not leftovers:  # only the marker of an earlier collection
                 if all(meta["last_modified"].timestamp() <= marker_cutoff for meta in objects):
-                    await self._delete([meta["path"] for meta in objects])
+                    await self.delete_keys([meta["path"] for meta in objects])
                 continue
             if any(meta["last_modified"].timestamp() > cutoff for meta in leftovers):
                 continue
             # Claim, then look again: a writer that committed before the claim is seen
             # here; one that commits after it finds the marker (see the module docstring).
-            await self._put(marker_key, b"")
-            if await self._head(manifest_key) is not None:
-                await self._delete([marker_key])
+            await self.put(marker_key, b"")
+            if await self.head(manifest_key) is not None:
+                await self.delete_keys([marker_key])
                 continue
-            objects = await self._list(snapshot_key(name) + "/")
-            await self._delete([meta["path"] for meta in objects if meta["path"] != marker_key])
+            objects = await self.list_objects(snapshot_key(name) + "/")
+            await self.delete_keys([meta["path"] for meta in objects if meta["path"] != marker_key])
             removed.append(name)
         return sorted(removed)
 
@@ -416,7 +435,7 @@ class _S3SnapshotWriter(SnapshotWriter):
                     break
                 key, body = item
                 key = f"{self._prefix}/{name}/{key}"
-                uploads.append(asyncio.ensure_future(self._backend._put(key, body)))
+                uploads.append(asyncio.ensure_future(self._backend.put(key, body)))
                 # Bound the encoded chunks held in memory: wait once a few are in flight.
                 if len(uploads) >= 4:
                     await uploads.pop(0)
@@ -426,7 +445,7 @@ class _S3SnapshotWriter(SnapshotWriter):
                 upload.cancel()
             await asyncio.gather(*uploads, return_exceptions=True)
             raise
-        await self._backend._put(f"{self._prefix}/{name}/{MANIFEST_NAME}", metadata)
+        await self._backend.put(f"{self._prefix}/{name}/{MANIFEST_NAME}", metadata)
 
     def _collected(self) -> StoreUnavailableError:
         return StoreUnavailableError(
@@ -438,21 +457,21 @@ class _S3SnapshotWriter(SnapshotWriter):
     async def commit(self, group_metadata: bytes) -> None:
         backend = self._backend
         manifest_key = snapshot_key(self._snapshot_id, MANIFEST_NAME)
-        marker_key = snapshot_key(self._snapshot_id, COLLECTED_MARKER)
-        if await backend._head(marker_key) is not None:
+        marker_key = snapshot_key(self._snapshot_id, GC_MARKER_NAME)
+        if await backend.head(marker_key) is not None:
             raise self._collected()  # spares readers a manifest that is withdrawn at once
-        await backend._put(manifest_key, group_metadata)
+        await backend.put(manifest_key, group_metadata)
         # The check that matters: gc PUTs its marker before it looks for a manifest, so a
         # gc that did not see this manifest left a marker that this HEAD sees.
-        if await backend._head(marker_key) is not None:
-            await backend._delete([manifest_key])
+        if await backend.head(marker_key) is not None:
+            await backend.delete_keys([manifest_key])
             raise self._collected()
         backend._known_committed.add(self._snapshot_id)
 
     async def abort(self) -> None:
         try:
-            objects = await self._backend._list(self._prefix + "/")
-            await self._backend._delete([meta["path"] for meta in objects])
+            objects = await self._backend.list_objects(self._prefix + "/")
+            await self._backend.delete_keys([meta["path"] for meta in objects])
         except Exception:  # noqa: BLE001 - best effort; gc collects what remains
             pass
 
@@ -490,31 +509,31 @@ class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
     async def publish(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
         backend = self._backend
         manifest_key = snapshot_key(self._snapshot_id, MANIFEST_NAME)
-        marker_key = snapshot_key(self._snapshot_id, COLLECTED_MARKER)
-        if await backend._head(marker_key) is not None:
+        marker_key = snapshot_key(self._snapshot_id, GC_MARKER_NAME)
+        if await backend.head(marker_key) is not None:
             raise self._collected()
-        if await backend._head(manifest_key) is not None:
+        if await backend.head(manifest_key) is not None:
             raise self._committed_without_this_rank()
         published = await self._published_shards({})
         await backend._threads.run(shards.check, published)
         try:
-            await backend._put(f"{self._prefix}/{MANIFEST_NAME}", shard_document, create=True)
+            await backend.put(f"{self._prefix}/{MANIFEST_NAME}", shard_document, create=True)
         except AlreadyExistsError:
             self._keep = True  # the other write's shard: its chunks share these keys
             raise self.written_twice() from None
         self._keep = True
         # gc claims a prefix before it looks for the snapshot's manifest, which a shard
         # does not write: a claimed prefix is being removed, this shard with it.
-        if await backend._head(marker_key) is not None:
+        if await backend.head(marker_key) is not None:
             raise self._collected()
         published = await self._published_shards(published)
         document = await backend._threads.run(shards.commit_document, published)
         if document is None:
             return None
         ranks_key = snapshot_key(self._snapshot_id, RANKS_GROUP, MANIFEST_NAME)
-        await backend._put(ranks_key, ranks_group_document())
+        await backend.put(ranks_key, ranks_group_document())
         try:
-            await backend._put(manifest_key, document, create=True)
+            await backend.put(manifest_key, document, create=True)
         except AlreadyExistsError:
             # Another rank found every shard at the same time and wrote the manifest. Its
             # own marker check (below) may still withdraw it, after any check made here,
@@ -522,8 +541,8 @@ class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
             return None
         # As for a snapshot written whole: a gc that did not see the manifest left a
         # marker that this HEAD sees (see the module docstring).
-        if await backend._head(marker_key) is not None:
-            await backend._delete([manifest_key])
+        if await backend.head(marker_key) is not None:
+            await backend.delete_keys([manifest_key])
             raise self._collected()
         backend._known_committed.add(self._snapshot_id)
         return document
@@ -534,7 +553,7 @@ class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
         ranks_prefix = snapshot_key(self._snapshot_id, RANKS_GROUP)
         names = [
             name
-            for name in await self._backend._folder_names(ranks_prefix + "/")
+            for name in await self._backend.folder_names(ranks_prefix + "/")
             if rank_of_folder(name) is not None and name not in known
         ]
         documents = await asyncio.gather(

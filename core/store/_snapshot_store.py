@@ -28,8 +28,8 @@ from ..record_rules import check_metadata, check_snapshot_fields
 from ..safetensors_file import data_order, encode_header, gradvault_metadata
 from ._backend import (
     MANIFEST_NAME,
-    Backend,
     MissingKeyError,
+    StoreBackend,
     ThreadRunner,
     UnexpectedObjectError,
     shard_prefix,
@@ -66,7 +66,7 @@ class SnapshotStore:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: StoreBackend,
         threads: ThreadRunner,
         *,
         pack_threshold: int,
@@ -89,6 +89,17 @@ class SnapshotStore:
     def location(self) -> str:
         """The folder or URL the store lives at."""
         return self._backend.location
+
+    @property
+    def backend(self) -> StoreBackend:
+        """The backend every read, write, listing and removal of this store goes through.
+
+        Read-only. For fault injection and inspection (docs/API.md, "The store's
+        backend"): the store, its readers and writers call this one instance, so a
+        method wrapped on it sees every such call. Writing through it bypasses the
+        store's checks.
+        """
+        return self._backend
 
     def __repr__(self) -> str:
         return f"SnapshotStore({self.location!r})"

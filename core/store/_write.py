@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import StoreUnavailableError
 from ..record import GradientRecordEntry, GradientsParamsRecord
-from ._backend import Backend, EncodedChunk, ShardWriter, SnapshotWriter, ThreadRunner
+from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, ThreadRunner
 from ._checksums import crc32c_combine, format_checksum
 from ._codecs import encode_chunk
 from ._manifest import PackedGradients, build_manifest, pack
@@ -83,7 +83,7 @@ class SnapshotWrite:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: StoreBackend,
         threads: ThreadRunner,
         *,
         snapshot_id: str,

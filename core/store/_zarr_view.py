@@ -32,8 +32,8 @@ from ._backend import (
     MANIFEST_NAME,
     RANKS_GROUP,
     SNAPSHOTS_PREFIX,
-    Backend,
     MissingKeyError,
+    StoreBackend,
     UnexpectedObjectError,
 )
 from ._codecs import encoded_size_bounds, split_crc
@@ -164,7 +164,7 @@ class ZarrView:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: StoreBackend,
         load_top: Callable[[str], Awaitable[Manifest | ShardedManifest]],
         load_manifest: Callable[[str, int | None], Awaitable[Manifest]],
         recheck: Callable[[str], Awaitable[None]],
@@ -278,17 +278,8 @@ def _chunk_of(manifest: Manifest, array: str, chunk_key: str) -> tuple[ChunkSpan
     """The span of a chunk within the snapshot's chunk grid, and who it holds."""
     columns = manifest.columns
     if array == PACKED_ARRAY:
-        chunk = manifest.packed["chunk_bytes"]  # type: ignore[index]
-        index = int(chunk_key.removeprefix("c/"))
-        start, stop = index * chunk, (index + 1) * chunk
-        offsets, sizes = columns["offset"], columns["nbytes"]
-        inside = [
-            manifest.describe(i)
-            for i in manifest.packed_positions()
-            if offsets[i] < stop and offsets[i] + sizes[i] > start
-        ]
-        owner = ", ".join(inside[:5]) + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
-        return ChunkSpan(chunk_key, start, chunk, chunk), owner or "the packed array"
+        span = manifest.packed_chunk(int(chunk_key.removeprefix("c/")))
+        return span, manifest.describe_packed_chunk(span) or "the packed array"
     position = manifest.position(array)
     itemsize = np.dtype(columns["dtype"][position]).itemsize
     padded = itemsize * math.prod(columns["chunk_shape"][position])

@@ -3,7 +3,7 @@
 ``python -m tests.core.shard_writer STORE_URL SNAPSHOT_ID RANK WORLD_SIZE [STALL_AT_CHUNK]``
 writes :func:`rank_record` of RANK through a Recorder (S3 settings from the ``AWS_*``
 environment) and prints one JSON line: the ShardInfo's ``rank``, ``committed`` and
-``nbytes``. With STALL_AT_CHUNK it instead stops for good when it is about to encode that
+``nbytes``. With STALL_AT_CHUNK it instead stops for good when it is about to write that
 chunk (counting from 1), after printing ``stalled``: a rank that dies mid-write is this
 process killed then. The store writes one array at a time (``max_concurrency=1``), so
 every array before the stalled one is wholly written.
@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 import gradvault.core as gv
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
+from gradvault.core.store import ShardWriter, SnapshotStore
 
 #: Store options of every rank: 4 KiB chunks, gradients of 1 KiB or more in arrays of their own.
 STORE_OPTIONS = {"chunk_bytes": 4096, "pack_threshold": 1024, "max_concurrency": 1}
@@ -39,22 +42,37 @@ def rank_record(rank: int) -> GradientsParamsRecord:
     return GradientsParamsRecord(entries)
 
 
-def _stall_at(chunk: int) -> None:
-    """Make the store stop for good before it encodes chunk number ``chunk``."""
-    from gradvault.core.store import _write
+def stall_at(store: SnapshotStore, chunk: int) -> None:
+    """Make ``store`` stop for good when it is about to write chunk number ``chunk`` of
+    its shard (counting from 1), after printing ``stalled``.
 
-    encode = _write.encode_chunk
-    calls = 0
+    The stall is in the chunk stream the store hands its backend's shard writer, so the
+    writer holds its earlier chunks written and the later ones never started.
+    """
+    backend = store.backend
+    begin_shard = backend.begin_shard
+    taken = 0
 
-    def stalling(*args, **kwargs):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        if calls == chunk:
-            print("stalled", flush=True)
-            threading.Event().wait()
-        return encode(*args, **kwargs)
+    def stalling(chunks: Iterator[Any]) -> Iterator[Any]:
+        nonlocal taken
+        for item in chunks:
+            taken += 1
+            if taken == chunk:
+                print("stalled", flush=True)
+                threading.Event().wait()
+            yield item
 
-    _write.encode_chunk = stalling  # type: ignore[assignment]
+    async def begin_stalling_shard(snapshot_id: str, rank: int) -> ShardWriter:
+        writer = await begin_shard(snapshot_id, rank)
+        write_array = writer.write_array
+
+        async def write_array_stalling(name: str, metadata: bytes, chunks: Iterator) -> None:
+            await write_array(name, metadata, stalling(chunks))
+
+        writer.write_array = write_array_stalling  # type: ignore[method-assign]
+        return writer
+
+    backend.begin_shard = begin_stalling_shard  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -64,9 +82,9 @@ def main() -> None:
         int(sys.argv[3]),
         int(sys.argv[4]),
     )
-    if len(sys.argv) > 5:
-        _stall_at(int(sys.argv[5]))
     with gv.Recorder(url, **STORE_OPTIONS) as recorder:
+        if len(sys.argv) > 5:
+            stall_at(recorder.store, int(sys.argv[5]))
         shard = recorder.sync.snapshot_shard(
             rank_record(rank),
             snapshot_id=snapshot_id,

@@ -29,7 +29,7 @@ def stall_before_commits(store: SnapshotStore, rng: random.Random) -> None:
     A writer stalled there is what gc with a short grace period takes for a leftover: the
     race this run is about. Without stalls, a write is rarely idle at that point.
     """
-    backend = store._backend
+    backend = store.backend
     begin = backend.begin
 
     async def begin_with_stall(snapshot_id: str):

@@ -290,13 +290,13 @@ async def test_a_damaged_manifest_is_refused_clearly_and_skipped_by_list(
 
     async with open_store(root, **OPTIONS) as store:
         keys_read: list[str] = []
-        real_read = store._backend.read
+        real_read = store.backend.read
 
         async def spy(key: str, *args: object):
             keys_read.append(key)
             return await real_read(key, *args)
 
-        store._backend.read = spy  # type: ignore[method-assign]
+        store.backend.read = spy  # type: ignore[method-assign]
 
         some_param = original["gradients"]["param_id"][0]
         for call in (
@@ -375,7 +375,7 @@ async def test_read_gradient_rejects_a_malformed_param_id_before_any_io(tmp_path
     async def no_io(key: str) -> None:
         raise AssertionError(f"read {key} before checking the param id")
 
-    store._backend.read = no_io  # type: ignore[method-assign]
+    store.backend.read = no_io  # type: ignore[method-assign]
     for bad in ("zz", "../x", "0123456789ABCDEF", "0123456789abcdef0"):
         with pytest.raises(InvalidParamIdError, match="16 lowercase hex digits"):
             await store.read_gradient("01ARZ3NDEKTSV4RRFFQ69G5FAV", bad)

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +32,11 @@ from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import (
     SnapshotInfo,
     SnapshotStore,
+    SnapshotWriter,
     new_snapshot_id,
     open_store,
     parse_snapshot_id,
 )
-from gradvault.core.store import _local as local_backend
 
 from .conftest import S3_BUCKET, S3_CREDENTIALS
 
@@ -165,11 +166,15 @@ def test_public_names_are_pinned() -> None:
     assert sorted(store_package.__all__) == [
         "DEFAULT_CHUNK_BYTES",
         "DEFAULT_PACK_THRESHOLD",
+        "GC_MARKER_NAME",
         "RetentionRules",
         "STORE_FORMAT_VERSION",
         "ShardInfo",
+        "ShardWriter",
         "SnapshotInfo",
         "SnapshotStore",
+        "SnapshotWriter",
+        "StoreBackend",
         "check_rank",
         "new_snapshot_id",
         "open_store",
@@ -418,7 +423,7 @@ async def test_gc_removes_stale_leftovers_of_unfinished_writes(store: SnapshotSt
     committed = await store.write_snapshot(record, run="r", step=1)
     # A write that crashed before its commit: chunks and array metadata, no manifest.
     leftover_id = new_snapshot_id()
-    writer = await store._backend.begin(leftover_id)
+    writer = await store.backend.begin(leftover_id)
     await writer.write_array("0123456789abcdef", b"{}", iter([("c/0", [b"\0" * 8])]))
     assert [i.id for i in await store.list()] == [committed.id]
     assert await store.gc(grace_seconds=3600) == []  # too fresh to be a leftover
@@ -497,20 +502,34 @@ async def test_a_full_disk_leaves_no_snapshot_and_no_staging(tmp_path: Path, mon
     store = open_store(tmp_path, chunk_bytes=1024, pack_threshold=64)
     record = make_record(varied_arrays(3))
     earlier = await store.write_snapshot(record, run="r", step=1)
-    real_write = local_backend._write_file
-    calls = 0
+    begin = store.backend.begin
+    chunks_taken = 0
 
-    def write_until_full(path: str, buffers: list) -> None:
-        nonlocal calls
-        calls += 1
-        if calls > 5:
-            raise OSError(errno.ENOSPC, "No space left on device", path)
-        real_write(path, buffers)
+    def until_full(chunks: Iterator[tuple[str, list]]) -> Iterator[tuple[str, list]]:
+        """The chunks, until the disk is full: the sixth raises ENOSPC in the writer's
+        thread, at the point where the writer would create its file."""
+        nonlocal chunks_taken
+        for key, buffers in chunks:
+            chunks_taken += 1
+            if chunks_taken > 5:
+                raise OSError(errno.ENOSPC, "No space left on device", key)
+            yield key, buffers
 
-    monkeypatch.setattr(local_backend, "_write_file", write_until_full)
-    with pytest.raises(StoreUnavailableError, match="No space left"):
-        await store.write_snapshot(record, run="r", step=2)
-    monkeypatch.setattr(local_backend, "_write_file", real_write)
+    async def begin_on_a_filling_disk(snapshot_id: str) -> SnapshotWriter:
+        writer = await begin(snapshot_id)
+        write_array = writer.write_array
+
+        async def write_array_until_full(name: str, metadata: bytes, chunks: Iterator) -> None:
+            await write_array(name, metadata, until_full(chunks))
+
+        writer.write_array = write_array_until_full  # type: ignore[method-assign]
+        return writer
+
+    with monkeypatch.context() as patched:  # unit-level fault injection
+        patched.setattr(store.backend, "begin", begin_on_a_filling_disk)
+        with pytest.raises(StoreUnavailableError, match="No space left"):
+            await store.write_snapshot(record, run="r", step=2)
+    assert chunks_taken > 5
     assert [i.id for i in await store.list()] == [earlier.id]
     assert list((tmp_path / ".staging").iterdir()) == []
     assert_bit_identical(await store.read_snapshot(earlier.id), record)

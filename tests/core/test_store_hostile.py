@@ -287,7 +287,7 @@ async def test_a_chunk_replaced_between_listing_and_reading_is_refused(
 ) -> None:
     """The listing said a regular file of the right size; the open finds otherwise."""
     async with open_store(local_case.url, **OPTIONS) as store:
-        backend = store._backend
+        backend = store.backend
         stale = await backend.object_sizes(f"snapshots/{local_case.id}")
         key = first_chunk(local_case)
         if replace == "fifo":

@@ -26,8 +26,7 @@ import pytest
 from gradvault.core import GradientsParams, ParamId, Recorder
 from gradvault.core.errors import SnapshotNotFoundError, StoreUnavailableError
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
-from gradvault.core.store import SnapshotStore, new_snapshot_id, open_store
-from gradvault.core.store import _s3 as s3_backend
+from gradvault.core.store import GC_MARKER_NAME, SnapshotStore, new_snapshot_id, open_store
 from gradvault.core.tensor import wrap
 
 from .conftest import S3_BUCKET, S3_CREDENTIALS
@@ -178,7 +177,7 @@ async def test_gc_removing_a_staging_folder_as_it_commits_never_loses_a_reported
     writer, collector = local_stores(), local_stores()
     record = make_record(1)
     staged, go = asyncio.Event(), asyncio.Event()
-    begin = writer._backend.begin
+    begin = writer.backend.begin
 
     async def begin_and_pause_before_commit(snapshot_id: str):
         snapshot_writer = await begin(snapshot_id)
@@ -192,7 +191,7 @@ async def test_gc_removing_a_staging_folder_as_it_commits_never_loses_a_reported
         snapshot_writer.commit = paused_commit
         return snapshot_writer
 
-    monkeypatch.setattr(writer._backend, "begin", begin_and_pause_before_commit)
+    monkeypatch.setattr(writer.backend, "begin", begin_and_pause_before_commit)
     write = asyncio.ensure_future(writer.write_snapshot(record, run="r", step=0))
     await staged.wait()
     pause = pause_first_unlink()
@@ -217,7 +216,7 @@ async def test_gc_taking_a_staging_folder_before_commit_fails_the_write_clearly(
     local_stores, monkeypatch
 ) -> None:
     writer, collector = local_stores(), local_stores()
-    begin = writer._backend.begin
+    begin = writer.backend.begin
 
     async def begin_then_gc_before_commit(snapshot_id: str):
         snapshot_writer = await begin(snapshot_id)
@@ -230,7 +229,7 @@ async def test_gc_taking_a_staging_folder_before_commit_fails_the_write_clearly(
         snapshot_writer.commit = commit_after_gc
         return snapshot_writer
 
-    monkeypatch.setattr(writer._backend, "begin", begin_then_gc_before_commit)
+    monkeypatch.setattr(writer.backend, "begin", begin_then_gc_before_commit)
     with pytest.raises(StoreUnavailableError, match="collected by gc before commit") as caught:
         await writer.write_snapshot(make_record(2), run="r", step=0)
     assert "snapshot " in str(caught.value)
@@ -243,7 +242,7 @@ async def test_a_staged_file_removed_before_commit_fails_the_write(
 ) -> None:
     """Someone removes one chunk from the staging folder: the write must not report success."""
     store = local_stores()
-    begin = store._backend.begin
+    begin = store.backend.begin
 
     async def begin_then_lose_a_chunk(snapshot_id: str):
         snapshot_writer = await begin(snapshot_id)
@@ -258,7 +257,7 @@ async def test_a_staged_file_removed_before_commit_fails_the_write(
         snapshot_writer.commit = commit_without_a_chunk
         return snapshot_writer
 
-    monkeypatch.setattr(store._backend, "begin", begin_then_lose_a_chunk)
+    monkeypatch.setattr(store.backend, "begin", begin_then_lose_a_chunk)
     with pytest.raises(StoreUnavailableError, match="vanished"):
         await store.write_snapshot(make_record(3), run="r", step=0)
     assert await store.list() == []
@@ -273,7 +272,7 @@ async def test_s3_gc_between_a_writers_check_and_its_manifest_makes_the_commit_f
     """gc removes a prefix while the writer's manifest PUT is on its way."""
     writer, collector = s3_stores(), s3_stores()
     record = make_record(4)
-    put = writer._backend._put
+    put = writer.backend.put  # S3Backend.put: every PUT of the writer
     collected: list[list[str]] = []
 
     async def put_after_gc(key: str, body: Any) -> None:
@@ -281,7 +280,7 @@ async def test_s3_gc_between_a_writers_check_and_its_manifest_makes_the_commit_f
             collected.append(await collector.gc(grace_seconds=0))
         await put(key, body)
 
-    monkeypatch.setattr(writer._backend, "_put", put_after_gc)
+    monkeypatch.setattr(writer.backend, "put", put_after_gc)
     try:
         info = await writer.write_snapshot(record, run="r", step=0)
     except StoreUnavailableError as error:
@@ -299,7 +298,7 @@ async def test_s3_a_commit_between_gcs_check_and_its_delete_is_refused(
     writer, collector = s3_stores(), s3_stores()
     record = make_record(5)
     staged, go = asyncio.Event(), asyncio.Event()
-    begin = writer._backend.begin
+    begin = writer.backend.begin
 
     async def begin_and_pause_before_commit(snapshot_id: str):
         snapshot_writer = await begin(snapshot_id)
@@ -313,10 +312,10 @@ async def test_s3_a_commit_between_gcs_check_and_its_delete_is_refused(
         snapshot_writer.commit = paused_commit
         return snapshot_writer
 
-    monkeypatch.setattr(writer._backend, "begin", begin_and_pause_before_commit)
+    monkeypatch.setattr(writer.backend, "begin", begin_and_pause_before_commit)
     write = asyncio.ensure_future(writer.write_snapshot(record, run="r", step=0))
     await staged.wait()
-    delete = collector._backend._delete
+    delete = collector.backend.delete_keys  # S3Backend.delete_keys
     write_outcome: list[Any] = []
 
     async def let_the_writer_commit_then_delete(keys: list[str]) -> None:
@@ -325,7 +324,7 @@ async def test_s3_a_commit_between_gcs_check_and_its_delete_is_refused(
             write_outcome.extend(await asyncio.gather(write, return_exceptions=True))
         await delete(keys)
 
-    monkeypatch.setattr(collector._backend, "_delete", let_the_writer_commit_then_delete)
+    monkeypatch.setattr(collector.backend, "delete_keys", let_the_writer_commit_then_delete)
     await collector.gc(grace_seconds=0)
     if not write_outcome:  # gc deleted nothing
         go.set()
@@ -346,7 +345,7 @@ async def test_s3_gc_leaves_only_an_unlisted_marker_until_it_is_old(
     store = s3_stores()
     kept = await store.write_snapshot(make_record(6), run="r", step=0)
     leftover = new_snapshot_id()
-    writer = await store._backend.begin(leftover)
+    writer = await store.backend.begin(leftover)
     await writer.write_array("0123456789abcdef", b"{}", iter([("c/0", [b"\0" * 8])]))
     assert await store.gc(grace_seconds=0) == [leftover]
     prefix = store.location.removeprefix(f"s3://{S3_BUCKET}/") + f"/snapshots/{leftover}/"
@@ -355,11 +354,11 @@ async def test_s3_gc_leaves_only_an_unlisted_marker_until_it_is_old(
         listing = boto3_s3.list_objects_v2(Bucket=S3_BUCKET, Prefix=prefix)
         return [item["Key"].removeprefix(prefix) for item in listing.get("Contents", [])]
 
-    assert keys() == [s3_backend.COLLECTED_MARKER]
+    assert keys() == [GC_MARKER_NAME]
     assert await store.gc(grace_seconds=0) == []  # the marker is young: kept, not reported
-    assert keys() == [s3_backend.COLLECTED_MARKER]
+    assert keys() == [GC_MARKER_NAME]
     assert [info.id for info in await s3_stores().list()] == [kept.id]
-    monkeypatch.setattr(s3_backend, "MARKER_LIFETIME_SECONDS", 0.0)
+    monkeypatch.setattr(store.backend, "marker_lifetime_seconds", 0.0)
     assert await store.gc(grace_seconds=0) == []
     assert keys() == []
     assert [info.id for info in await s3_stores().list()] == [kept.id]
@@ -385,7 +384,7 @@ def recorders(store_url: str, connection_options: dict[str, object]):
 def test_retention_never_deletes_the_snapshot_its_own_commit_wrote(recorders, monkeypatch):
     """Two recorders on one run, keep_last=1: the older id commits after the newer one."""
     slow, fast = recorders(keep_last=1), recorders(keep_last=1)
-    slow_backend = slow.store._backend
+    slow_backend = slow.store.backend
     staged, go = threading.Event(), threading.Event()
     begin = slow_backend.begin
 
@@ -452,7 +451,7 @@ async def test_retention_rechecks_the_newest_before_deleting(stores, monkeypatch
     store, other = stores(), stores()
     records = [make_record(20 + i) for i in range(3)]
     infos = [await store.write_snapshot(r, run="r", step=i) for i, r in enumerate(records)]
-    committed_ids = store._backend.committed_ids
+    committed_ids = store.backend.committed_ids
     deleted_meanwhile: list[str] = []
 
     async def listing_then_someone_deletes_the_newest(*args: Any, **kwargs: Any) -> list[str]:
@@ -462,7 +461,7 @@ async def test_retention_rechecks_the_newest_before_deleting(stores, monkeypatch
             deleted_meanwhile.append(infos[2].id)
         return listed
 
-    monkeypatch.setattr(store._backend, "committed_ids", listing_then_someone_deletes_the_newest)
+    monkeypatch.setattr(store.backend, "committed_ids", listing_then_someone_deletes_the_newest)
     await store.apply_retention(keep_last=1)
     assert [info.id for info in await other.list()] == [infos[1].id]
     await assert_reads_back(other, infos[1].id, records[1])
@@ -551,8 +550,8 @@ async def test_gc_finishes_when_files_appear_in_what_it_removes(
 ) -> None:
     """A write lands in a leftover while gc removes it: gc goes on instead of failing."""
     store = local_stores()
-    await store._backend.prepare()
-    writer = await store._backend.begin(new_snapshot_id())
+    await store.backend.prepare()
+    writer = await store.backend.begin(new_snapshot_id())
     await writer.write_array(
         "0123456789abcdef", b"{}", iter([("c/0/0", [b"\0" * 8]), ("c/0/1", [b"\1" * 8])])
     )
@@ -608,7 +607,7 @@ async def test_a_delete_whose_cleanup_fails_still_deletes_and_gc_finishes_it(
             async def refuse(prefix: str) -> list:
                 raise StoreUnavailableError(f"listing {prefix} failed (injected)")
 
-            patched.setattr(store._backend, "_list", refuse)
+            patched.setattr(store.backend, "list_objects", refuse)
         with caplog.at_level("WARNING", logger="gradvault.store"):
             assert await store.apply_retention(keep_last=1) == [infos[1].id, infos[0].id]
     assert "injected" in caplog.text and infos[0].id in caplog.text
@@ -630,7 +629,7 @@ async def test_a_file_system_without_flock_still_deletes_and_collects(
     kept = await store.write_snapshot(make_record(60), run="r", step=0)
     gone = await store.write_snapshot(make_record(61), run="r", step=1)
     await store.delete(gone.id)
-    await store._backend.begin(new_snapshot_id())  # a write that never finishes
+    await store.backend.begin(new_snapshot_id())  # a write that never finishes
     assert len(await store.gc(grace_seconds=0)) == 1
     assert [info.id for info in await store.list()] == [kept.id]
     assert staging_entries(Path(store.location)) == []

@@ -106,7 +106,7 @@ class ReadCounter:
     def __init__(self, store: SnapshotStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.keys: list[str] = []
         self.forbidden = False
-        backend = store._backend
+        backend = store.backend
         for name in ("read", "read_into", "size", "object_sizes"):
             monkeypatch.setattr(backend, name, self._watch(getattr(backend, name)))
 

@@ -21,8 +21,7 @@ import pytest
 
 from gradvault.core import ParamId
 from gradvault.core.errors import SnapshotNotFoundError
-from gradvault.core.store import SnapshotStore, open_store
-from gradvault.core.store import _s3 as s3_backend
+from gradvault.core.store import GC_MARKER_NAME, SnapshotStore, open_store
 
 from .conftest import S3_BUCKET, S3_CREDENTIALS
 from .snapshot_writer import seeded_grads
@@ -168,7 +167,7 @@ async def test_writers_gc_delete_and_retention_at_once_lose_nothing_reported(
                     if not key:
                         continue  # the snapshots group's own zarr.json
                     # everything else of a collected write is gone; its marker may stay
-                    assert snapshot_id in listed or key == s3_backend.COLLECTED_MARKER, item
+                    assert snapshot_id in listed or key == GC_MARKER_NAME, item
             _empty_prefix(request.getfixturevalue("boto3_s3"), url)
 
 

@@ -1,0 +1,151 @@
+"""Tests use gradvault through its public seams, not through private names.
+
+A test that reaches into ``obj._private`` or imports ``gradvault.x._module`` breaks when
+the internals move, and hides a missing seam: fault injection in the store goes through
+``SnapshotStore.backend`` (docs/API.md, "The store's backend"). The scan is static, with
+``ast``, over every Python file under ``tests/``: attribute access ``x._name`` (on
+anything but the test's own ``self``/``cls``), ``setattr``/``getattr``-style calls with a
+private name, imports of private gradvault modules or names, and dotted gradvault paths
+with a private part passed as strings (``monkeypatch.setattr("gradvault...._x.y", ...)``).
+The few unit tests of a module's own internals are listed in ``ALLOWED`` with the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+
+#: (test file, private name used) -> why that test may use it.
+ALLOWED = {
+    ("client/test_retries.py", "_sleep"): (
+        "a unit test of the client's own retry loop: it replaces the client's sleep to "
+        "record the backoff delays instead of waiting them out"
+    ),
+    ("core/test_device_stream.py", "gradvault.core.store._device_stream"): (
+        "unit tests of core/store/_device_stream.py's internals (RingStreamer) with a fake device"
+    ),
+    ("core/test_gpu_stream.py", "gradvault.core.store._device_stream"): (
+        "tests of core/store/_device_stream.py's internals (RingStreamer, CupyCopier) on "
+        "a real CUDA device"
+    ),
+}
+
+_PRIVATE_PATH = re.compile(r"\bgradvault(?:\.[A-Za-z]\w*)*\.(?!__)_\w+")
+_NAME_CALLS = {"setattr", "getattr", "delattr", "hasattr"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _module_path(node: ast.ImportFrom) -> str:
+    return "." * node.level + (node.module or "")
+
+
+def _gradvault_module(module: str) -> bool:
+    return module == "gradvault" or module.startswith("gradvault.")
+
+
+def private_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, private name)`` for every use of a private name the rules above refuse."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if not own:
+                found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if _gradvault_module(alias.name) and any(
+                    _private(part) for part in alias.name.split(".")
+                ):
+                    found.append((node.lineno, alias.name))
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if not _gradvault_module(node.module):
+                continue
+            if any(_private(part) for part in node.module.split(".")):
+                found.append((node.lineno, node.module))
+            for alias in node.names:
+                if _private(alias.name):
+                    found.append((node.lineno, f"{node.module}.{alias.name}"))
+        elif isinstance(node, ast.Call):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            if isinstance(node.func, ast.Name):
+                callee = node.func.id
+            arguments = [*node.args, *(keyword.value for keyword in node.keywords)]
+            strings = [
+                arg.value
+                for arg in arguments
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+            ]
+            if callee in _NAME_CALLS and len(node.args) >= 2:
+                name = node.args[1]
+                if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                    if _private(name.value):
+                        found.append((node.lineno, name.value))
+            for text in strings:
+                found.extend(
+                    (node.lineno, match.group(0)) for match in _PRIVATE_PATH.finditer(text)
+                )
+    return sorted(set(found))
+
+
+def _test_files() -> list[Path]:
+    this = Path(__file__).resolve()
+    return sorted(path for path in TESTS.rglob("*.py") if path.resolve() != this)
+
+
+def test_tests_use_no_private_names_but_the_allowed_ones() -> None:
+    violations = []
+    for path in _test_files():
+        relative = path.relative_to(TESTS).as_posix()
+        for line, name in private_uses(ast.parse(path.read_text(), str(path))):
+            if (relative, name) not in ALLOWED:
+                violations.append(f"tests/{relative}:{line}: {name}")
+    assert not violations, (
+        "tests reach into private names; use a public seam (SnapshotStore.backend for the "
+        "store's I/O), or, for a unit test of a module's own internals, add it to ALLOWED "
+        "with the reason:\n" + "\n".join(violations)
+    )
+
+
+def test_every_allowed_use_is_still_there() -> None:
+    """An allowance whose use is gone is removed, so the list stays the list of exceptions."""
+    used = set()
+    for path in _test_files():
+        relative = path.relative_to(TESTS).as_posix()
+        used |= {(relative, name) for _, name in private_uses(ast.parse(path.read_text()))}
+    assert not set(ALLOWED) - used, sorted(set(ALLOWED) - used)
+    assert all(reason.strip() for reason in ALLOWED.values())
+
+
+def test_the_scan_sees_each_kind_of_private_use() -> None:
+    """The rules catch what they are meant to (a scan that finds nothing passes trivially)."""
+    source = """
+import gradvault.core.store._s3
+from gradvault.core.store import _local
+from gradvault.core.store._write import encode_chunk
+from gradvault.core.recorder import _capture
+from .conftest import S3_BUCKET
+store._backend.read = spy
+self._threads.run(f)
+self.store._backend
+monkeypatch.setattr(backend, "_put", put)
+monkeypatch.setattr(backend, "put", put)
+monkeypatch.setattr("gradvault.core.store._s3.MARKER", 0)
+value.__class__
+"""
+    found = private_uses(ast.parse(source))
+    assert {name for _, name in found} == {
+        "gradvault.core.store._s3",
+        "gradvault.core.store._local",
+        "gradvault.core.store._write",
+        "gradvault.core.recorder._capture",
+        "_backend",
+        "_put",
+    }
+    # each line of a private use is reported; the public and own uses are not
+    assert {line for line, _ in found} == {2, 3, 4, 5, 7, 9, 10, 12}
