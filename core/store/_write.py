@@ -20,7 +20,7 @@ from ..record import GradientRecordEntry, GradientsParamsRecord
 from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, ThreadRunner
 from ._checksums import crc32c_combine, format_checksum
 from ._codecs import encode_chunk
-from ._manifest import PackedGradients, build_manifest, pack
+from ._manifest import PackedGradients, build_manifest, pack, packed_checksums
 from ._shards import ShardedSet
 from ._stats import gradient_stats, packed_stats
 from ._zarr_format import (
@@ -213,7 +213,9 @@ class SnapshotWrite:
     ) -> PackedGradients:
         """Pack the small gradients into one array and start writing it; their columns.
 
-        The write goes on while the manifest is built (it is awaited before the commit).
+        The write starts as soon as the gradients are laid out; their checksums and stats
+        are computed meanwhile, and the write goes on while the manifest is built (it is
+        awaited before the commit).
         """
         packed = await self._threads.run(pack, small, self._chunk_bytes)
         spans = chunk_spans((packed.length,), (packed.chunk_bytes,), 1)
@@ -226,14 +228,21 @@ class SnapshotWrite:
                 writer.write_array(PACKED_ARRAY, dump_json(document), iter(chunks))
             )
         )
-        packed.stats = await self._threads.run(
-            packed_stats,
-            packed.buffer,
-            packed.offsets,
-            [entry.array.nbytes for entry in small],
-            [entry.dtype for entry in small],
-        )
+        packed.checksums, packed.stats = await self._threads.run(_packed_columns, packed, small)
         return packed
+
+
+def _packed_columns(
+    packed: PackedGradients, small: list[GradientRecordEntry]
+) -> tuple[list[int], dict[str, list]]:
+    """The packed gradients' crc32c and stats, computed while their array is written."""
+    stats = packed_stats(
+        packed.buffer,
+        packed.offsets,
+        [entry.array.nbytes for entry in small],
+        [entry.dtype for entry in small],
+    )
+    return packed_checksums(small), stats
 
 
 def _manifest_document(manifest: dict[str, Any]) -> bytes:

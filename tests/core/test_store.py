@@ -538,6 +538,49 @@ async def test_a_full_disk_leaves_no_snapshot_and_no_staging(tmp_path: Path, mon
     await store.close()
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+async def test_every_file_and_folder_is_fsynced_before_the_manifest_and_the_rename(
+    tmp_path: Path, monkeypatch
+) -> None:
+    store = open_store(tmp_path, chunk_bytes=1024, pack_threshold=64)
+    record = make_record(varied_arrays(4))
+    await store.write_snapshot(record, run="r", step=0)  # the store's own folders exist
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def recording_fsync(fd: int) -> None:
+        real_fsync(fd)
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+
+    def recording_rename(source: object, destination: object) -> None:
+        real_rename(source, destination)
+        events.append(("rename", str(source)))
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "rename", recording_rename)
+    info = await store.write_snapshot(record, run="r", step=1)
+    monkeypatch.undo()
+
+    staging = str(tmp_path.resolve() / ".staging" / info.id)
+    committed = tmp_path / "snapshots" / info.id
+    written = sorted(
+        os.path.join(staging, os.path.relpath(os.path.join(folder, name), committed))
+        for folder, folders, files in os.walk(committed)
+        for name in folders + files
+    )
+    assert len(written) > 10  # chunk files, array documents, their folders, the manifest
+    order = {event: position for position, event in enumerate(events)}
+    renamed = order[("rename", staging)]
+    manifest = order[("fsync", os.path.join(staging, "zarr.json"))]
+    for path in written:
+        assert ("fsync", path) in order, f"{path} was never fsynced"
+        assert order[("fsync", path)] <= manifest, path
+    assert order[("fsync", staging)] < renamed
+    assert manifest < renamed
+    assert order[("fsync", str(tmp_path.resolve() / "snapshots"))] > renamed
+    await store.close()
+
+
 async def test_an_unreachable_s3_endpoint_raises_store_unavailable() -> None:
     store = open_store(
         "s3://gradvault-test/x",
