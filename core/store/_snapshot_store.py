@@ -44,6 +44,7 @@ from ._write import SnapshotWrite
 from ._zarr_format import (
     PACKED_ARRAY,
     STORE_FORMAT_VERSION,
+    Compression,
     parse_compression,
 )
 from ._zarr_view import ZarrView, checked_range
@@ -133,24 +134,9 @@ class SnapshotStore:
         becomes visible and the partial write is removed where possible
         (StoreUnavailableError for I/O failures, a full disk included).
         """
-        if not isinstance(record, GradientsParamsRecord):
-            raise TypeError(f"record must be a GradientsParamsRecord; got {type(record).__name__}")
-        run, step, tags = check_snapshot_fields(run, step, tags)
-        if not isinstance(device, str) or not device:
-            raise ValueError(f"device must be a non-empty string; got {device!r}")
-        codec = parse_compression(compression)
-        check_metadata(record.metadata)  # the dict may have changed since the record was built
-
+        run, step, tags, codec = _checked_write(record, run, step, tags, device, compression)
         snapshot_id = new_snapshot_id()
-        write = SnapshotWrite(
-            self._backend,
-            self._threads,
-            snapshot_id=snapshot_id,
-            pack_threshold=self.pack_threshold,
-            chunk_bytes=self.chunk_bytes,
-            max_concurrency=self.max_concurrency,
-            compression=codec,
-        )
+        write = self._write(snapshot_id, codec)
         manifest = await write.run(record, run=run, step=step, tags=tags, device=device)
         info = SnapshotInfo.from_manifest(manifest)
         self._infos[snapshot_id] = info
@@ -178,15 +164,9 @@ class SnapshotStore:
         size, run, step and tags: InvalidArgumentError or InvalidFieldError otherwise, and
         for a rank written twice or outside ``0..world_size-1``; nothing commits then.
         """
-        if not isinstance(record, GradientsParamsRecord):
-            raise TypeError(f"record must be a GradientsParamsRecord; got {type(record).__name__}")
+        run, step, tags, codec = _checked_write(record, run, step, tags, device, compression)
         snapshot_id = parse_snapshot_id(snapshot_id)
         rank, world_size = check_rank(rank, world_size)
-        run, step, tags = check_snapshot_fields(run, step, tags)
-        if not isinstance(device, str) or not device:
-            raise ValueError(f"device must be a non-empty string; got {device!r}")
-        codec = parse_compression(compression)
-        check_metadata(record.metadata)
         if await self._backend.is_committed(snapshot_id):
             raise InvalidArgumentError(
                 f"snapshot {snapshot_id} is committed already; rank {rank} cannot add a "
@@ -195,16 +175,7 @@ class SnapshotStore:
         shards = ShardedSet(
             snapshot_id, rank=rank, world_size=world_size, run=run, step=step, tags=tags
         )
-        write = SnapshotWrite(
-            self._backend,
-            self._threads,
-            snapshot_id=snapshot_id,
-            pack_threshold=self.pack_threshold,
-            chunk_bytes=self.chunk_bytes,
-            max_concurrency=self.max_concurrency,
-            compression=codec,
-            shard=shards,
-        )
+        write = self._write(snapshot_id, codec, shards)
         manifest = await write.run(record, run=run, step=step, tags=tags, device=device)
         snapshot = None
         if write.committed_document is not None:
@@ -222,6 +193,21 @@ class SnapshotStore:
             num_params=manifest["num_params"],
             committed=snapshot is not None,
             snapshot=snapshot,
+        )
+
+    def _write(
+        self, snapshot_id: str, codec: Compression | None, shard: ShardedSet | None = None
+    ) -> SnapshotWrite:
+        """The write pipeline of one snapshot, or of one rank's shard, with this store's sizes."""
+        return SnapshotWrite(
+            self._backend,
+            self._threads,
+            snapshot_id=snapshot_id,
+            pack_threshold=self.pack_threshold,
+            chunk_bytes=self.chunk_bytes,
+            max_concurrency=self.max_concurrency,
+            compression=codec,
+            shard=shard,
         )
 
     # --- reading ----------------------------------------------------------------------
@@ -621,3 +607,22 @@ class SnapshotStore:
         if rules.keeps_everything:
             return []
         return await RetentionPass(self, rules, protected).run(run)
+
+
+def _checked_write(
+    record: object,
+    run: object,
+    step: object,
+    tags: object,
+    device: object,
+    compression: object,
+) -> tuple[str, int, dict[str, str], Compression | None]:
+    """A write's arguments checked before any I/O: run, step, tags and the zstd level."""
+    if not isinstance(record, GradientsParamsRecord):
+        raise TypeError(f"record must be a GradientsParamsRecord; got {type(record).__name__}")
+    run, step, tags = check_snapshot_fields(run, step, tags)
+    if not isinstance(device, str) or not device:
+        raise ValueError(f"device must be a non-empty string; got {device!r}")
+    codec = parse_compression(compression)
+    check_metadata(record.metadata)  # the dict may have changed since the record was built
+    return run, step, tags, codec
