@@ -302,20 +302,28 @@ def _lock_for_removal(path: str) -> int | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _take_lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
         return None
+    return fd
+
+
+def _take_lock(fd: int, operation: int) -> None:
+    """``flock(fd, operation)``; closes ``fd`` when it raises.
+
+    On a file system without flock nothing is locked: removal is still claimed by the
+    rename and tolerant of others, only a live removal can no longer be told from a
+    leftover.
+    """
+    try:
+        fcntl.flock(fd, operation)
     except OSError as error:
         if error.errno not in _NO_LOCKING:
             os.close(fd)
             raise
-        # A file system without flock: removal is still claimed by the rename and
-        # tolerant of others, only a live removal can no longer be told from a leftover.
     except BaseException:
         os.close(fd)
         raise
-    return fd
 
 
 def _lock_folder(path: str) -> int:
@@ -326,15 +334,7 @@ def _lock_folder(path: str) -> int:
     folder is gone. (Without flock the folder is returned unlocked; see _lock_for_removal.)
     """
     fd = os.open(path, _LOCK_FLAGS)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as error:
-        if error.errno not in _NO_LOCKING:
-            os.close(fd)
-            raise
-    except BaseException:
-        os.close(fd)
-        raise
+    _take_lock(fd, fcntl.LOCK_EX)
     return fd
 
 
