@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -41,6 +40,7 @@ from .errors import (
     InvalidUploadError,
     SizeMismatchError,
 )
+from .mapped_file import map_readonly
 from .param_id import ParamId
 from .record import GradientRecordEntry, GradientsParamsRecord
 from .record_rules import (
@@ -610,6 +610,9 @@ def record_from_safetensors(
 
     A file is mapped, not read: the record's arrays are read-only views of the mapping
     (or of the given buffer), so the file must not be changed while the record is used.
+    The store's write lets each chunk of a mapped file go once written
+    (``gradvault.core.mapped_file.release_pages``), so committing the record holds a
+    chunk per array in flight of it, not the whole file.
     Names come from ``"gradvault.names"`` (or the keys, under ``"gradvault.param_ids"``),
     metadata from ``"gradvault.manifest"``; a snapshot the store served comes back with
     the metadata ``read_snapshot`` gives, ``"snapshot"`` included. InvalidUploadError if
@@ -618,12 +621,7 @@ def record_from_safetensors(
     if isinstance(source, bytes | bytearray | memoryview):
         buffer = memoryview(source).cast("B")
     else:
-        with open(source, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            if size == 0:
-                buffer = memoryview(b"")
-            else:
-                buffer = memoryview(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
+        buffer = map_readonly(source)
     header = SafetensorsHeader.parse(
         buffer, max_header_bytes=max_header_bytes, body_bytes=len(buffer)
     )

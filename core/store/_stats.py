@@ -36,16 +36,16 @@ def _flat_for_math(array: np.ndarray) -> np.ndarray:
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def _careful_stats(flat: np.ndarray) -> dict:
+def _careful_stats(flat: np.ndarray) -> tuple[float, float, int, int]:
     """Stats of an array holding NaN or Inf: norms over the finite values, plus counts."""
     nan_count = int(np.count_nonzero(np.isnan(flat)))
     inf_count = int(np.count_nonzero(np.isinf(flat)))
     finite = flat[np.isfinite(flat)]
     if finite.size == 0:
-        return _stats_dict(0.0, 0.0, nan_count, inf_count)
+        return 0.0, 0.0, nan_count, inf_count
     sum_squares = float(np.einsum("i,i->", finite, finite, dtype=np.float64))
     max_abs = max(float(finite.max()), -float(finite.min()))
-    return _stats_dict(sum_squares, max_abs, nan_count, inf_count)
+    return sum_squares, max_abs, nan_count, inf_count
 
 
 _ROW = 1024
@@ -67,10 +67,8 @@ def _sum_squares(flat: np.ndarray) -> float:
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def gradient_stats(array: np.ndarray) -> dict:
-    """L2 norm and max |g| (float64 accumulation, finite values only) and NaN/Inf counts."""
-    if array.size == 0:
-        return dict(_ZERO_STATS)
+def _piece_stats(array: np.ndarray) -> tuple[float, float, int, int]:
+    """Sum of squares and max |g| (finite values only), NaN and Inf counts of ``array``."""
     flat = _flat_for_math(array)
     sum_squares = _sum_squares(flat)
     high, low = flat.max(), flat.min()
@@ -80,7 +78,44 @@ def gradient_stats(array: np.ndarray) -> dict:
             return _careful_stats(flat)
     else:
         max_abs = float(max(int(high), -int(low)))
-    return _stats_dict(sum_squares, max_abs, 0, 0)
+    return sum_squares, max_abs, 0, 0
+
+
+class StatsAccumulator:
+    """:func:`gradient_stats` of a gradient given piece by piece (its chunks, in any order).
+
+    Each piece is reduced as it comes, so only one piece need be in memory at a time;
+    the sums of squares of the pieces are added in float64.
+    """
+
+    def __init__(self) -> None:
+        self._sum_squares = 0.0
+        self._max_abs: float | None = None
+        self._nan_count = 0
+        self._inf_count = 0
+
+    def add(self, piece: np.ndarray) -> None:
+        """Take in the values of ``piece``."""
+        if piece.size == 0:
+            return
+        sum_squares, max_abs, nan_count, inf_count = _piece_stats(piece)
+        self._sum_squares += sum_squares
+        self._max_abs = max_abs if self._max_abs is None else max(self._max_abs, max_abs)
+        self._nan_count += nan_count
+        self._inf_count += inf_count
+
+    def result(self) -> dict:
+        """The stats of every value taken in (those of an empty gradient if none)."""
+        if self._max_abs is None:
+            return dict(_ZERO_STATS)
+        return _stats_dict(self._sum_squares, self._max_abs, self._nan_count, self._inf_count)
+
+
+def gradient_stats(array: np.ndarray) -> dict:
+    """L2 norm and max |g| (float64 accumulation, finite values only) and NaN/Inf counts."""
+    stats = StatsAccumulator()
+    stats.add(array)
+    return stats.result()
 
 
 #: packed_stats squares this many bytes of the packed buffer at a time, in float64 (up to

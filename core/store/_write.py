@@ -3,10 +3,12 @@
 Each gradient of at least ``pack_threshold`` bytes gets its own array; the smaller ones
 are packed into one (``_manifest.pack``). Per array, the chunks are checksummed as they
 are written (the backend fills each chunk's crc32c trailer slice by slice, so every byte
-goes through memory once for both) while the gradient's stats are computed in another
-thread; the gradient's checksum is combined from its chunks' crc32c, never a second
-pass. The manifest is encoded while the last writes finish; nothing is visible to a
-reader before the backend's commit, and a failure anywhere aborts the whole write.
+goes through memory once for both) and then reduced into the gradient's stats, while the
+chunk is still in cache; the gradient's checksum is combined from its chunks' crc32c,
+never a second pass. A chunk of a mapped file (an upload) is let go once written, so a
+write holds about one chunk of it per array in flight. The manifest is encoded while
+the last writes finish; nothing is visible to a reader before the backend's commit, and
+a failure anywhere aborts the whole write.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from ..errors import StoreUnavailableError
+from ..mapped_file import release_pages
 from ..record import GradientRecordEntry, GradientsParamsRecord
 from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, ThreadRunner
 from ._checksums import crc32c_combine, format_checksum
 from ._codecs import encode_chunk
 from ._manifest import PackedGradients, build_manifest, pack, packed_checksums
 from ._shards import ShardedSet
-from ._stats import gradient_stats, packed_stats
+from ._stats import StatsAccumulator, packed_stats
 from ._zarr_format import (
     PACKED_ARRAY,
     ChunkSpan,
@@ -43,7 +48,11 @@ class _GradientChunks:
     """The encoded chunks of one array; once iterated, ``checksum`` is its data's crc32c.
 
     The payload crc32c of each chunk is taken once the backend has written the chunk
-    (before it asks for the next one), and combined into the array's checksum.
+    (before it asks for the next one), and combined into the array's checksum. With
+    ``values`` (a gradient's own array, flat) the gradient's stats are taken chunk by
+    chunk too, and each chunk's pages are let go once it is written and reduced
+    (``release_pages``: it acts on a mapped upload only), so that writing a mapped file
+    holds one chunk of it per array in flight, not the whole file.
     """
 
     def __init__(
@@ -52,15 +61,20 @@ class _GradientChunks:
         spans: list[ChunkSpan],
         compression: Compression | None,
         write: SnapshotWrite,
+        values: np.ndarray | None = None,
     ) -> None:
         self._data = data
         self._spans = spans
         self._compression = compression
         self._write = write
+        self._values = values
         self.checksum = 0
+        self.stats = StatsAccumulator()
 
     def __iter__(self) -> Iterator[EncodedChunk]:
         checksum = 0
+        values = self._values
+        itemsize = 1 if values is None else values.itemsize
         for span in self._spans:
             if self._write.failed:
                 raise _Abandoned
@@ -70,6 +84,10 @@ class _GradientChunks:
             )
             yield span.key, parts
             checksum = crc32c_combine(checksum, payload_crc(), span.length)
+            if values is not None:
+                first = span.start // itemsize
+                self.stats.add(values[first : first + span.length // itemsize])
+            release_pages(payload)
         self.checksum = checksum
 
 
@@ -192,20 +210,18 @@ class SnapshotWrite:
         itemsize = entry.array.dtype.itemsize
         chunk_shape = chunk_shape_for(entry.shape, itemsize, self._chunk_bytes)
         spans = chunk_spans(entry.shape, chunk_shape, itemsize)
-        chunks = _GradientChunks(entry.data, spans, self._compression, self)
+        values = entry.array.reshape(-1)
+        chunks = _GradientChunks(entry.data, spans, self._compression, self, values)
         attributes = {"gradvault": {"param_id": str(entry.param_id), "name": entry.name}}
         document = array_metadata(
             entry.shape, entry.dtype, chunk_shape, self._compression, attributes
         )
-        _, stats = await asyncio.gather(
-            writer.write_array(str(entry.param_id), dump_json(document), iter(chunks)),
-            self._threads.run(gradient_stats, entry.array),
-        )
+        await writer.write_array(str(entry.param_id), dump_json(document), iter(chunks))
         return {
             "array": str(entry.param_id),
             "chunk_shape": list(chunk_shape),
             "checksum": format_checksum(chunks.checksum),
-            "stats": stats,
+            "stats": chunks.stats.result(),
         }
 
     async def _write_packed(

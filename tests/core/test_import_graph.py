@@ -18,6 +18,7 @@ LAYERS = [
         "core.record_rules",
         "core.op_table",
         "core.grad_mode",
+        "core.mapped_file",
     ],
     ["core.graph", "core.gradients"],
     ["core.tensor"],
