@@ -11,7 +11,7 @@ that look complete.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from fastapi.responses import StreamingResponse
 
@@ -21,17 +21,22 @@ from .metrics import ServiceMetrics
 
 _log = logging.getLogger("gradvault.service")
 
-#: The most handed to the server at once. A stored chunk (32 MiB by default) goes out in
-#: slices of this size: the HTTP layer copies what it is given into its send buffer, so a
-#: whole chunk at once would cost another chunk's worth of memory per response.
-SEND_BYTES = 1 << 20
+#: The most handed to the server at once, as a copy of its own. A stored chunk (32 MiB by
+#: default) goes out in slices of this size: the HTTP layer copies what it is given (h11
+#: joins it into bytes, the transport keeps what the socket did not take), so a whole
+#: chunk at once would cost another chunk's worth of memory per response. A copy that
+#: is ``bytes`` already is passed on by h11 as is, and holds no reference to the chunk:
+#: once its last slice is out, nothing the server or the framework keeps (Starlette's
+#: loop keeps the last body part while it asks for the next) holds the chunk alive.
+SEND_BYTES = 256 << 10
 
 
-def _slices(piece: bytes | memoryview) -> list[bytes | memoryview]:
-    if len(piece) <= SEND_BYTES:
-        return [piece]
+def _slices(piece: bytes | memoryview) -> Iterator[bytes]:
+    """``piece`` as copies of at most SEND_BYTES, made one at a time as they are sent."""
     view = memoryview(piece).cast("B")
-    return [view[start : start + SEND_BYTES] for start in range(0, len(view), SEND_BYTES)]
+    del piece
+    for start in range(0, len(view), SEND_BYTES):
+        yield bytes(view[start : start + SEND_BYTES])
 
 
 class TransferAborted(Exception):
@@ -65,20 +70,17 @@ async def started_stream(
 
     async def body() -> AsyncIterator[bytes | memoryview]:
         nonlocal first
-        if first is None:
-            return
-        # No name may keep a sent chunk alive while the next one is read: slices are
-        # popped as they go out, so a response holds one stored chunk, not two.
-        parts = _slices(first)[::-1]
-        first = None
-        while parts:
-            yield parts.pop()
+        # No name may keep a sent chunk alive while the next one is read: the chunk goes
+        # out as copies of a slice each, and is dropped before the next one is asked for,
+        # so a response holds one stored chunk at a time, never two.
+        piece, first = first, None
         try:
-            async for piece in pieces:
-                parts = _slices(piece)[::-1]
-                del piece
-                while parts:
-                    yield parts.pop()
+            while piece is not None:
+                slices, piece = _slices(piece), None
+                for part in slices:
+                    yield part
+                del slices
+                piece = await anext(pieces, None)
         except GradvaultError as error:
             name = type(error).__name__
             metrics.errors.labels(name).inc()
@@ -98,3 +100,4 @@ async def prefixed(
     if pieces is not None:
         async for piece in pieces:
             yield piece
+            del piece  # not kept while the next piece is read

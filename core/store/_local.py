@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import crc32c
 
 from ..errors import InvalidArgumentError, StoreUnavailableError
+from ..mapped_file import release_pages
 from ._backend import (
     MANIFEST_NAME,
     RANKS_GROUP,
@@ -100,6 +101,9 @@ def _write_buffers(fd: int, buffers: list[Any]) -> None:
             piece = view[start : start + SLICE_BYTES]
             crc = crc32c.crc32c(piece, value=crc)
             _write_all(fd, [piece])
+            # in the page cache now: a mapped upload's slice need not stay resident
+            # (through the fsync); a no-op for any other memory
+            release_pages(piece)
         trailer.add(crc)
     _write_all(fd, [memoryview(trailer.value())])
 

@@ -475,6 +475,7 @@ class SnapshotStore:
                     packed=packed,
                 ):
                     yield piece
+                    del piece  # not kept while the next piece is read
 
         return len(header) + sum(sizes), pieces()
 

@@ -1,14 +1,14 @@
 """The write pipeline: one snapshot's arrays written in parallel, its manifest, its commit.
 
 Each gradient of at least ``pack_threshold`` bytes gets its own array; the smaller ones
-are packed into one (``_manifest.pack``). Per array, the chunks are checksummed as they
-are written (the backend fills each chunk's crc32c trailer slice by slice, so every byte
-goes through memory once for both) and then reduced into the gradient's stats, while the
-chunk is still in cache; the gradient's checksum is combined from its chunks' crc32c,
-never a second pass. A chunk of a mapped file (an upload) is let go once written, so a
-write holds about one chunk of it per array in flight. The manifest is encoded while
-the last writes finish; nothing is visible to a reader before the backend's commit, and
-a failure anywhere aborts the whole write.
+are packed into one (``_manifest.pack``). Per array, each chunk is reduced into the
+gradient's stats and then written, checksummed as it goes (the backend fills each
+chunk's crc32c trailer slice by slice); the gradient's checksum is combined from its
+chunks' crc32c, never a second pass. The pages of a mapped file (an upload) are let go
+as they are read and written, so a write holds about a slice of it (SLICE_BYTES) per
+array in flight. The manifest is encoded while the last writes finish; nothing is
+visible to a reader before the backend's commit, and a failure anywhere aborts the
+whole write.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..errors import StoreUnavailableError
 from ..mapped_file import release_pages
 from ..record import GradientRecordEntry, GradientsParamsRecord
 from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, ThreadRunner
-from ._checksums import crc32c_combine, format_checksum
+from ._checksums import SLICE_BYTES, crc32c_combine, format_checksum
 from ._codecs import encode_chunk
 from ._manifest import PackedGradients, build_manifest, pack, packed_checksums
 from ._shards import ShardedSet
@@ -50,9 +50,10 @@ class _GradientChunks:
     The payload crc32c of each chunk is taken once the backend has written the chunk
     (before it asks for the next one), and combined into the array's checksum. With
     ``values`` (a gradient's own array, flat) the gradient's stats are taken chunk by
-    chunk too, and each chunk's pages are let go once it is written and reduced
-    (``release_pages``: it acts on a mapped upload only), so that writing a mapped file
-    holds one chunk of it per array in flight, not the whole file.
+    chunk too, just before the chunk is written, and the pages read are let go slice by
+    slice (``release_pages``: it acts on a mapped upload only; the local backend lets
+    each slice go once written), so that writing a mapped file holds about a slice of it
+    per array in flight, and never more than a chunk, not the whole file.
     """
 
     def __init__(
@@ -79,16 +80,24 @@ class _GradientChunks:
             if self._write.failed:
                 raise _Abandoned
             payload = self._data[span.start : span.start + span.length]
+            if values is not None:
+                self._reduce(values, span.start // itemsize, span.length // itemsize)
             parts, payload_crc = encode_chunk(
                 payload, span.padded_length - span.length, self._compression
             )
             yield span.key, parts
             checksum = crc32c_combine(checksum, payload_crc(), span.length)
-            if values is not None:
-                first = span.start // itemsize
-                self.stats.add(values[first : first + span.length // itemsize])
             release_pages(payload)
         self.checksum = checksum
+
+    def _reduce(self, values: np.ndarray, first: int, count: int) -> None:
+        """Take ``values[first:first + count]`` into the stats, a slice at a time, letting
+        each slice's pages go once read (the write reads them again slice by slice)."""
+        step = max(1, SLICE_BYTES // values.itemsize)
+        for start in range(first, first + count, step):
+            piece = values[start : min(start + step, first + count)]
+            self.stats.add(piece)
+            release_pages(piece)
 
 
 class SnapshotWrite:

@@ -171,6 +171,7 @@ async def _safetensors_range(
         if first < last:
             async for piece in store.iter_gradient(snapshot_id, param_id, first, last):
                 yield piece
+                del piece  # not kept while the next piece is read
         offset += nbytes
         if offset >= stop:
             return

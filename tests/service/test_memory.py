@@ -1,19 +1,24 @@
-"""Downloads are streamed: serving a 1 GiB gradient barely grows the service's memory."""
+"""The service's memory does not grow with what it moves: serving a 1 GiB gradient, or
+committing a 256 MiB upload, barely grows its peak resident set."""
 
 from __future__ import annotations
 
 import os
 
+import crc32c
 import httpx
 import numpy as np
 import pytest
 
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId, open_store
+from gradvault.core.safetensors_file import record_header, safetensors_chunks
 
 from .processes import ServiceProcess
 
 GRADIENT_BYTES = 1 << 30
 GROWTH_LIMIT = 64 << 20
+UPLOAD_BYTES = 256 << 20
+UPLOAD_GROWTH_LIMIT = 96 << 20
 
 
 def _peak_rss(pid: int) -> int:
@@ -51,3 +56,42 @@ async def test_serving_a_1_gib_gradient_grows_peak_rss_by_under_64_mib(tmp_path)
             after = _peak_rss(service.pid)
     assert received == GRADIENT_BYTES
     assert after - before < GROWTH_LIMIT, f"peak RSS grew by {(after - before) >> 20} MiB"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+async def test_committing_a_256_mib_upload_grows_peak_rss_by_under_96_mib(tmp_path):
+    """The upload is spooled to a file and committed from a mapping of it; the commit lets
+    each chunk's pages go once written (before: every page of the file stayed resident,
+    256 MiB, until the commit ended)."""
+    rng = np.random.default_rng(7)
+    gradient = rng.standard_normal(UPLOAD_BYTES // 4).astype(np.float32)  # 8 chunks of 32 MiB
+    record = GradientsParamsRecord([GradientRecordEntry.from_array(ParamId(7), "big", gradient)])
+    small = GradientsParamsRecord(
+        [GradientRecordEntry.from_array(ParamId(8), "warm-up", gradient[: 1 << 20])]
+    )
+
+    async def body(upload: GradientsParamsRecord):  # noqa: ANN202 - an iterator of bytes
+        for piece in safetensors_chunks(upload):
+            yield bytes(piece)
+
+    with ServiceProcess(str(tmp_path / "store")) as service:
+        async with httpx.AsyncClient(base_url=service.base_url, timeout=300) as client:
+            # warm up every code path an upload takes, then take the baseline
+            warm = await client.post(
+                "/v1/snapshots", params={"run": "warm", "step": 0}, content=body(small)
+            )
+            assert warm.status_code == 201, warm.text
+            before = _peak_rss(service.pid)
+            response = await client.post(
+                "/v1/snapshots",
+                params={"run": "big", "step": 1},
+                content=body(record),
+                headers={"Content-Length": str(len(record_header(record)) + UPLOAD_BYTES)},
+            )
+            after = _peak_rss(service.pid)
+            assert response.status_code == 201, response.text
+            manifest = (await client.get(f"/v1/snapshots/{response.json()['id']}")).json()
+    assert manifest["nbytes"] == UPLOAD_BYTES
+    (checksum,) = [g["checksum"] for g in manifest["gradients"]]
+    assert checksum == f"crc32c:{crc32c.crc32c(gradient):08x}"
+    assert after - before < UPLOAD_GROWTH_LIMIT, f"peak RSS grew by {(after - before) >> 20} MiB"
