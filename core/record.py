@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -142,6 +142,21 @@ class GradientRecordEntry:
         array.flags.writeable = False
         return cls(pid, name, dtype, shape, array)
 
+    @classmethod
+    def _unchecked(
+        cls, param_id: ParamId, name: str, dtype: str, array: np.ndarray
+    ) -> GradientRecordEntry:
+        """The entry of fields known to agree (a record held by column), shape the array's.
+
+        Fills the fields at once: the frozen dataclass's ``__init__`` sets them one
+        ``object.__setattr__`` at a time, a third of the cost of 10,000 entries.
+        """
+        entry = object.__new__(cls)
+        entry.__dict__.update(
+            param_id=param_id, name=name, dtype=dtype, shape=array.shape, array=array
+        )
+        return entry
+
     @property
     def nbytes(self) -> int:
         """Size of the gradient in bytes."""
@@ -198,6 +213,24 @@ def _json_copy(value: Any) -> Any:
     return value
 
 
+class RecordColumns(NamedTuple):
+    """A record's gradients by column, in record order: what bulk readers and writers take.
+
+    ``arrays`` are the entries' arrays (read-only, C-contiguous, little-endian); a
+    gradient's shape is its array's.
+    """
+
+    param_ids: tuple[ParamId, ...]
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    arrays: tuple[np.ndarray, ...]
+
+
+#: what ``GradientsParamsRecord.from_columns`` takes as the arrays: the arrays, or a
+#: function that builds them all at once when the record is first read
+ArraySource = Sequence[np.ndarray] | Callable[[], Sequence[np.ndarray]]
+
+
 class GradientsParamsRecord:
     """An immutable list of gradient entries plus format version and metadata.
 
@@ -208,6 +241,10 @@ class GradientsParamsRecord:
     entry is validated (``GradientRecordEntry.validate``), ids must be unique and the
     metadata must be JSON a manifest holds unchanged (``record_rules``), so a record that
     can be built can be written and read back.
+
+    A record of many gradients is held by column (``from_columns``: a capture, a
+    restore): its entry objects, and for a capture its arrays, are built together the
+    first time an entry is asked for; ``columns()`` reads them without building entries.
     """
 
     def __init__(
@@ -238,6 +275,63 @@ class GradientsParamsRecord:
         record._build(entries, metadata, FORMAT_VERSION, check_entries=False)
         return record
 
+    @classmethod
+    def from_columns(
+        cls,
+        param_ids: Sequence[ParamId],
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        arrays: ArraySource,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        nbytes: int | None = None,
+        shapes: Sequence[tuple[int, ...]] | None = None,
+        unique_ids: bool = False,
+    ) -> GradientsParamsRecord:
+        """A record of gradients given by column, whose fields are known to agree.
+
+        As for ``from_checked_entries``, the caller vouches for every field: ids are
+        ParamIds, names text a snapshot can hold, and each array read-only, C-contiguous,
+        little-endian, of the dtype named in ``dtypes``. ``arrays`` may be a function that
+        builds the arrays (all at once) the first time they are read; ``nbytes`` is then
+        their total and ``shapes`` their shapes (``repr`` shows them without building the
+        arrays). Ids must be unique: checked here unless ``unique_ids`` says the
+        caller knows (the keys of a dict, a validated manifest's column). No entry object
+        is built until one is asked for.
+        """
+        count = len(param_ids)
+        if len(names) != count or len(dtypes) != count:
+            raise InvalidArgumentTypeError(
+                f"record columns differ in length: {count} ids, {len(names)} names, "
+                f"{len(dtypes)} dtypes"
+            )
+        if not unique_ids and len(set(param_ids)) != count:
+            seen: dict[ParamId, str] = {}
+            for pid, name in zip(param_ids, names, strict=True):
+                if pid in seen:
+                    raise DuplicateParamError(
+                        f"param {pid} ({name!r}) appears twice in the record "
+                        f"(first as {seen[pid]!r})"
+                    )
+                seen[pid] = name
+        record = cls.__new__(cls)
+        record._entries = None
+        record._by_id = None
+        record._ids, record._names, record._dtypes = tuple(param_ids), tuple(names), tuple(dtypes)
+        record._shapes = shapes
+        if callable(arrays):
+            record._arrays, record._make_arrays = None, arrays
+        else:
+            record._arrays, record._make_arrays = tuple(arrays), None
+            if len(record._arrays) != count:
+                raise InvalidArgumentTypeError(
+                    f"record columns differ in length: {count} ids, {len(record._arrays)} arrays"
+                )
+        record._nbytes = nbytes
+        record._metadata = _json_copy(check_metadata(metadata))
+        record._format_version = FORMAT_VERSION
+        return record
+
     def _build(
         self,
         entries: list[GradientRecordEntry] | tuple[GradientRecordEntry, ...],
@@ -251,23 +345,71 @@ class GradientsParamsRecord:
                 f"record has format version {format_version}; this release reads version "
                 f"{FORMAT_VERSION}"
             )
-        self._entries = tuple(entries)
-        self._by_id: dict[ParamId, GradientRecordEntry] = {}
+        self._entries: tuple[GradientRecordEntry, ...] | None = tuple(entries)
+        by_id: dict[ParamId, GradientRecordEntry] = {}
         for entry in self._entries:
             if check_entries and not isinstance(entry, GradientRecordEntry):
                 raise InvalidArgumentTypeError(
                     f"a record holds GradientRecordEntry objects; got {type(entry).__name__}"
                 )
-            if entry.param_id in self._by_id:
+            if entry.param_id in by_id:
                 raise DuplicateParamError(
                     f"param {entry.param_id} ({entry.name!r}) appears twice in the record "
-                    f"(first as {self._by_id[entry.param_id].name!r})"
+                    f"(first as {by_id[entry.param_id].name!r})"
                 )
             if check_entries:
                 entry.validate()
-            self._by_id[entry.param_id] = entry
+            by_id[entry.param_id] = entry
+        self._by_id: dict[ParamId, GradientRecordEntry] | None = by_id
+        self._ids = self._names = self._dtypes = None
+        self._arrays: tuple[np.ndarray, ...] | None = None
+        self._make_arrays: Callable[[], Sequence[np.ndarray]] | None = None
+        self._shapes: Sequence[tuple[int, ...]] | None = None
+        self._nbytes: int | None = None
         self._metadata: dict[str, Any] = _json_copy(check_metadata(metadata))
         self._format_version = format_version
+
+    def _column_arrays(self) -> tuple[np.ndarray, ...]:
+        """The arrays of a record held by column, built now if they are not yet."""
+        if self._arrays is None:
+            make, self._make_arrays = self._make_arrays, None
+            self._arrays = tuple(make())  # type: ignore[misc]
+        return self._arrays
+
+    def _all_entries(self) -> tuple[GradientRecordEntry, ...]:
+        """The entries, built (all at once, in one pass) the first time they are needed."""
+        entries = self._entries
+        if entries is None:
+            entry = GradientRecordEntry._unchecked
+            with paused_gc():
+                entries = self._entries = tuple(
+                    map(entry, self._ids, self._names, self._dtypes, self._column_arrays())  # type: ignore[arg-type]
+                )
+        return entries
+
+    def _index(self) -> dict[ParamId, GradientRecordEntry]:
+        by_id = self._by_id
+        if by_id is None:
+            entries = self._all_entries()
+            by_id = self._by_id = dict(zip(self._ids, entries, strict=True))  # type: ignore[arg-type]
+        return by_id
+
+    def columns(self) -> RecordColumns:
+        """The gradients by column (ids, names, dtypes, arrays), without building entries."""
+        if self._entries is None or self._ids is not None:
+            return RecordColumns(
+                self._ids,  # type: ignore[arg-type]
+                self._names,  # type: ignore[arg-type]
+                self._dtypes,  # type: ignore[arg-type]
+                self._column_arrays(),
+            )
+        entries = self._entries
+        return RecordColumns(
+            tuple(e.param_id for e in entries),
+            tuple(e.name for e in entries),
+            tuple(e.dtype for e in entries),
+            tuple(e.array for e in entries),
+        )
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -282,49 +424,67 @@ class GradientsParamsRecord:
     @property
     def entries(self) -> tuple[GradientRecordEntry, ...]:
         """The entries, in order."""
-        return self._entries
+        return self._all_entries()
 
     def __iter__(self) -> Iterator[GradientRecordEntry]:
-        return iter(self._entries)
+        return iter(self._all_entries())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._ids) if self._entries is None else len(self._entries)  # type: ignore[arg-type]
 
     def __contains__(self, param_id: object) -> bool:
         try:
-            return as_param_id(param_id) in self._by_id  # type: ignore[arg-type]
+            return as_param_id(param_id) in self._index()  # type: ignore[arg-type]
         except (ValueError, TypeError):
             return False
 
     def __getitem__(self, param_id: ParamId | str) -> GradientRecordEntry:
         pid = as_param_id(param_id)
         try:
-            return self._by_id[pid]
+            return self._index()[pid]
         except KeyError:
             raise MissingGradientError(f"record has no gradient for param {pid}") from None
 
     @property
     def nbytes(self) -> int:
         """Total bytes of every gradient."""
-        return sum(entry.nbytes for entry in self._entries)
+        if self._nbytes is None:
+            if self._entries is None:
+                self._nbytes = sum(int(array.nbytes) for array in self._column_arrays())
+            else:
+                self._nbytes = sum(entry.nbytes for entry in self._entries)
+        return self._nbytes
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, GradientsParamsRecord):
             return NotImplemented
-        return len(self) == len(other) and all(
-            a.param_id == b.param_id
-            and a.name == b.name
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and a.array.tobytes() == b.array.tobytes()
-            for a, b in zip(self._entries, other._entries, strict=True)
+        if len(self) != len(other):
+            return False
+        mine, theirs = self.columns(), other.columns()
+        return (
+            mine.param_ids == theirs.param_ids
+            and mine.names == theirs.names
+            and mine.dtypes == theirs.dtypes
+            and all(
+                a.shape == b.shape and a.tobytes() == b.tobytes()
+                for a, b in zip(mine.arrays, theirs.arrays, strict=True)
+            )
         )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
+        # cheap whatever the size (asyncio's task reprs call it): builds no entries
         lines = [f"GradientsParamsRecord({len(self)} gradients, {self.nbytes} bytes)"]
-        lines += [f"  {e.param_id} {e.name!r} {e.dtype}{list(e.shape)}" for e in self._entries[:20]]
+        if self._entries is not None:
+            rows = [(e.param_id, e.name, e.dtype, e.shape) for e in self._entries[:20]]
+        else:
+            shapes = self._shapes
+            if shapes is None or self._arrays is not None:
+                shapes = [array.shape for array in self._column_arrays()[:20]]
+            head = (self._ids[:20], self._names[:20], self._dtypes[:20], shapes[:20])  # type: ignore[index]
+            rows = list(zip(*head, strict=True))
+        lines += [f"  {pid} {name!r} {dtype}{list(shape)}" for pid, name, dtype, shape in rows]
         if len(self) > 20:
             lines.append(f"  ... {len(self) - 20} more")
         return "\n".join(lines)
