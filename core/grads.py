@@ -29,7 +29,7 @@ from .errors import (
 )
 from .gradients import Gradients
 from .param_id import ParamId, as_param_id
-from .record import GradientRecordEntry, GradientsParamsRecord, paused_gc
+from .record import GradientRecordEntry, GradientsParamsRecord, RecordColumns, paused_gc
 from .record_rules import DTYPE_NAMES, check_dtype, check_name
 from .tensor import Tensor, array_of, wrap
 from .torch_adapter import to_torch, torch_gradients
@@ -515,6 +515,9 @@ class GradientsParams:
         targets: dict[ParamId, tuple[ParamId, str]],
         copy: bool,
     ) -> None:
+        if not targets and not self._grads:  # by column: no entry object is built
+            self._fill_columns(record.columns(), dev, copy)
+            return
         grads, names = self._grads, self._names
         for entry in record:  # the record validated every entry when it was built
             array = _host_buffer(entry.array, copy)
@@ -526,18 +529,38 @@ class GradientsParams:
             grads[pid] = wrap(array)
             names[pid] = name
 
+    def _fill_columns(self, columns: RecordColumns, dev: array_backend.Device, copy: bool) -> None:
+        """``_fill`` of an empty container, column by column (a record's ids are unique)."""
+        arrays: list[Any] = list(columns.arrays)
+        if any(_foreign_order(dtype) for dtype in set(map(_DTYPE_OF, arrays))):
+            arrays = [_host_buffer(array, copy) for array in arrays]
+        else:  # checked once per dtype, not once per gradient
+            arrays = [array.copy() for array in arrays] if copy else list(map(_taken, arrays))
+        if dev.type != "cpu":
+            arrays = [array_backend.to_device(array, dev) for array in arrays]
+        self._grads = dict(zip(columns.param_ids, map(wrap, arrays), strict=True))
+        self._names = dict(zip(columns.param_ids, columns.names, strict=True))
+
+
+def _foreign_order(dtype: np.dtype) -> bool:
+    """Whether ``dtype``'s byte order is not this machine's."""
+    return dtype.byteorder == ">" or (dtype.byteorder == "<" and not _LITTLE)
+
+
+def _taken(array: np.ndarray) -> np.ndarray:
+    """``array`` made writable where its base buffer is (a copy where it is not)."""
+    try:
+        array.flags.writeable = True
+    except ValueError:
+        return array.copy()
+    return array
+
 
 def _host_buffer(array: np.ndarray, copy: bool) -> np.ndarray:
     """A writable, native-order array with ``array``'s values (its own buffer when copying)."""
-    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "<" and not _LITTLE):
+    if _foreign_order(array.dtype):
         return array.astype(array.dtype.newbyteorder("="))
-    if not copy:
-        try:
-            array.flags.writeable = True  # works when the base buffer is writable
-            return array
-        except ValueError:
-            pass
-    return array.copy()
+    return array.copy() if copy else _taken(array)
 
 
 _LITTLE = np.little_endian
