@@ -10,7 +10,6 @@ parameters, never for a copy of their bytes (on the cpu; a cuda device is read t
 from __future__ import annotations
 
 import asyncio
-import itertools
 import operator
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -29,9 +28,16 @@ from .errors import (
 )
 from .gradients import Gradients
 from .param_id import ParamId, as_param_id
-from .record import GradientRecordEntry, GradientsParamsRecord, RecordColumns, paused_gc
+from .record import (
+    GradientRecordEntry,
+    GradientsParamsRecord,
+    LazyArrays,
+    RecordColumns,
+    paused_gc,
+    read_only_array,
+)
 from .record_rules import DTYPE_NAMES, check_dtype, check_name
-from .tensor import Tensor, array_of, wrap
+from .tensor import Tensor, wrap
 from .torch_adapter import to_torch, torch_gradients
 
 if TYPE_CHECKING:
@@ -53,77 +59,37 @@ def _backend_name(spec: Any) -> str:
         ) from None
 
 
-#: host gradients of at most this many bytes are copied at capture, all of one dtype into
-#: one buffer in one pass: cheaper than flagging each for copy-on-write and building its
-#: record entry, which a loop of 10,000 small gradients waited for (the copy of 16 KiB
-#: costs about what handling one gradient in Python does)
-SMALL_GRADIENT_BYTES = 16384
-
 _DTYPE_OF = operator.attrgetter("dtype")
-_SHAPE_OF = operator.attrgetter("shape")
 _NBYTES_OF = operator.attrgetter("nbytes")
-#: dtypes a small gradient is packed in: those a record holds, in little-endian order
-_PACKABLE = frozenset(DTYPE_NAMES) if np.little_endian else frozenset()
+_SHAPE_OF = operator.attrgetter("shape")
+_lend = Tensor.lend
 
 
-class _PackedCopy:
-    """Small host gradients copied at capture: end to end in one read-only array per dtype.
+class _LentArrays(LazyArrays):
+    """The host buffers a capture lent, as a record's arrays: read-only views of them,
+    built all at once when the record is first read.
 
-    ``positions`` are their places in the capture (None: all of it, in order); their
-    arrays are views of the copies, built together the first time they are needed.
+    The buffers are the gradients' own, flagged copy-on-write (or copies), so nothing can
+    change them, their shapes or their dtypes after the capture.
     """
 
-    __slots__ = ("positions", "dtypes", "flats", "sizes", "shapes", "nbytes")
+    __slots__ = ("_buffers",)
 
-    def __init__(
-        self, arrays: list[np.ndarray], sizes: list[int], positions: list[int] | None
-    ) -> None:
-        self.positions = positions
-        self.sizes = sizes  # each array's nbytes
-        self.shapes = list(map(_SHAPE_OF, arrays))
-        kinds = set(map(_DTYPE_OF, arrays))
-        self.flats: dict[str, np.ndarray] = {}
-        if len(kinds) == 1:  # the common case: one copy, its layout known from the byte sizes
-            dtype = kinds.pop()
-            name = DTYPE_NAMES[dtype]
-            self.dtypes = [name] * len(arrays)
-            try:  # C-contiguous arrays: one pass over the bytes, no array object per gradient
-                flat = np.frombuffer(b"".join(arrays), dtype=dtype)  # type: ignore[arg-type]
-            except TypeError:  # a gradient that is not C-contiguous
-                flat = np.concatenate(arrays, axis=None)
-                flat.setflags(write=False)
-            self.flats[name] = flat
-        else:
-            self.dtypes = [DTYPE_NAMES[dtype] for dtype in map(_DTYPE_OF, arrays)]
-            groups: dict[str, list[np.ndarray]] = {}
-            for array, name in zip(arrays, self.dtypes, strict=True):
-                groups.setdefault(name, []).append(array)
-            for name, group in groups.items():
-                flat = np.concatenate(group, axis=None)  # C order, whatever each layout
-                flat.setflags(write=False)
-                self.flats[name] = flat
-        self.nbytes = sum(int(flat.nbytes) for flat in self.flats.values())
+    def __init__(self, buffers: list[np.ndarray]) -> None:
+        self._buffers = buffers
 
-    def arrays(self) -> list[np.ndarray]:
-        """The copies as arrays of their gradients' shapes (read-only views, in order)."""
-        flats, shapes = self.flats, self.shapes
-        if len(flats) == 1:
-            (flat,) = flats.values()
-            itemsize = flat.itemsize
-            bounds = [end // itemsize for end in itertools.accumulate(self.sizes, initial=0)]
-            return [
-                flat[start:end].reshape(shape)
-                for start, end, shape in zip(bounds, bounds[1:], shapes, strict=False)
-            ]
-        ends: dict[str, int] = {}
-        out = []
-        for name, size, shape in zip(self.dtypes, self.sizes, shapes, strict=True):
-            flat = flats[name]
-            start = ends.get(name, 0)
-            ends[name] = start + size
-            first, last = start // flat.itemsize, (start + size) // flat.itemsize
-            out.append(flat[first:last].reshape(shape))
-        return out
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def build(self) -> list[np.ndarray]:
+        return list(map(read_only_array, self._buffers))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(map(_NBYTES_OF, self._buffers))
+
+    def shapes(self, count: int) -> list[tuple[int, ...]]:
+        return list(map(_SHAPE_OF, self._buffers[:count]))
 
 
 class GradientsCapture:
@@ -132,87 +98,42 @@ class GradientsCapture:
     Made by ``GradientsParams.capture()``; ``try_to_record``, ``to_record_async`` and the
     recorder all start from one. The buffers are still on their device: ``to_record``
     (blocking) or ``await to_record_async()`` (device reads in a thread) turns them into a
-    GradientsParamsRecord of host arrays. Small host gradients were copied at capture
-    (``SMALL_GRADIENT_BYTES``): their buffers are read-only copies, not the gradients'.
+    GradientsParamsRecord of host arrays.
     """
 
-    __slots__ = ("_ids", "_names", "_lent", "_packed", "_unique", "_entries", "device")
+    __slots__ = ("_ids", "_names", "_buffers", "_unique", "_entries", "device")
 
     def __init__(self, entries: tuple[tuple[ParamId, str, Any], ...]) -> None:
         self._entries: tuple[tuple[ParamId, str, Any], ...] | None = tuple(entries)
         self._ids = [pid for pid, _, _ in self._entries]
         self._names = [name for _, name, _ in self._entries]
-        self._lent: list[Any] | None = [array for _, _, array in self._entries]
-        self._packed: _PackedCopy | None = None
+        self._buffers = [array for _, _, array in self._entries]
         self._unique = False  # ids given by a caller: the record checks them
         self._set_device()
 
     @classmethod
     def _of(cls, ids: list[ParamId], names: list[str], tensors: list[Tensor]) -> GradientsCapture:
-        """The capture of ``tensors`` (unique ``ids``): small host ones copied, the rest lent."""
+        """The capture of ``tensors`` under ``ids`` (unique: a dict's keys) and ``names``."""
         capture = cls.__new__(cls)
         capture._entries = None
         capture._ids, capture._names, capture._unique = ids, names, True
-        arrays = list(map(array_of, tensors))
-        sizes = list(map(_NBYTES_OF, arrays))
-        if (
-            set(map(type, arrays)) <= {np.ndarray}
-            and max(sizes, default=0) <= SMALL_GRADIENT_BYTES
-            and set(map(_DTYPE_OF, arrays)) <= _PACKABLE
-        ):  # all small: one copy per dtype, no per-gradient work beyond reading fields
-            capture._lent = None
-            capture._packed = _PackedCopy(arrays, sizes, None) if arrays else None
-        else:
-            small = [
-                position
-                for position, array in enumerate(arrays)
-                if type(array) is np.ndarray
-                and array.nbytes <= SMALL_GRADIENT_BYTES
-                and array.dtype in _PACKABLE
-            ]
-            copied = set(small)
-            lent: list[Any] = [  # the others are flagged for copy-on-write (lend)
-                None if position in copied else tensor.lend()
-                for position, tensor in enumerate(tensors)
-            ]
-            capture._lent = lent
-            capture._packed = (
-                _PackedCopy(
-                    [arrays[position] for position in small],
-                    [sizes[position] for position in small],
-                    small,
-                )
-                if small
-                else None
-            )
+        capture._buffers = list(map(_lend, tensors))  # one flag per gradient (copy-on-write)
         capture._set_device()
         return capture
 
     def _set_device(self) -> None:
-        lent = [array for array in self._lent or () if array is not None]
-        if all(type(array) is np.ndarray for array in lent):
+        if set(map(type, self._buffers)) <= {np.ndarray}:
             self.device = "cpu"  # the common case, without a device lookup per gradient
         else:
-            devices = {str(array_backend.device_of(array)) for array in lent}
+            devices = {str(array_backend.device_of(array)) for array in self._buffers}
             self.device = ",".join(sorted(devices)) if devices - {"cpu"} else "cpu"
         """Where the arrays are: ``"cpu"``, or the sorted devices joined by commas."""
-
-    def _arrays(self) -> list[Any]:
-        """Every captured buffer, in order (small ones as views of their copies)."""
-        packed = self._packed
-        if self._lent is None:
-            return [] if packed is None else packed.arrays()
-        arrays = list(self._lent)
-        if packed is not None:
-            for position, array in zip(packed.positions, packed.arrays(), strict=True):  # type: ignore[arg-type]
-                arrays[position] = array
-        return arrays
 
     @property
     def entries(self) -> tuple[tuple[ParamId, str, Any], ...]:
         """``(param_id, name, array)`` for each gradient, in registration order."""
         if self._entries is None:
-            self._entries = tuple(zip(self._ids, self._names, self._arrays(), strict=True))
+            self._entries = tuple(zip(self._ids, self._names, self._buffers, strict=True))
         return self._entries
 
     def __len__(self) -> int:
@@ -221,67 +142,33 @@ class GradientsCapture:
     @property
     def nbytes(self) -> int:
         """Total bytes of the captured gradients."""
-        lent = sum(int(array.nbytes) for array in self._lent or () if array is not None)
-        return lent + (0 if self._packed is None else self._packed.nbytes)
+        return sum(int(array.nbytes) for array in self._buffers)
 
     def to_record(self) -> GradientsParamsRecord:
         """The capture as a record of host arrays (device reads done before it returns)."""
         metadata = {"device": self.device}
-        packed, lent = self._packed, self._lent
-        if lent is None:  # all copied at capture: the record's arrays are built when read
-            return GradientsParamsRecord.from_columns(
-                self._ids,
-                self._names,
-                [] if packed is None else packed.dtypes,
-                [] if packed is None else packed.arrays,
-                metadata=metadata,
-                nbytes=0 if packed is None else packed.nbytes,
-                shapes=[] if packed is None else packed.shapes,
-                unique_ids=True,
-            )
-        if packed is None and not self._unique:  # as given by a caller: every entry checked
-            return GradientsParamsRecord.from_checked_entries(
-                [
-                    GradientRecordEntry.from_array(pid, name, array_backend.to_host(array))
-                    for pid, name, array in self.entries
-                ],
-                metadata=metadata,
-            )
-        dtypes: list[str] = [""] * len(lent)
-        host: list[Any] = [None] * len(lent)
-        for position, array in enumerate(lent):
-            if array is not None:  # checks the name and dtype, makes the host array read-only
-                entry = GradientRecordEntry.from_array(
-                    self._ids[position], self._names[position], array_backend.to_host(array)
+        if self._unique and self.device == "cpu":
+            kinds = set(map(_DTYPE_OF, self._buffers))
+            if kinds <= _RECORD_DTYPES:  # else each entry is checked, and the error raised
+                # held by column: no entry, nor read-only view, is built until one is read
+                if len(kinds) == 1:
+                    dtypes = [DTYPE_NAMES[kinds.pop()]] * len(self._buffers)
+                else:
+                    dtypes = [DTYPE_NAMES[dtype] for dtype in map(_DTYPE_OF, self._buffers)]
+                return GradientsParamsRecord.from_columns(
+                    self._ids,
+                    self._names,
+                    dtypes,
+                    _LentArrays(self._buffers),
+                    metadata=metadata,
+                    unique_ids=True,
                 )
-                dtypes[position], host[position] = entry.dtype, entry.array
-        if packed is None:
-            arrays: Any = host
-            shapes = None
-        else:
-            shapes = [None if array is None else array.shape for array in host]
-            for position, name, shape in zip(
-                packed.positions,  # type: ignore[arg-type]
-                packed.dtypes,
-                packed.shapes,
-                strict=True,
-            ):
-                dtypes[position], shapes[position] = name, shape
-
-            def arrays() -> list[np.ndarray]:
-                for position, array in zip(packed.positions, packed.arrays(), strict=True):  # type: ignore[arg-type]
-                    host[position] = array
-                return host
-
-        return GradientsParamsRecord.from_columns(
-            self._ids,
-            self._names,
-            dtypes,
-            arrays,
+        return GradientsParamsRecord.from_checked_entries(
+            [
+                GradientRecordEntry.from_array(pid, name, array_backend.to_host(array))
+                for pid, name, array in zip(self._ids, self._names, self._buffers, strict=True)
+            ],
             metadata=metadata,
-            nbytes=self.nbytes,
-            shapes=shapes,
-            unique_ids=True,
         )
 
     async def to_record_async(self) -> GradientsParamsRecord:
@@ -289,6 +176,10 @@ class GradientsCapture:
         if self.device == "cpu":  # host arrays: nothing to read, nothing to wait for
             return self.to_record()
         return await asyncio.to_thread(self.to_record)
+
+
+#: dtypes a record holds (from_array names the others in its error)
+_RECORD_DTYPES = frozenset(DTYPE_NAMES)
 
 
 class GradientsParams:

@@ -6,10 +6,12 @@ store, the service, the clients): plain little-endian bytes and metadata, never 
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import gc
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -40,6 +42,10 @@ from .record_rules import (
 
 FORMAT_VERSION = 1
 
+#: held while a record held by column builds its arrays or entries (RLock: the entries
+#: are built from the arrays)
+_LAZY_BUILD = threading.RLock()
+
 
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
@@ -68,6 +74,16 @@ def _dtype_name(dtype: np.dtype) -> str | None:
 
 def _little_endian(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
+def read_only_array(array: np.ndarray) -> np.ndarray:
+    """``array`` as a record holds it: a read-only view when it is C-contiguous and
+    little-endian, else a read-only copy that is. The caller's array stays writable."""
+    if not array.flags.c_contiguous or array.dtype.byteorder == ">":
+        array = np.require(array, dtype=_little_endian(array.dtype), requirements="C")
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 @dataclass(frozen=True)
@@ -101,11 +117,7 @@ class GradientRecordEntry:
                 f"gradient for param {param_id} ({name!r}) has dtype {dtype}; "
                 f"supported: {', '.join(SUPPORTED_DTYPES)}"
             )
-        if not host.flags.c_contiguous or dtype.byteorder == ">":
-            host = np.require(host, dtype=_little_endian(dtype), requirements="C")
-        # a read-only view: the caller's array stays writable, the record's does not
-        host = host.view()
-        host.setflags(write=False)
+        host = read_only_array(host)
         return cls(pid, name, dtype_name, host.shape, host)
 
     @classmethod
@@ -226,9 +238,31 @@ class RecordColumns(NamedTuple):
     arrays: tuple[np.ndarray, ...]
 
 
-#: what ``GradientsParamsRecord.from_columns`` takes as the arrays: the arrays, or a
-#: function that builds them all at once when the record is first read
-ArraySource = Sequence[np.ndarray] | Callable[[], Sequence[np.ndarray]]
+class LazyArrays(abc.ABC):
+    """A record's arrays, built all at once the first time they are read (a capture's).
+
+    ``from_columns`` takes one in place of the arrays; ``nbytes`` and ``shapes`` answer
+    ``record.nbytes`` and ``repr`` without building them.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """The number of arrays."""
+
+    @abc.abstractmethod
+    def build(self) -> Sequence[np.ndarray]:
+        """Every array (read-only, C-contiguous, little-endian), in record order."""
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Their total size in bytes."""
+
+    @abc.abstractmethod
+    def shapes(self, count: int) -> list[tuple[int, ...]]:
+        """The shapes of the first ``count`` arrays."""
 
 
 class GradientsParamsRecord:
@@ -281,23 +315,19 @@ class GradientsParamsRecord:
         param_ids: Sequence[ParamId],
         names: Sequence[str],
         dtypes: Sequence[str],
-        arrays: ArraySource,
+        arrays: Sequence[np.ndarray] | LazyArrays,
         *,
         metadata: Mapping[str, Any] | None = None,
-        nbytes: int | None = None,
-        shapes: Sequence[tuple[int, ...]] | None = None,
         unique_ids: bool = False,
     ) -> GradientsParamsRecord:
         """A record of gradients given by column, whose fields are known to agree.
 
         As for ``from_checked_entries``, the caller vouches for every field: ids are
         ParamIds, names text a snapshot can hold, and each array read-only, C-contiguous,
-        little-endian, of the dtype named in ``dtypes``. ``arrays`` may be a function that
-        builds the arrays (all at once) the first time they are read; ``nbytes`` is then
-        their total and ``shapes`` their shapes (``repr`` shows them without building the
-        arrays). Ids must be unique: checked here unless ``unique_ids`` says the
-        caller knows (the keys of a dict, a validated manifest's column). No entry object
-        is built until one is asked for.
+        little-endian, of the dtype named in ``dtypes``. ``arrays`` may be ``LazyArrays``,
+        built (all at once) the first time they are read. Ids must be unique: checked
+        here unless ``unique_ids`` says the caller knows (the keys of a dict, a validated
+        manifest's column). No entry object is built until one is asked for.
         """
         count = len(param_ids)
         if len(names) != count or len(dtypes) != count:
@@ -318,16 +348,15 @@ class GradientsParamsRecord:
         record._entries = None
         record._by_id = None
         record._ids, record._names, record._dtypes = tuple(param_ids), tuple(names), tuple(dtypes)
-        record._shapes = shapes
-        if callable(arrays):
-            record._arrays, record._make_arrays = None, arrays
+        if len(arrays) != count:
+            raise InvalidArgumentTypeError(
+                f"record columns differ in length: {count} ids, {len(arrays)} arrays"
+            )
+        if isinstance(arrays, LazyArrays):
+            record._arrays, record._lazy = None, arrays
         else:
-            record._arrays, record._make_arrays = tuple(arrays), None
-            if len(record._arrays) != count:
-                raise InvalidArgumentTypeError(
-                    f"record columns differ in length: {count} ids, {len(record._arrays)} arrays"
-                )
-        record._nbytes = nbytes
+            record._arrays, record._lazy = tuple(arrays), None
+        record._nbytes = None
         record._metadata = _json_copy(check_metadata(metadata))
         record._format_version = FORMAT_VERSION
         return record
@@ -363,28 +392,38 @@ class GradientsParamsRecord:
         self._by_id: dict[ParamId, GradientRecordEntry] | None = by_id
         self._ids = self._names = self._dtypes = None
         self._arrays: tuple[np.ndarray, ...] | None = None
-        self._make_arrays: Callable[[], Sequence[np.ndarray]] | None = None
-        self._shapes: Sequence[tuple[int, ...]] | None = None
+        self._lazy: LazyArrays | None = None
         self._nbytes: int | None = None
         self._metadata: dict[str, Any] = _json_copy(check_metadata(metadata))
         self._format_version = format_version
 
     def _column_arrays(self) -> tuple[np.ndarray, ...]:
         """The arrays of a record held by column, built now if they are not yet."""
-        if self._arrays is None:
-            make, self._make_arrays = self._make_arrays, None
-            self._arrays = tuple(make())  # type: ignore[misc]
-        return self._arrays
+        arrays = self._arrays
+        if arrays is None:
+            with _LAZY_BUILD:  # two threads reading a new record build its arrays once
+                arrays = self._arrays
+                if arrays is None:
+                    arrays = tuple(self._lazy.build())  # type: ignore[union-attr]
+                    if len(arrays) != len(self._ids):  # type: ignore[arg-type]
+                        raise InvalidArgumentTypeError(
+                            f"record columns differ in length: {len(self._ids)} ids, "  # type: ignore[arg-type]
+                            f"{len(arrays)} arrays"
+                        )
+                    self._arrays = arrays
+        return arrays
 
     def _all_entries(self) -> tuple[GradientRecordEntry, ...]:
         """The entries, built (all at once, in one pass) the first time they are needed."""
         entries = self._entries
         if entries is None:
+            arrays = self._column_arrays()
             entry = GradientRecordEntry._unchecked
-            with paused_gc():
-                entries = self._entries = tuple(
-                    map(entry, self._ids, self._names, self._dtypes, self._column_arrays())  # type: ignore[arg-type]
-                )
+            with _LAZY_BUILD, paused_gc():
+                entries = self._entries
+                if entries is None:
+                    entries = tuple(map(entry, self._ids, self._names, self._dtypes, arrays))  # type: ignore[arg-type]
+                    self._entries = entries
         return entries
 
     def _index(self) -> dict[ParamId, GradientRecordEntry]:
@@ -449,7 +488,9 @@ class GradientsParamsRecord:
     def nbytes(self) -> int:
         """Total bytes of every gradient."""
         if self._nbytes is None:
-            if self._entries is None:
+            if self._arrays is None and self._lazy is not None:
+                self._nbytes = self._lazy.nbytes
+            elif self._entries is None:
                 self._nbytes = sum(int(array.nbytes) for array in self._column_arrays())
             else:
                 self._nbytes = sum(entry.nbytes for entry in self._entries)
@@ -479,8 +520,9 @@ class GradientsParamsRecord:
         if self._entries is not None:
             rows = [(e.param_id, e.name, e.dtype, e.shape) for e in self._entries[:20]]
         else:
-            shapes = self._shapes
-            if shapes is None or self._arrays is not None:
+            if self._arrays is None and self._lazy is not None:
+                shapes = self._lazy.shapes(20)
+            else:
                 shapes = [array.shape for array in self._column_arrays()[:20]]
             head = (self._ids[:20], self._names[:20], self._dtypes[:20], shapes[:20])  # type: ignore[index]
             rows = list(zip(*head, strict=True))

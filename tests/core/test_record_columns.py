@@ -1,9 +1,8 @@
-"""Records held by column: small gradients copied at capture, entries built when read.
+"""Records held by column: entries (and a capture's read-only views) built when read.
 
-A capture copies host gradients of at most ``SMALL_GRADIENT_BYTES`` into one buffer per
-dtype, and a restore reads packed gradients as slices of one array; neither builds a
-``GradientRecordEntry`` until one is asked for. These tests hold such records against
-records built entry by entry from the same values.
+A capture's record holds the lent buffers, a restore's the packed gradients as slices of
+one array; neither builds a ``GradientRecordEntry`` until one is asked for. These tests
+hold such records against records built entry by entry from the same values.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from gradvault.core import (
     GradientsParamsRecord,
     ParamId,
 )
-from gradvault.core.grads import SMALL_GRADIENT_BYTES
+from gradvault.core.record import LazyArrays
 from gradvault.core.tensor import wrap
 
 
@@ -42,7 +41,7 @@ def _arrays() -> list[np.ndarray]:
         np.array(2.5, dtype=np.float64),  # 0-d
         np.zeros((0, 3), dtype=np.float32),  # empty
         np.array([True, False, True]),
-        rng.standard_normal(SMALL_GRADIENT_BYTES // 4 + 7).astype(np.float32),  # lent
+        rng.standard_normal(5000).astype(np.float32),
         rng.integers(-5, 5, 9).astype(np.int8),
     ]
 
@@ -112,6 +111,16 @@ def test_columns_are_the_entries_fields_without_building_entries() -> None:
     assert [_bits(a) for a in eager.columns().arrays] == [_bits(a) for a in columns.arrays]
 
 
+def test_a_capture_record_shares_the_gradients_buffers_read_only() -> None:
+    arrays = [np.arange(6, dtype=np.float32) + i for i in range(4)]
+    grads = GradientsParams()
+    for array in arrays:
+        grads.register(ParamId(), wrap(array))
+    record = grads.try_to_record()
+    assert all(np.shares_memory(e.array, a) for e, a in zip(record, arrays, strict=True))
+    assert all(a.flags.writeable for a in arrays)  # the gradients' own stay writable
+
+
 def test_nothing_done_after_the_capture_changes_a_record_held_by_column() -> None:
     arrays = _arrays()
     grads = _grads(arrays)
@@ -154,20 +163,35 @@ def test_from_columns_refuses_duplicate_ids_and_columns_of_other_lengths() -> No
     array = np.zeros(2, dtype=np.float32)
     array.setflags(write=False)
     with pytest.raises(DuplicateParamError, match=f"param {pid} \\('b'\\) appears twice"):
-        GradientsParamsRecord.from_columns(
-            [pid, pid], ["a", "b"], ["float32"] * 2, [array, array]
-        )
+        GradientsParamsRecord.from_columns([pid, pid], ["a", "b"], ["float32"] * 2, [array, array])
     with pytest.raises(TypeError, match="2 ids, 1 names"):
         GradientsParamsRecord.from_columns([pid, ParamId()], ["a"], ["float32"], [array])
     with pytest.raises(TypeError, match="1 arrays"):
-        GradientsParamsRecord.from_columns(
-            [pid, ParamId()], ["a", "b"], ["float32"] * 2, [array]
-        )
-    built = GradientsParamsRecord.from_columns(
-        [pid], ["a"], ["float32"], lambda: [array], nbytes=8, shapes=[(2,)]
-    )
-    assert "float32[2]" in repr(built)
+        GradientsParamsRecord.from_columns([pid, ParamId()], ["a", "b"], ["float32"] * 2, [array])
+
+    class Counted(LazyArrays):
+        builds = 0
+
+        def __len__(self) -> int:
+            return 1
+
+        def build(self) -> list[np.ndarray]:
+            Counted.builds += 1
+            return [array]
+
+        @property
+        def nbytes(self) -> int:
+            return 8
+
+        def shapes(self, count: int) -> list[tuple[int, ...]]:
+            return [(2,)][:count]
+
+    built = GradientsParamsRecord.from_columns([pid], ["a"], ["float32"], Counted())
+    assert len(built) == 1 and built.nbytes == 8 and "float32[2]" in repr(built)
+    assert Counted.builds == 0  # nothing built for the length, the size or the repr
     assert built == GradientsParamsRecord([GradientRecordEntry.from_array(pid, "a", array)])
+    assert built[pid].array is array and list(built)[0] is built[pid]
+    assert Counted.builds == 1  # once, however it is read
 
 
 def test_from_record_of_a_column_record_gives_the_same_gradients(tmp_path) -> None:
@@ -190,9 +214,7 @@ def test_from_record_of_a_column_record_gives_the_same_gradients(tmp_path) -> No
         fetched = recorder.sync.fetch(info.id)
         assert fetched == record  # metadata aside, every field and bit
         restored = recorder.sync.restore(info.id)
-        assert [_bits(restored.get(pid).numpy()) for pid in restored] == [
-            _bits(a) for a in arrays
-        ]
+        assert [_bits(restored.get(pid).numpy()) for pid in restored] == [_bits(a) for a in arrays]
         first = next(iter(restored))
         restored.get(first).add_(1.0)  # one restored gradient's write stays its own
         again = recorder.sync.restore(info.id)
