@@ -142,7 +142,7 @@ class GradientsCapture:
     @property
     def nbytes(self) -> int:
         """Total bytes of the captured gradients."""
-        return sum(int(array.nbytes) for array in self._buffers)
+        return sum(map(_NBYTES_OF, self._buffers))
 
     def to_record(self) -> GradientsParamsRecord:
         """The capture as a record of host arrays (device reads done before it returns)."""

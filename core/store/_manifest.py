@@ -300,12 +300,33 @@ class Manifest:
         columns = self.columns
         offsets, sizes, dtypes = columns["offset"], columns["nbytes"], columns["dtype"]
         shapes, checksums = columns["shape"], self.checksum_values()
+        every = len(positions) == self.count  # the common case: the whole table, in order
+        if every:
+            starts = [offset - base for offset in offsets]
+            ends = [start + size for start, size in zip(starts, sizes, strict=True)]
+            expected = checksums
+        else:
+            starts = [offsets[i] - base for i in positions]
+            ends = [start + sizes[i] for start, i in zip(starts, positions, strict=True)]
+            expected = [checksums[i] for i in positions]
         crc = crc32c.crc32c
-        found = [crc(buffer[offsets[i] - base : offsets[i] - base + sizes[i]]) for i in positions]
-        if found != [checksums[i] for i in positions]:
+        found = [crc(buffer[start:end]) for start, end in zip(starts, ends, strict=True)]
+        if found != expected:
             pairs = zip(positions, found, strict=True)
             i, value = next((i, value) for i, value in pairs if value != checksums[i])
             raise self.checksum_mismatch(i, value)
+        kinds = set(dtypes) if every else {dtypes[i] for i in positions}
+        if len(kinds) == 1 and buffer:  # one dtype: slices of one array, by element
+            layout = _LAYOUTS[kinds.pop()]  # validated when the manifest was loaded
+            itemsize = layout.itemsize
+            if all(start % itemsize == 0 for start in starts):  # 8-aligned as written
+                flat = np.frombuffer(buffer, dtype=layout, count=len(buffer) // itemsize)
+                flat.setflags(write=False)  # and so is every slice of it
+                held = shapes if every else [shapes[i] for i in positions]
+                return [
+                    flat[start // itemsize : end // itemsize].reshape(tuple(shape))
+                    for start, end, shape in zip(starts, ends, held, strict=True)
+                ]
         whole: dict[str, np.ndarray] = {}
         arrays = []
         for i in positions:
