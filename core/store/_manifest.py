@@ -323,8 +323,12 @@ class Manifest:
                 flat = np.frombuffer(buffer, dtype=layout, count=len(buffer) // itemsize)
                 flat.setflags(write=False)  # and so is every slice of it
                 held = shapes if every else [shapes[i] for i in positions]
+                # a slice is 1-d of the right length already (validated: prod(shape) x
+                # itemsize == nbytes); only other shapes need a reshape
                 return [
-                    flat[start // itemsize : end // itemsize].reshape(tuple(shape))
+                    flat[start // itemsize : end // itemsize]
+                    if len(shape) == 1
+                    else flat[start // itemsize : end // itemsize].reshape(tuple(shape))
                     for start, end, shape in zip(starts, ends, held, strict=True)
                 ]
         whole: dict[str, np.ndarray] = {}

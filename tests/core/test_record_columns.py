@@ -220,3 +220,33 @@ def test_from_record_of_a_column_record_gives_the_same_gradients(tmp_path) -> No
         again = recorder.sync.restore(info.id)
         assert [_bits(again.get(pid).numpy()) for pid in again] == [_bits(a) for a in arrays]
         assert all(not e.array.flags.writeable for e in recorder.sync.fetch(info.id))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.int8])
+def test_a_restore_of_one_dtype_gives_every_shape_back(tmp_path, dtype) -> None:
+    # one dtype: the packed gradients are sliced from one array (1-d ones not reshaped)
+    shapes = [(7,), (2, 3), (), (0,), (0, 4), (1,), (3, 1, 2), (5,)]
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(shape).astype(np.float32).astype(dtype) for shape in shapes]
+    grads = _grads(arrays)
+    with gv.Recorder(tmp_path / "store") as recorder:
+        info = recorder.start_snapshot(grads, run="r", step=0).result()
+        fetched = recorder.sync.fetch(info.id)
+        assert fetched == grads.try_to_record()
+        assert [e.shape for e in fetched] == shapes
+        assert all(not e.array.flags.writeable for e in fetched)
+        restored = recorder.sync.restore(info.id)
+        for pid, array in zip(restored, arrays, strict=True):
+            tensor = restored.get(pid)
+            assert tensor.shape == array.shape and tensor.dtype == array.dtype
+            assert _bits(tensor.numpy()) == _bits(array)
+        one = recorder.store  # one gradient alone: the same bytes and shape
+        entry = asyncio.run(_read_gradient(one, info.id, next(iter(grads))))
+        assert entry.shape == shapes[0] and _bits(entry.array) == _bits(arrays[0])
+
+
+async def _read_gradient(store, snapshot_id: str, pid: ParamId) -> GradientRecordEntry:
+    from gradvault.core.store import open_store
+
+    async with open_store(store.location) as fresh:
+        return await fresh.read_gradient(snapshot_id, pid)
