@@ -354,7 +354,9 @@ class GradientsParams:
         self._check_backend(backend)
         ids, names = list(self._grads), self._names
         # register and remove keep both dicts in one order; compared by identity, at C speed
-        name_list = list(names.values()) if list(names) == ids else [names[pid] for pid in ids]
+        name_list = (
+            list(names.values()) if list(names) == ids else [names.get(pid, "") for pid in ids]
+        )
         return GradientsCapture._of(ids, name_list, list(self._grads.values()))
 
     def try_to_record(self, backend: Any = None) -> GradientsParamsRecord:
