@@ -425,9 +425,9 @@ class GradientsParams:
     def _fill_columns(self, columns: RecordColumns, dev: array_backend.Device, copy: bool) -> None:
         """``_fill`` of an empty container, column by column (a record's ids are unique)."""
         arrays: list[Any] = list(columns.arrays)
-        if any(_foreign_order(dtype) for dtype in set(map(_DTYPE_OF, arrays))):
+        if not _LITTLE:  # a record's arrays are little-endian: native here only
             arrays = [_host_buffer(array, copy) for array in arrays]
-        else:  # checked once per dtype, not once per gradient
+        else:
             arrays = [array.copy() for array in arrays] if copy else list(map(_taken, arrays))
         if dev.type != "cpu":
             arrays = [array_backend.to_device(array, dev) for array in arrays]
