@@ -10,6 +10,7 @@ parameters, never for a copy of their bytes (on the cpu; a cuda device is read t
 from __future__ import annotations
 
 import asyncio
+import operator
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +28,15 @@ from .errors import (
 )
 from .gradients import Gradients
 from .param_id import ParamId, as_param_id
-from .record import GradientRecordEntry, GradientsParamsRecord, paused_gc
-from .record_rules import check_dtype, check_name
+from .record import (
+    GradientRecordEntry,
+    GradientsParamsRecord,
+    LazyArrays,
+    RecordColumns,
+    paused_gc,
+    read_only_array,
+)
+from .record_rules import DTYPE_NAMES, check_dtype, check_name
 from .tensor import Tensor, wrap
 from .torch_adapter import to_torch, torch_gradients
 
@@ -51,6 +59,39 @@ def _backend_name(spec: Any) -> str:
         ) from None
 
 
+_DTYPE_OF = operator.attrgetter("dtype")
+_NBYTES_OF = operator.attrgetter("nbytes")
+_SHAPE_OF = operator.attrgetter("shape")
+_lend = Tensor.lend
+
+
+class _LentArrays(LazyArrays):
+    """The host buffers a capture lent, as a record's arrays: read-only views of them,
+    built all at once when the record is first read.
+
+    The buffers are the gradients' own, flagged copy-on-write (or copies), so nothing can
+    change them, their shapes or their dtypes after the capture.
+    """
+
+    __slots__ = ("_buffers",)
+
+    def __init__(self, buffers: list[np.ndarray]) -> None:
+        self._buffers = buffers
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def build(self) -> list[np.ndarray]:
+        return list(map(read_only_array, self._buffers))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(map(_NBYTES_OF, self._buffers))
+
+    def shapes(self, count: int) -> list[tuple[int, ...]]:
+        return list(map(_SHAPE_OF, self._buffers[:count]))
+
+
 class GradientsCapture:
     """A point-in-time capture of GradientsParams: each gradient's frozen buffer, by id.
 
@@ -60,34 +101,74 @@ class GradientsCapture:
     GradientsParamsRecord of host arrays.
     """
 
-    __slots__ = ("entries", "device")
+    __slots__ = ("_ids", "_names", "_buffers", "_unique", "_entries", "device")
 
     def __init__(self, entries: tuple[tuple[ParamId, str, Any], ...]) -> None:
-        self.entries = entries
-        """``(param_id, name, array)`` for each gradient, in registration order."""
-        if all(type(array) is np.ndarray for _, _, array in entries):
+        self._entries: tuple[tuple[ParamId, str, Any], ...] | None = tuple(entries)
+        self._ids = [pid for pid, _, _ in self._entries]
+        self._names = [name for _, name, _ in self._entries]
+        self._buffers = [array for _, _, array in self._entries]
+        self._unique = False  # ids given by a caller: the record checks them
+        self._set_device()
+
+    @classmethod
+    def _of(cls, ids: list[ParamId], names: list[str], tensors: list[Tensor]) -> GradientsCapture:
+        """The capture of ``tensors`` under ``ids`` (unique: a dict's keys) and ``names``."""
+        capture = cls.__new__(cls)
+        capture._entries = None
+        capture._ids, capture._names, capture._unique = ids, names, True
+        capture._buffers = list(map(_lend, tensors))  # one flag per gradient (copy-on-write)
+        capture._set_device()
+        return capture
+
+    def _set_device(self) -> None:
+        if set(map(type, self._buffers)) <= {np.ndarray}:
             self.device = "cpu"  # the common case, without a device lookup per gradient
         else:
-            devices = {str(array_backend.device_of(array)) for _, _, array in entries}
+            devices = {str(array_backend.device_of(array)) for array in self._buffers}
             self.device = ",".join(sorted(devices)) if devices - {"cpu"} else "cpu"
         """Where the arrays are: ``"cpu"``, or the sorted devices joined by commas."""
 
+    @property
+    def entries(self) -> tuple[tuple[ParamId, str, Any], ...]:
+        """``(param_id, name, array)`` for each gradient, in registration order."""
+        if self._entries is None:
+            self._entries = tuple(zip(self._ids, self._names, self._buffers, strict=True))
+        return self._entries
+
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._ids)
 
     @property
     def nbytes(self) -> int:
         """Total bytes of the captured gradients."""
-        return sum(int(array.nbytes) for _, _, array in self.entries)
+        return sum(map(_NBYTES_OF, self._buffers))
 
     def to_record(self) -> GradientsParamsRecord:
         """The capture as a record of host arrays (device reads done before it returns)."""
+        metadata = {"device": self.device}
+        if self._unique and self.device == "cpu":
+            kinds = set(map(_DTYPE_OF, self._buffers))
+            if kinds <= _RECORD_DTYPES:  # else each entry is checked, and the error raised
+                # held by column: no entry, nor read-only view, is built until one is read
+                if len(kinds) == 1:
+                    dtypes = [DTYPE_NAMES[kinds.pop()]] * len(self._buffers)
+                else:
+                    dtypes = [DTYPE_NAMES[dtype] for dtype in map(_DTYPE_OF, self._buffers)]
+                return GradientsParamsRecord.from_columns(
+                    self._ids,
+                    self._names,
+                    dtypes,
+                    _LentArrays(self._buffers),
+                    metadata=metadata,
+                    unique_ids=True,
+                )
         return GradientsParamsRecord.from_checked_entries(
             [
                 GradientRecordEntry.from_array(pid, name, array_backend.to_host(array))
-                for pid, name, array in self.entries
+                for pid, name, array in zip(self._ids, self._names, self._buffers, strict=True)
             ],
-            metadata={"device": self.device},
+            metadata=metadata,
         )
 
     async def to_record_async(self) -> GradientsParamsRecord:
@@ -95,6 +176,10 @@ class GradientsCapture:
         if self.device == "cpu":  # host arrays: nothing to read, nothing to wait for
             return self.to_record()
         return await asyncio.to_thread(self.to_record)
+
+
+#: dtypes a record holds (from_array names the others in its error)
+_RECORD_DTYPES = frozenset(DTYPE_NAMES)
 
 
 class GradientsParams:
@@ -267,9 +352,12 @@ class GradientsParams:
         device), when given, must be the one the gradients live on (BackendMismatchError).
         """
         self._check_backend(backend)
-        names = self._names
-        entries = tuple((pid, names.get(pid, ""), grad.lend()) for pid, grad in self._grads.items())
-        return GradientsCapture(entries)
+        ids, names = list(self._grads), self._names
+        # register and remove keep both dicts in one order; compared by identity, at C speed
+        name_list = (
+            list(names.values()) if list(names) == ids else [names.get(pid, "") for pid in ids]
+        )
+        return GradientsCapture._of(ids, name_list, list(self._grads.values()))
 
     def try_to_record(self, backend: Any = None) -> GradientsParamsRecord:
         """A record of host copies of every gradient, leaving this container as it was.
@@ -320,6 +408,9 @@ class GradientsParams:
         targets: dict[ParamId, tuple[ParamId, str]],
         copy: bool,
     ) -> None:
+        if not targets and not self._grads:  # by column: no entry object is built
+            self._fill_columns(record.columns(), dev, copy)
+            return
         grads, names = self._grads, self._names
         for entry in record:  # the record validated every entry when it was built
             array = _host_buffer(entry.array, copy)
@@ -331,18 +422,38 @@ class GradientsParams:
             grads[pid] = wrap(array)
             names[pid] = name
 
+    def _fill_columns(self, columns: RecordColumns, dev: array_backend.Device, copy: bool) -> None:
+        """``_fill`` of an empty container, column by column (a record's ids are unique)."""
+        arrays: list[Any] = list(columns.arrays)
+        if not _LITTLE:  # a record's arrays are little-endian: native here only
+            arrays = [_host_buffer(array, copy) for array in arrays]
+        else:
+            arrays = [array.copy() for array in arrays] if copy else list(map(_taken, arrays))
+        if dev.type != "cpu":
+            arrays = [array_backend.to_device(array, dev) for array in arrays]
+        self._grads = dict(zip(columns.param_ids, map(wrap, arrays), strict=True))
+        self._names = dict(zip(columns.param_ids, columns.names, strict=True))
+
+
+def _foreign_order(dtype: np.dtype) -> bool:
+    """Whether ``dtype``'s byte order is not this machine's."""
+    return dtype.byteorder == ">" or (dtype.byteorder == "<" and not _LITTLE)
+
+
+def _taken(array: np.ndarray) -> np.ndarray:
+    """``array`` made writable where its base buffer is (a copy where it is not)."""
+    try:
+        array.flags.writeable = True
+    except ValueError:
+        return array.copy()
+    return array
+
 
 def _host_buffer(array: np.ndarray, copy: bool) -> np.ndarray:
     """A writable, native-order array with ``array``'s values (its own buffer when copying)."""
-    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "<" and not _LITTLE):
+    if _foreign_order(array.dtype):
         return array.astype(array.dtype.newbyteorder("="))
-    if not copy:
-        try:
-            array.flags.writeable = True  # works when the base buffer is writable
-            return array
-        except ValueError:
-            pass
-    return array.copy()
+    return array.copy() if copy else _taken(array)
 
 
 _LITTLE = np.little_endian

@@ -287,45 +287,82 @@ class Manifest:
             self._checksums = [parse_checksum(text) for text in self.columns["checksum"]]
         return self._checksums
 
-    def packed_entries(
+    def packed_arrays(
         self, positions: list[int], buffer: memoryview, base: int = 0
-    ) -> list[GradientRecordEntry]:
-        """The packed gradients at ``positions`` over ``buffer``, the packed array's bytes
-        from byte ``base`` on (the chunks that hold those gradients).
+    ) -> list[np.ndarray]:
+        """The read-only arrays of the packed gradients at ``positions`` over ``buffer``,
+        the packed array's bytes from byte ``base`` on (the chunks that hold them).
 
-        Each gradient's crc32c is checked against the manifest. Gradients are slices of
-        one array per dtype over the buffer: thousands of them are built in a few ms.
+        Each gradient's crc32c is checked against the manifest first. Gradients are
+        slices of one read-only array per dtype over the buffer: no object but the array
+        is built per gradient, so thousands of them take a few ms.
         """
         columns = self.columns
         offsets, sizes, dtypes = columns["offset"], columns["nbytes"], columns["dtype"]
-        shapes, names = columns["shape"], columns["name"]
-        ids, checksums = self.param_ids(), self.checksum_values()
+        shapes, checksums = columns["shape"], self.checksum_values()
+        every = len(positions) == self.count  # the common case: the whole table, in order
+        if every:
+            starts = [offset - base for offset in offsets]
+            ends = [start + size for start, size in zip(starts, sizes, strict=True)]
+            expected = checksums
+        else:
+            starts = [offsets[i] - base for i in positions]
+            ends = [start + sizes[i] for start, i in zip(starts, positions, strict=True)]
+            expected = [checksums[i] for i in positions]
+        crc = crc32c.crc32c
+        found = [crc(buffer[start:end]) for start, end in zip(starts, ends, strict=True)]
+        if found != expected:
+            pairs = zip(positions, found, strict=True)
+            i, value = next((i, value) for i, value in pairs if value != checksums[i])
+            raise self.checksum_mismatch(i, value)
+        kinds = set(dtypes) if every else {dtypes[i] for i in positions}
+        if len(kinds) == 1 and buffer:  # one dtype: slices of one array, by element
+            layout = _LAYOUTS[kinds.pop()]  # validated when the manifest was loaded
+            itemsize = layout.itemsize
+            if all(start % itemsize == 0 for start in starts):  # 8-aligned as written
+                flat = np.frombuffer(buffer, dtype=layout, count=len(buffer) // itemsize)
+                flat.setflags(write=False)  # and so is every slice of it
+                held = shapes if every else [shapes[i] for i in positions]
+                # a slice is 1-d of the right length already (validated: prod(shape) x
+                # itemsize == nbytes); only other shapes need a reshape
+                return [
+                    flat[start // itemsize : end // itemsize]
+                    if len(shape) == 1
+                    else flat[start // itemsize : end // itemsize].reshape(tuple(shape))
+                    for start, end, shape in zip(starts, ends, held, strict=True)
+                ]
         whole: dict[str, np.ndarray] = {}
-        entries = []
+        arrays = []
         for i in positions:
             offset, size, dtype = offsets[i] - base, sizes[i], dtypes[i]
-            data = buffer[offset : offset + size]
-            found = crc32c.crc32c(data)
-            if found != checksums[i]:
-                raise self.checksum_mismatch(i, found)
             layout = _LAYOUTS[dtype]  # validated when the manifest was loaded
             itemsize = layout.itemsize
-            shape = tuple(shapes[i])
             if not size:  # held by no chunk: it may lie outside the buffer
-                array = np.empty(shape, dtype=layout)
+                array = np.empty(tuple(shapes[i]), dtype=layout)
+                array.setflags(write=False)
             elif offset % itemsize == 0:
                 flat = whole.get(dtype)
-                if flat is None:
+                if flat is None:  # read-only, and so is every slice of it
                     flat = whole[dtype] = np.frombuffer(
                         buffer, dtype=layout, count=len(buffer) // itemsize
                     )
+                    flat.setflags(write=False)
                 start = offset // itemsize
-                array = flat[start : start + size // itemsize].reshape(shape)
+                array = flat[start : start + size // itemsize].reshape(tuple(shapes[i]))
             else:
-                array = np.frombuffer(data, dtype=layout).reshape(shape)
-            array.setflags(write=False)
-            entries.append(GradientRecordEntry(ids[i], names[i], dtype, shape, array))
-        return entries
+                array = np.frombuffer(buffer[offset : offset + size], dtype=layout)
+                array = array.reshape(tuple(shapes[i]))
+                array.setflags(write=False)
+            arrays.append(array)
+        return arrays
+
+    def packed_entry(self, position: int, array: np.ndarray) -> GradientRecordEntry:
+        """The record entry of packed gradient ``position``, whose array ``packed_arrays``
+        gave."""
+        columns = self.columns
+        pid = self.param_ids()[position]
+        dtype = columns["dtype"][position]
+        return GradientRecordEntry(pid, columns["name"][position], dtype, array.shape, array)
 
     def entry(self, position: int, data: memoryview) -> GradientRecordEntry:
         """The record entry of gradient ``position`` over ``data`` (read-only, no copy)."""

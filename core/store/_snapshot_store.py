@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
+import numpy as np
+
 from ..errors import (
     FormatVersionError,
     InvalidArgumentError,
@@ -348,14 +350,23 @@ class SnapshotStore:
                         f"cannot be merged into one record: pass rank= (0..{top.world_size - 1})"
                         f" to read one rank's shard"
                     )
-        entries: list[GradientRecordEntry] = []
+        ids: list[ParamId] = []
+        names: list[str] = []
+        dtypes: list[str] = []
+        arrays: list[np.ndarray] = []
         for shard in shards:
-            entries.extend(await self._reader(shard).read_all(self.max_concurrency))
+            arrays.extend(await self._reader(shard).read_all(self.max_concurrency))
+            ids.extend(shard.param_ids())
+            names.extend(shard.columns["name"])
+            dtypes.extend(shard.columns["dtype"])
         summary = {
             key: copy.deepcopy(top.document[key])
             for key in ("id", "run", "step", "created_at", "device", "tags", "world_size")
         }
-        return GradientsParamsRecord.from_checked_entries(entries, metadata={"snapshot": summary})
+        # ids unique: each shard's manifest was validated, and no id is in two shards
+        return GradientsParamsRecord.from_columns(
+            ids, names, dtypes, arrays, metadata={"snapshot": summary}, unique_ids=True
+        )
 
     async def _recheck(self, snapshot_id: str) -> None:
         """SnapshotNotFoundError if the snapshot was deleted since its manifest was loaded."""
@@ -369,7 +380,7 @@ class SnapshotStore:
         )
 
     async def _read_snapshot(self, manifest: Manifest) -> GradientsParamsRecord:
-        ordered = await self._reader(manifest).read_all(self.max_concurrency)
+        arrays = await self._reader(manifest).read_all(self.max_concurrency)
         document = manifest.document
         metadata = dict(document.get("metadata") or {})
         metadata["snapshot"] = {
@@ -378,8 +389,16 @@ class SnapshotStore:
         }
         if manifest.shard is not None:
             metadata["snapshot"]["rank"], metadata["snapshot"]["world_size"] = manifest.shard
-        # entries are built from the manifest's own dtype and shape: consistent by construction
-        return GradientsParamsRecord.from_checked_entries(ordered, metadata=metadata)
+        # arrays are built from the manifest's own dtype and shape: consistent by
+        # construction, and the validated manifest's ids are unique
+        return GradientsParamsRecord.from_columns(
+            manifest.param_ids(),
+            manifest.columns["name"],
+            manifest.columns["dtype"],
+            arrays,
+            metadata=metadata,
+            unique_ids=True,
+        )
 
     async def read_gradient(
         self, snapshot_id: str, param_id: ParamId | str, *, rank: int | None = None
