@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import crc32c
@@ -40,6 +41,7 @@ from ..errors import ChecksumMismatchError, ManifestError
 from ..record import GradientRecordEntry
 from ._backend import (
     MANIFEST_NAME,
+    ManyRead,
     MissingKeyError,
     StoreBackend,
     ThreadRunner,
@@ -132,16 +134,9 @@ class SnapshotReader:
         packed_positions = manifest.packed_positions()
         packed_set = set(packed_positions)
         own_positions = [i for i in range(manifest.count) if i not in packed_set]
-        slots = asyncio.Semaphore(max_concurrency)
-        arrays = manifest.columns["array"]
-
-        async def bounded(position: int) -> GradientRecordEntry:
-            async with slots:
-                return await self._read_own(position, objects.get(arrays[position], {}))
-
-        packed_entries, *own_entries = await asyncio.gather(
+        packed_entries, own_entries = await asyncio.gather(
             self._read_packed(packed_positions, objects.get(PACKED_ARRAY, {})),
-            *(bounded(i) for i in own_positions),
+            self._read_owns(own_positions, objects, max_concurrency),
         )
         ordered: list[Any] = [None] * manifest.count
         for position, entry in zip(packed_positions, packed_entries, strict=True):
@@ -156,7 +151,7 @@ class SnapshotReader:
         objects = await self._backend.object_sizes(self._key(array))
         if array == PACKED_ARRAY:
             return (await self._read_packed([position], objects))[0]
-        return await self._read_own(position, objects)
+        return (await self._read_owns([position], {array: objects}, 1))[0]
 
     # --- streaming ----------------------------------------------------------------------
 
@@ -334,16 +329,23 @@ class SnapshotReader:
         )
 
     async def _own_chunks(
-        self, position: int, start: int, end: int, objects: ArrayObjects | None
+        self,
+        position: int,
+        start: int,
+        end: int,
+        objects: ArrayObjects | None,
+        *,
+        document_checked: bool = False,
     ) -> list[ChunkSpan]:
         """The chunks of gradient ``position``'s own array that hold its bytes ``[start,
-        end)``, in order, once the array's document says what the manifest says and each
-        of them is seen in ``objects`` (the array's objects; listed now if None), a
-        regular file of a size it can have."""
+        end)``, in order, once the array's document says what the manifest says (checked
+        here unless ``document_checked``) and each of them is seen in ``objects`` (the
+        array's objects; listed now if None), a regular file of a size it can have."""
         manifest = self._manifest
         columns = manifest.columns
         array = columns["array"][position]
-        await self._check_document(array, self._own_claim(position))
+        if not document_checked:
+            await self._check_document(array, self._own_claim(position))
         if objects is None:
             objects = await self._backend.object_sizes(self._key(array))
         itemsize = np.dtype(columns["dtype"][position]).itemsize
@@ -358,23 +360,50 @@ class SnapshotReader:
         )
         return await self._present_chunks(array, needed, objects, manifest.describe(position))
 
-    async def _read_own(self, position: int, objects: ArrayObjects) -> GradientRecordEntry:
+    async def _read_owns(
+        self, positions: list[int], objects: dict[str, ArrayObjects], max_concurrency: int
+    ) -> list[GradientRecordEntry]:
+        """The gradients at ``positions``, each from its own array (``objects`` by array).
+
+        Every array's document is checked (all read at once) and its chunks seen to be
+        there first; then each gradient gets one buffer, not zero-filled, and all chunks
+        are read at once, each straight into its place (:meth:`_read_chunks`; zstd chunks
+        ``max_concurrency`` at a time). A gradient's checksum is combined from its chunks'
+        crc32cs, so each byte is read once and checksummed once, while in cache.
+        """
         manifest = self._manifest
-        array, nbytes = manifest.columns["array"][position], manifest.columns["nbytes"][position]
-        who = manifest.describe(position)
-        spans = await self._own_chunks(position, 0, nbytes, objects)
-        data = _allocate(nbytes)
-        payload_crcs = await asyncio.gather(
-            *(
-                self._read_chunk(array, span, data[span.start : span.start + span.length], who)
-                for span in spans
+        arrays, sizes = manifest.columns["array"], manifest.columns["nbytes"]
+        await self._check_documents([(arrays[p], self._own_claim(p)) for p in positions])
+        spans_of = [
+            await self._own_chunks(
+                position,
+                0,
+                sizes[position],
+                objects.get(arrays[position], {}),
+                document_checked=True,
             )
-        )
-        checksum = _GradientChecksum(manifest, position)
-        for span, payload_crc in zip(spans, payload_crcs, strict=True):
-            checksum.add_chunk(payload_crc, span.length)
-        checksum.check()
-        return manifest.entry(position, data)
+            for position in positions
+        ]
+        buffers = [_allocate(sizes[position]) for position in positions]
+        reads = [
+            _ChunkRead(
+                arrays[position],
+                span,
+                data[span.start : span.start + span.length],
+                manifest.describe(position),
+            )
+            for position, spans, data in zip(positions, spans_of, buffers, strict=True)
+            for span in spans
+        ]
+        payload_crcs = iter(await self._read_chunks(reads, max_concurrency))
+        entries = []
+        for position, spans, data in zip(positions, spans_of, buffers, strict=True):
+            checksum = _GradientChecksum(manifest, position)
+            for span in spans:
+                checksum.add_chunk(next(payload_crcs), span.length)
+            checksum.check()
+            entries.append(manifest.entry(position, data))
+        return entries
 
     async def _read_packed(
         self, positions: list[int], objects: ArrayObjects
@@ -412,16 +441,31 @@ class SnapshotReader:
     # --- checks before reading ----------------------------------------------------------
 
     async def _check_document(self, array: str, claim: ArrayClaim) -> None:
-        key = self._key(array, MANIFEST_NAME)
+        """ManifestError unless ``array``'s own ``zarr.json`` says what ``claim`` says."""
         try:
-            raw = await self._backend.read(key, _ARRAY_DOCUMENT_LIMIT)
-        except MissingKeyError:
+            document: ManyRead = await self._backend.read(
+                self._key(array, MANIFEST_NAME), _ARRAY_DOCUMENT_LIMIT
+            )
+        except (MissingKeyError, UnexpectedObjectError) as error:
+            document = error
+        await self._hold_document(array, claim, document)
+
+    async def _check_documents(self, claims: list[tuple[str, ArrayClaim]]) -> None:
+        """:meth:`_check_document` of each ``(array, claim)``, the documents read at once."""
+        keys = [self._key(array, MANIFEST_NAME) for array, _ in claims]
+        documents = await self._backend.read_many(keys, _ARRAY_DOCUMENT_LIMIT)
+        for (array, claim), document in zip(claims, documents, strict=True):
+            await self._hold_document(array, claim, document)
+
+    async def _hold_document(self, array: str, claim: ArrayClaim, document: ManyRead) -> None:
+        key = self._key(array, MANIFEST_NAME)
+        if isinstance(document, MissingKeyError):
             await self._recheck()
             problem = "is missing"
-        except UnexpectedObjectError as error:
-            problem = str(error)
+        elif isinstance(document, UnexpectedObjectError):
+            problem = str(document)
         else:
-            validate_array_document(raw, claim, self._id, key)
+            validate_array_document(document, claim, self._id, key)
             return
         raise ManifestError(f"snapshot {self._id}: {claim.who}: its array document {problem}")
 
@@ -476,64 +520,109 @@ class SnapshotReader:
         who: Callable[[ChunkSpan], str] | str,
     ) -> int:
         """Read chunk ``span`` and put its data part in ``out``; the crc32c of ``out``."""
-        key = self._key(array, span.key)
+        return (await self._read_chunks([_ChunkRead(array, span, out, who)], 1))[0]
+
+    def _where(self, read: _ChunkRead) -> str:
+        """How messages name the chunk of ``read``."""
+        who = read.who(read.span) if callable(read.who) else read.who
+        return f"snapshot {self._id}: chunk {read.array}/{read.span.key} of {who}"
+
+    async def _read_chunks(self, reads: list[_ChunkRead], max_concurrency: int) -> list[int]:
+        """Read each chunk, verify its crc32c and put its data in its ``out``; the crc32c
+        of each ``out``.
+
+        Uncompressed chunks are read all at once by the backend's
+        ``read_many_into_checked`` (locally a few threads, file after file, each slice
+        checksummed as it lands), zstd ones ``max_concurrency`` at a time. An error names
+        the first chunk, in the order of ``reads``, at fault.
+        """
+        if self._manifest.compression is not None:
+            slots = asyncio.Semaphore(max_concurrency)
+
+            async def bounded(read: _ChunkRead) -> int:
+                async with slots:
+                    return await self._read_compressed_chunk(read)
+
+            return list(await asyncio.gather(*(bounded(read) for read in reads)))
+        requests, trailers = [], []
+        for read in reads:
+            padding = read.span.padded_length - read.span.length
+            tail = memoryview(bytearray(padding + 4))  # the zero padding and the crc32c
+            trailers.append(tail)
+            key = self._key(read.array, read.span.key)
+            requests.append((key, [read.out, tail[:padding], tail[padding:]]))
+        outcomes = await self._backend.read_many_into_checked(requests)
+        payload_crcs = []
+        for read, tail, outcome in zip(reads, trailers, outcomes, strict=True):
+            if isinstance(outcome, MissingKeyError):
+                await self._recheck()
+                raise ChecksumMismatchError(f"{self._where(read)} is missing")
+            if isinstance(outcome, UnexpectedObjectError):
+                raise ChecksumMismatchError(f"{self._where(read)} {outcome}")
+            payload_crc, computed, _ = outcome  # after the data, the padding, the crc32c
+            stored = int.from_bytes(tail[-4:], "little")
+            if computed != stored:
+                raise ChecksumMismatchError(
+                    f"{self._where(read)} fails its crc32c check: stored crc32c "
+                    f"{stored:08x}, computed {computed:08x}"
+                )
+            payload_crcs.append(payload_crc)
+        return payload_crcs
+
+    async def _read_compressed_chunk(self, read: _ChunkRead) -> int:
+        """A zstd chunk: read whole, its crc32c verified, decoded into ``read.out``."""
         compression = self._manifest.compression
+        assert compression is not None
+        span, out = read.span, read.out
         padding = span.padded_length - span.length
-
-        def where() -> str:
-            return f"snapshot {self._id}: chunk {array}/{span.key} of " + (
-                who(span) if callable(who) else who
-            )
-
+        _, most = encoded_size_bounds(span.padded_length, compression)
         try:
-            if compression is None:
-                tail = memoryview(bytearray(padding + 4))  # the zero padding and the crc32c
-                # each piece is checksummed as it is read: one pass over the bytes
-                payload_crc = (await self._backend.read_into_checked(key, [out, tail]))[0]
-                computed = crc32c.crc32c(tail[:-4], value=payload_crc)
-                stored = int.from_bytes(tail[-4:], "little")
-                if computed != stored:
-                    raise ChecksumMismatchError(
-                        f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
-                        f"computed {computed:08x}"
-                    )
-                return payload_crc
-            _, most = encoded_size_bounds(span.padded_length, compression)
-            raw = await self._backend.read(key, most)
-
-            def check() -> int:
-                try:
-                    body, stored = split_crc(raw)
-                except ValueError as error:
-                    raise ChecksumMismatchError(f"{where()}: {error}") from None
-                computed = crc32c.crc32c(body)
-                if computed != stored:
-                    raise ChecksumMismatchError(
-                        f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
-                        f"computed {computed:08x}"
-                    )
-                try:
-                    if padding:
-                        whole = memoryview(bytearray(span.padded_length))
-                        decompress_into(body, whole)
-                        out[:] = whole[: span.length]
-                    else:
-                        decompress_into(body, out)
-                except ValueError as error:
-                    raise ChecksumMismatchError(
-                        f"{where()} does not decode as the snapshot's compression "
-                        f"({compression.codec['name']}) says: {error}"
-                    ) from None
-                return crc32c.crc32c(out)
-
-            if span.padded_length >= THREAD_DECODE_BYTES:
-                return await self._threads.run(check)
-            return check()
+            raw = await self._backend.read(self._key(read.array, span.key), most)
         except MissingKeyError:
             await self._recheck()
-            raise ChecksumMismatchError(f"{where()} is missing") from None
+            raise ChecksumMismatchError(f"{self._where(read)} is missing") from None
         except UnexpectedObjectError as error:
-            raise ChecksumMismatchError(f"{where()} {error}") from None
+            raise ChecksumMismatchError(f"{self._where(read)} {error}") from None
+
+        def check() -> int:
+            try:
+                body, stored = split_crc(raw)
+            except ValueError as error:
+                raise ChecksumMismatchError(f"{self._where(read)}: {error}") from None
+            computed = crc32c.crc32c(body)
+            if computed != stored:
+                raise ChecksumMismatchError(
+                    f"{self._where(read)} fails its crc32c check: stored crc32c {stored:08x}, "
+                    f"computed {computed:08x}"
+                )
+            try:
+                if padding:
+                    whole = memoryview(bytearray(span.padded_length))
+                    decompress_into(body, whole)
+                    out[:] = whole[: span.length]
+                else:
+                    decompress_into(body, out)
+            except ValueError as error:
+                raise ChecksumMismatchError(
+                    f"{self._where(read)} does not decode as the snapshot's compression "
+                    f"({compression.codec['name']}) says: {error}"
+                ) from None
+            return crc32c.crc32c(out)
+
+        if span.padded_length >= THREAD_DECODE_BYTES:
+            return await self._threads.run(check)
+        return check()
+
+
+@dataclass(frozen=True)
+class _ChunkRead:
+    """One chunk to read: ``span`` of ``array``, its data into ``out``; ``who`` (or
+    ``who(span)``) names the gradients it holds in messages."""
+
+    array: str
+    span: ChunkSpan
+    out: memoryview
+    who: Callable[[ChunkSpan], str] | str
 
 
 class PackedChunks:
