@@ -14,23 +14,27 @@ Nothing a manifest or a file claims is acted on before it is held against what i
   restored gradient), and every chunk's crc32c and every gradient's checksum is verified.
 
 Restoring N bytes of uncompressed gradients takes N bytes plus, per chunk in flight, its
-zero padding (an edge chunk's) and crc32c; with zstd, plus the compressed chunks in flight.
+crc32c and an edge chunk's zero padding (at most READ_AHEAD_BYTES of padding at once, or
+one chunk's); with zstd, plus the compressed chunks in flight (``max_concurrency``).
 
 A gradient is assembled from its chunks in one place per step, for both ways of reading
 it (whole, ``read_all``/``read_one``, and streamed, ``stream``): which chunks hold which
 of its bytes and whether they are all there (:meth:`SnapshotReader._own_chunks`;
-``Manifest.packed_chunk`` for the packed array), reading and verifying one chunk
-(:meth:`SnapshotReader._read_chunk`), and the gradient's checksum combined from its
+``Manifest.packed_chunk`` for the packed array), reading and verifying chunks
+(:meth:`SnapshotReader._read_chunks`), and the gradient's checksum combined from its
 chunks' (:class:`_GradientChecksum`, ``Manifest.checksum_mismatch``). Only the order of
-the reads differs: a whole read reads every chunk at once into the gradient's buffer, a
-stream one chunk after another into a buffer of the chunk's own, within its memory bound.
+the reads differs: a whole read checks every array's document, then reads every chunk of
+every gradient at once into the gradients' buffers (one ``read_many_into_checked``: on
+disk a few threads go file after file, each byte read once and checksummed once while in
+cache, with no trip through the event loop between files), a stream one chunk after
+another into a buffer of the chunk's own, within its memory bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -544,6 +548,13 @@ class SnapshotReader:
                     return await self._read_compressed_chunk(read)
 
             return list(await asyncio.gather(*(bounded(read) for read in reads)))
+        payload_crcs = []
+        for group in _padding_bounded(reads):
+            payload_crcs += await self._read_plain_chunks(group)
+        return payload_crcs
+
+    async def _read_plain_chunks(self, reads: list[_ChunkRead]) -> list[int]:
+        """Uncompressed chunks, read all at once, each verified; their data's crc32cs."""
         requests, trailers = [], []
         for read in reads:
             padding = read.span.padded_length - read.span.length
@@ -612,6 +623,23 @@ class SnapshotReader:
         if span.padded_length >= THREAD_DECODE_BYTES:
             return await self._threads.run(check)
         return check()
+
+
+def _padding_bounded(reads: list[_ChunkRead]) -> Iterator[list[_ChunkRead]]:
+    """``reads`` in runs whose edge chunks' zero padding (read into buffers of its own)
+    adds up to at most READ_AHEAD_BYTES, or to one chunk's if that is more: a snapshot of
+    many gradients just over a chunk long must not hold all their padding at once."""
+    group: list[_ChunkRead] = []
+    padding = 0
+    for read in reads:
+        extra = read.span.padded_length - read.span.length
+        if group and padding + extra > READ_AHEAD_BYTES:
+            yield group
+            group, padding = [], 0
+        group.append(read)
+        padding += extra
+    if group:
+        yield group
 
 
 @dataclass(frozen=True)
