@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import crc32c
+import numpy as np
 
 from ..errors import InvalidArgumentError, StoreUnavailableError
 from ._backend import (
@@ -228,7 +229,7 @@ def _read_file(path: str, max_size: int | None = None) -> memoryview:
     try:
         if max_size is not None and size > max_size:
             raise UnexpectedObjectError(f"is {size} bytes; at most {max_size} expected")
-        buffer = memoryview(bytearray(size))
+        buffer = memoryview(np.empty(size, dtype=np.uint8))  # not zero-filled: read over
         _fill(fd, [buffer], size)
         return buffer
     finally:

@@ -558,7 +558,7 @@ class SnapshotReader:
         requests, trailers = [], []
         for read in reads:
             padding = read.span.padded_length - read.span.length
-            tail = memoryview(bytearray(padding + 4))  # the zero padding and the crc32c
+            tail = _allocate(padding + 4)  # for the zero padding and the crc32c
             trailers.append(tail)
             key = self._key(read.array, read.span.key)
             requests.append((key, [read.out, tail[:padding], tail[padding:]]))
@@ -608,7 +608,7 @@ class SnapshotReader:
                 )
             try:
                 if padding:
-                    whole = memoryview(bytearray(span.padded_length))
+                    whole = _allocate(span.padded_length)
                     decompress_into(body, whole)
                     out[:] = whole[: span.length]
                 else:
