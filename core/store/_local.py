@@ -258,16 +258,22 @@ def _read_file_into(path: str, buffers: list[memoryview], checksum: bool = False
         os.close(fd)
 
 
-def _taker(count: int) -> Callable[[], int | None]:
-    """Hands out ``0 .. count - 1`` in order, each once, to any number of threads; then None."""
-    lock = threading.Lock()
-    indices = iter(range(count))
+class _Handout:
+    """Hands out ``0 .. count - 1`` in order, each once, to any number of threads, until
+    none is left or it is stopped (then None)."""
 
-    def take() -> int | None:
-        with lock:
-            return next(indices, None)
+    def __init__(self, count: int) -> None:
+        self._lock = threading.Lock()
+        self._indices = iter(range(count))
+        self._stopped = False
 
-    return take
+    def take(self) -> int | None:
+        with self._lock:
+            return None if self._stopped else next(self._indices, None)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
 
 
 def _object_sizes(folder: str) -> dict[str, int | None]:
@@ -485,17 +491,18 @@ class LocalBackend(StoreBackend):
         )
 
     async def _in_lanes(self, keys: list[str], read: Callable[[int, str], T]) -> list[T | Refusal]:
-        """``read(index, path)`` of each key's file, the keys shared out among READ_LANES threads
-        of the store's pool, each going file after file with no trip through the event
-        loop in between. Per key its result, or the MissingKeyError or
+        """``read(index, path)`` of each key's file, the keys shared out among READ_LANES
+        threads of the store's pool, each going file after file with no trip through the
+        event loop in between. Per key its result, or the MissingKeyError or
         UnexpectedObjectError that refused it; other OSErrors raise StoreUnavailableError.
+        Once the call fails or is cancelled, the threads start no other file.
         """
         outcomes: list[Any] = [None] * len(keys)
-        take = _taker(len(keys))
+        handout = _Handout(len(keys))
         root, location = str(self.root), self.location
 
         def lane() -> None:
-            while (index := take()) is not None:
+            while (index := handout.take()) is not None:
                 key = keys[index]
                 try:
                     outcomes[index] = read(index, os.path.join(root, key))
@@ -509,7 +516,11 @@ class LocalBackend(StoreBackend):
                     ) from error
 
         lanes = min(len(keys), READ_LANES, self.threads.max_workers)
-        await asyncio.gather(*(self.threads.run(lane) for _ in range(lanes)))
+        try:
+            await asyncio.gather(*(self.threads.run(lane) for _ in range(lanes)))
+        except BaseException:
+            handout.stop()  # a failed or cancelled read starts no other file
+            raise
         return outcomes
 
     async def size(self, key: str) -> int:

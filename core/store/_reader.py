@@ -155,7 +155,8 @@ class SnapshotReader:
         objects = await self._backend.object_sizes(self._key(array))
         if array == PACKED_ARRAY:
             return (await self._read_packed([position], objects))[0]
-        return (await self._read_owns([position], {array: objects}, 1))[0]
+        concurrency = self._threads.max_workers
+        return (await self._read_owns([position], {array: objects}, concurrency))[0]
 
     # --- streaming ----------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ and that a damaged chunk is still named, the first in read order.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -182,4 +184,37 @@ async def test_the_first_damaged_chunk_in_read_order_is_named(tmp_path: Path) ->
         else:
             got = await store.read_gradient(info.id, entry.param_id)
             assert got.array.tobytes() == entry.array.tobytes()
+    await store.close()
+
+
+async def test_a_cancelled_bulk_read_starts_no_other_file(tmp_path: Path) -> None:
+    """The reading threads cannot be interrupted, but once the call is cancelled they take
+    no further file: a restore given up (a client gone) does not go on reading a GiB."""
+    store = open_store(tmp_path, chunk_bytes=4096, pack_threshold=1024)
+    info = await store.write_snapshot(make_record(many_arrays(4, seed=5)), run="r", step=1)
+    sizes = await chunk_keys(store, info.id)
+    requests = [(key, [memoryview(bytearray(b"\xab" * size))]) for key, size in sizes.items()]
+    pool = store.backend.threads
+    run = pool.run
+    release = threading.Event()
+    started: list[bool] = []
+
+    async def held(function: Any, *args: Any) -> Any:
+        def held_function() -> Any:
+            started.append(True)
+            release.wait(30)
+            return function(*args)
+
+        return await run(held_function)
+
+    pool.run = held  # type: ignore[method-assign]
+    task = asyncio.create_task(store.backend.read_many_into_checked(requests))
+    while not started:  # a reading thread is running, held before its first file
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    await asyncio.to_thread(pool.close)  # waits for the reading threads to end
+    assert all(bytes(buffers[0]) == b"\xab" * len(buffers[0]) for _, buffers in requests)
     await store.close()
