@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -98,6 +98,23 @@ class UnexpectedObjectError(Exception):
     outside the bounds given (found before the object's bytes are read). The message
     completes a sentence that starts with the key: ``"... is a FIFO, not a regular file"``.
     """
+
+
+#: Why ``read_many`` or ``read_many_into_checked`` got nothing from one key (returned, not
+#: raised, so that the caller can name what it was reading there).
+Refusal = MissingKeyError | UnexpectedObjectError
+#: One key's outcome in ``read_many``: its bytes, or why there are none.
+ManyRead = memoryview | Refusal
+#: One request's outcome in ``read_many_into_checked``: the running crc32cs, or why none.
+CheckedRead = list[int] | Refusal
+
+
+async def _refusal_or(read: Awaitable[T]) -> T | Refusal:
+    """What ``read`` gives, or the MissingKeyError or UnexpectedObjectError it raises."""
+    try:
+        return await read
+    except (MissingKeyError, UnexpectedObjectError) as error:
+        return error
 
 
 class SnapshotWriter(ABC):
@@ -194,6 +211,27 @@ class StoreBackend(ABC):
         """
         await self.read_into(key, buffers)
         return await self._threads.run(running_crc32c, buffers)
+
+    async def read_many(self, keys: list[str], max_size: int | None = None) -> list[ManyRead]:
+        """:meth:`read` of every key, all at once.
+
+        For each key, in order: its bytes, or the MissingKeyError or UnexpectedObjectError
+        that refused it, returned rather than raised so that the caller can name what it
+        was reading (StoreUnavailableError is raised). A backend that reads many objects
+        with less overhead than a call each overrides this.
+        """
+        return list(await asyncio.gather(*(_refusal_or(self.read(key, max_size)) for key in keys)))
+
+    async def read_many_into_checked(
+        self, requests: list[tuple[str, list[memoryview]]]
+    ) -> list[CheckedRead]:
+        """:meth:`read_into_checked` of every ``(key, buffers)`` request, all at once.
+
+        For each request, in order: the running crc32cs, or the refusal, as
+        :meth:`read_many` gives them.
+        """
+        reads = (_refusal_or(self.read_into_checked(key, buffers)) for key, buffers in requests)
+        return list(await asyncio.gather(*reads))
 
     @abstractmethod
     async def size(self, key: str) -> int:

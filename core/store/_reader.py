@@ -14,16 +14,20 @@ Nothing a manifest or a file claims is acted on before it is held against what i
   restored gradient), and every chunk's crc32c and every gradient's checksum is verified.
 
 Restoring N bytes of uncompressed gradients takes N bytes plus, per chunk in flight, its
-zero padding (an edge chunk's) and crc32c; with zstd, plus the compressed chunks in flight.
+crc32c and an edge chunk's zero padding (at most READ_AHEAD_BYTES of padding at once, or
+one chunk's); with zstd, plus the compressed chunks in flight (``max_concurrency``).
 
 A gradient is assembled from its chunks in one place per step, for both ways of reading
 it (whole, ``read_all``/``read_one``, and streamed, ``stream``): which chunks hold which
 of its bytes and whether they are all there (:meth:`SnapshotReader._own_chunks`;
-``Manifest.packed_chunk`` for the packed array), reading and verifying one chunk
-(:meth:`SnapshotReader._read_chunk`), and the gradient's checksum combined from its
+``Manifest.packed_chunk`` for the packed array), reading and verifying chunks
+(:meth:`SnapshotReader._read_chunks`), and the gradient's checksum combined from its
 chunks' (:class:`_GradientChecksum`, ``Manifest.checksum_mismatch``). Only the order of
-the reads differs: a whole read reads every chunk at once into the gradient's buffer, a
-stream one chunk after another into a buffer of the chunk's own, within its memory bound.
+the reads differs: a whole read checks every array's document, then reads every chunk of
+every gradient at once into the gradients' buffers (one ``read_many_into_checked``: on
+disk a few threads go file after file, each byte read once and checksummed once while in
+cache, with no trip through the event loop between files), a stream one chunk after
+another into a buffer of the chunk's own, within its memory bound.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import operator
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import crc32c
@@ -41,6 +46,7 @@ from ..errors import ChecksumMismatchError, ManifestError
 from ..record import GradientRecordEntry
 from ._backend import (
     MANIFEST_NAME,
+    ManyRead,
     MissingKeyError,
     StoreBackend,
     ThreadRunner,
@@ -134,16 +140,9 @@ class SnapshotReader:
         packed_positions = manifest.packed_positions()
         packed_set = set(packed_positions)
         own_positions = [i for i in range(manifest.count) if i not in packed_set]
-        slots = asyncio.Semaphore(max_concurrency)
-        arrays = manifest.columns["array"]
-
-        async def bounded(position: int) -> GradientRecordEntry:
-            async with slots:
-                return await self._read_own(position, objects.get(arrays[position], {}))
-
-        packed_arrays, *own_entries = await asyncio.gather(
+        packed_arrays, own_entries = await asyncio.gather(
             self._read_packed(packed_positions, objects.get(PACKED_ARRAY, {})),
-            *(bounded(i) for i in own_positions),
+            self._read_owns(own_positions, objects, max_concurrency),
         )
         if not own_positions:
             return packed_arrays
@@ -159,9 +158,10 @@ class SnapshotReader:
         array = self._manifest.columns["array"][position]
         objects = await self._backend.object_sizes(self._key(array))
         if array == PACKED_ARRAY:
-            (array,) = await self._read_packed([position], objects)
-            return self._manifest.packed_entry(position, array)
-        return await self._read_own(position, objects)
+            (packed,) = await self._read_packed([position], objects)
+            return self._manifest.packed_entry(position, packed)
+        concurrency = self._threads.max_workers
+        return (await self._read_owns([position], {array: objects}, concurrency))[0]
 
     # --- streaming ----------------------------------------------------------------------
 
@@ -339,16 +339,23 @@ class SnapshotReader:
         )
 
     async def _own_chunks(
-        self, position: int, start: int, end: int, objects: ArrayObjects | None
+        self,
+        position: int,
+        start: int,
+        end: int,
+        objects: ArrayObjects | None,
+        *,
+        document_checked: bool = False,
     ) -> list[ChunkSpan]:
         """The chunks of gradient ``position``'s own array that hold its bytes ``[start,
-        end)``, in order, once the array's document says what the manifest says and each
-        of them is seen in ``objects`` (the array's objects; listed now if None), a
-        regular file of a size it can have."""
+        end)``, in order, once the array's document says what the manifest says (checked
+        here unless ``document_checked``) and each of them is seen in ``objects`` (the
+        array's objects; listed now if None), a regular file of a size it can have."""
         manifest = self._manifest
         columns = manifest.columns
         array = columns["array"][position]
-        await self._check_document(array, self._own_claim(position))
+        if not document_checked:
+            await self._check_document(array, self._own_claim(position))
         if objects is None:
             objects = await self._backend.object_sizes(self._key(array))
         itemsize = np.dtype(columns["dtype"][position]).itemsize
@@ -363,23 +370,50 @@ class SnapshotReader:
         )
         return await self._present_chunks(array, needed, objects, manifest.describe(position))
 
-    async def _read_own(self, position: int, objects: ArrayObjects) -> GradientRecordEntry:
+    async def _read_owns(
+        self, positions: list[int], objects: dict[str, ArrayObjects], max_concurrency: int
+    ) -> list[GradientRecordEntry]:
+        """The gradients at ``positions``, each from its own array (``objects`` by array).
+
+        Every array's document is checked (all read at once) and its chunks seen to be
+        there first; then each gradient gets one buffer, not zero-filled, and all chunks
+        are read at once, each straight into its place (:meth:`_read_chunks`; zstd chunks
+        ``max_concurrency`` at a time). A gradient's checksum is combined from its chunks'
+        crc32cs, so each byte is read once and checksummed once, while in cache.
+        """
         manifest = self._manifest
-        array, nbytes = manifest.columns["array"][position], manifest.columns["nbytes"][position]
-        who = manifest.describe(position)
-        spans = await self._own_chunks(position, 0, nbytes, objects)
-        data = _allocate(nbytes)
-        payload_crcs = await asyncio.gather(
-            *(
-                self._read_chunk(array, span, data[span.start : span.start + span.length], who)
-                for span in spans
+        arrays, sizes = manifest.columns["array"], manifest.columns["nbytes"]
+        await self._check_documents([(arrays[p], self._own_claim(p)) for p in positions])
+        spans_of = [
+            await self._own_chunks(
+                position,
+                0,
+                sizes[position],
+                objects.get(arrays[position], {}),
+                document_checked=True,
             )
-        )
-        checksum = _GradientChecksum(manifest, position)
-        for span, payload_crc in zip(spans, payload_crcs, strict=True):
-            checksum.add_chunk(payload_crc, span.length)
-        checksum.check()
-        return manifest.entry(position, data)
+            for position in positions
+        ]
+        buffers = [_allocate(sizes[position]) for position in positions]
+        reads = [
+            _ChunkRead(
+                arrays[position],
+                span,
+                data[span.start : span.start + span.length],
+                manifest.describe(position),
+            )
+            for position, spans, data in zip(positions, spans_of, buffers, strict=True)
+            for span in spans
+        ]
+        payload_crcs = iter(await self._read_chunks(reads, max_concurrency))
+        entries = []
+        for position, spans, data in zip(positions, spans_of, buffers, strict=True):
+            checksum = _GradientChecksum(manifest, position)
+            for span in spans:
+                checksum.add_chunk(next(payload_crcs), span.length)
+            checksum.check()
+            entries.append(manifest.entry(position, data))
+        return entries
 
     async def _read_packed(self, positions: list[int], objects: ArrayObjects) -> list[np.ndarray]:
         """The packed gradients at ``positions``, reading only the chunks they lie in."""
@@ -416,16 +450,31 @@ class SnapshotReader:
     # --- checks before reading ----------------------------------------------------------
 
     async def _check_document(self, array: str, claim: ArrayClaim) -> None:
-        key = self._key(array, MANIFEST_NAME)
+        """ManifestError unless ``array``'s own ``zarr.json`` says what ``claim`` says."""
         try:
-            raw = await self._backend.read(key, _ARRAY_DOCUMENT_LIMIT)
-        except MissingKeyError:
+            document: ManyRead = await self._backend.read(
+                self._key(array, MANIFEST_NAME), _ARRAY_DOCUMENT_LIMIT
+            )
+        except (MissingKeyError, UnexpectedObjectError) as error:
+            document = error
+        await self._hold_document(array, claim, document)
+
+    async def _check_documents(self, claims: list[tuple[str, ArrayClaim]]) -> None:
+        """:meth:`_check_document` of each ``(array, claim)``, the documents read at once."""
+        keys = [self._key(array, MANIFEST_NAME) for array, _ in claims]
+        documents = await self._backend.read_many(keys, _ARRAY_DOCUMENT_LIMIT)
+        for (array, claim), document in zip(claims, documents, strict=True):
+            await self._hold_document(array, claim, document)
+
+    async def _hold_document(self, array: str, claim: ArrayClaim, document: ManyRead) -> None:
+        key = self._key(array, MANIFEST_NAME)
+        if isinstance(document, MissingKeyError):
             await self._recheck()
             problem = "is missing"
-        except UnexpectedObjectError as error:
-            problem = str(error)
+        elif isinstance(document, UnexpectedObjectError):
+            problem = str(document)
         else:
-            validate_array_document(raw, claim, self._id, key)
+            validate_array_document(document, claim, self._id, key)
             return
         raise ManifestError(f"snapshot {self._id}: {claim.who}: its array document {problem}")
 
@@ -480,64 +529,133 @@ class SnapshotReader:
         who: Callable[[ChunkSpan], str] | str,
     ) -> int:
         """Read chunk ``span`` and put its data part in ``out``; the crc32c of ``out``."""
-        key = self._key(array, span.key)
+        return (await self._read_chunks([_ChunkRead(array, span, out, who)], 1))[0]
+
+    def _where(self, read: _ChunkRead) -> str:
+        """How messages name the chunk of ``read``."""
+        who = read.who(read.span) if callable(read.who) else read.who
+        return f"snapshot {self._id}: chunk {read.array}/{read.span.key} of {who}"
+
+    async def _read_chunks(self, reads: list[_ChunkRead], max_concurrency: int) -> list[int]:
+        """Read each chunk, verify its crc32c and put its data in its ``out``; the crc32c
+        of each ``out``.
+
+        Uncompressed chunks are read all at once by the backend's
+        ``read_many_into_checked`` (locally a few threads, file after file, each slice
+        checksummed as it lands), zstd ones ``max_concurrency`` at a time. An error names
+        the first chunk, in the order of ``reads``, at fault.
+        """
+        if self._manifest.compression is not None:
+            slots = asyncio.Semaphore(max_concurrency)
+
+            async def bounded(read: _ChunkRead) -> int:
+                async with slots:
+                    return await self._read_compressed_chunk(read)
+
+            return list(await asyncio.gather(*(bounded(read) for read in reads)))
+        payload_crcs = []
+        for group in _padding_bounded(reads):
+            payload_crcs += await self._read_plain_chunks(group)
+        return payload_crcs
+
+    async def _read_plain_chunks(self, reads: list[_ChunkRead]) -> list[int]:
+        """Uncompressed chunks, read all at once, each verified; their data's crc32cs."""
+        requests, trailers = [], []
+        for read in reads:
+            padding = read.span.padded_length - read.span.length
+            tail = _allocate(padding + 4)  # for the zero padding and the crc32c
+            trailers.append(tail)
+            key = self._key(read.array, read.span.key)
+            requests.append((key, [read.out, tail[:padding], tail[padding:]]))
+        outcomes = await self._backend.read_many_into_checked(requests)
+        payload_crcs = []
+        for read, tail, outcome in zip(reads, trailers, outcomes, strict=True):
+            if isinstance(outcome, MissingKeyError):
+                await self._recheck()
+                raise ChecksumMismatchError(f"{self._where(read)} is missing")
+            if isinstance(outcome, UnexpectedObjectError):
+                raise ChecksumMismatchError(f"{self._where(read)} {outcome}")
+            payload_crc, computed, _ = outcome  # after the data, the padding, the crc32c
+            stored = int.from_bytes(tail[-4:], "little")
+            if computed != stored:
+                raise ChecksumMismatchError(
+                    f"{self._where(read)} fails its crc32c check: stored crc32c "
+                    f"{stored:08x}, computed {computed:08x}"
+                )
+            payload_crcs.append(payload_crc)
+        return payload_crcs
+
+    async def _read_compressed_chunk(self, read: _ChunkRead) -> int:
+        """A zstd chunk: read whole, its crc32c verified, decoded into ``read.out``."""
         compression = self._manifest.compression
+        assert compression is not None
+        span, out = read.span, read.out
         padding = span.padded_length - span.length
-
-        def where() -> str:
-            return f"snapshot {self._id}: chunk {array}/{span.key} of " + (
-                who(span) if callable(who) else who
-            )
-
+        _, most = encoded_size_bounds(span.padded_length, compression)
         try:
-            if compression is None:
-                tail = memoryview(bytearray(padding + 4))  # the zero padding and the crc32c
-                # each piece is checksummed as it is read: one pass over the bytes
-                payload_crc = (await self._backend.read_into_checked(key, [out, tail]))[0]
-                computed = crc32c.crc32c(tail[:-4], value=payload_crc)
-                stored = int.from_bytes(tail[-4:], "little")
-                if computed != stored:
-                    raise ChecksumMismatchError(
-                        f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
-                        f"computed {computed:08x}"
-                    )
-                return payload_crc
-            _, most = encoded_size_bounds(span.padded_length, compression)
-            raw = await self._backend.read(key, most)
-
-            def check() -> int:
-                try:
-                    body, stored = split_crc(raw)
-                except ValueError as error:
-                    raise ChecksumMismatchError(f"{where()}: {error}") from None
-                computed = crc32c.crc32c(body)
-                if computed != stored:
-                    raise ChecksumMismatchError(
-                        f"{where()} fails its crc32c check: stored crc32c {stored:08x}, "
-                        f"computed {computed:08x}"
-                    )
-                try:
-                    if padding:
-                        whole = memoryview(bytearray(span.padded_length))
-                        decompress_into(body, whole)
-                        out[:] = whole[: span.length]
-                    else:
-                        decompress_into(body, out)
-                except ValueError as error:
-                    raise ChecksumMismatchError(
-                        f"{where()} does not decode as the snapshot's compression "
-                        f"({compression.codec['name']}) says: {error}"
-                    ) from None
-                return crc32c.crc32c(out)
-
-            if span.padded_length >= THREAD_DECODE_BYTES:
-                return await self._threads.run(check)
-            return check()
+            raw = await self._backend.read(self._key(read.array, span.key), most)
         except MissingKeyError:
             await self._recheck()
-            raise ChecksumMismatchError(f"{where()} is missing") from None
+            raise ChecksumMismatchError(f"{self._where(read)} is missing") from None
         except UnexpectedObjectError as error:
-            raise ChecksumMismatchError(f"{where()} {error}") from None
+            raise ChecksumMismatchError(f"{self._where(read)} {error}") from None
+
+        def check() -> int:
+            try:
+                body, stored = split_crc(raw)
+            except ValueError as error:
+                raise ChecksumMismatchError(f"{self._where(read)}: {error}") from None
+            computed = crc32c.crc32c(body)
+            if computed != stored:
+                raise ChecksumMismatchError(
+                    f"{self._where(read)} fails its crc32c check: stored crc32c {stored:08x}, "
+                    f"computed {computed:08x}"
+                )
+            try:
+                if padding:
+                    whole = _allocate(span.padded_length)
+                    decompress_into(body, whole)
+                    out[:] = whole[: span.length]
+                else:
+                    decompress_into(body, out)
+            except ValueError as error:
+                raise ChecksumMismatchError(
+                    f"{self._where(read)} does not decode as the snapshot's compression "
+                    f"({compression.codec['name']}) says: {error}"
+                ) from None
+            return crc32c.crc32c(out)
+
+        if span.padded_length >= THREAD_DECODE_BYTES:
+            return await self._threads.run(check)
+        return check()
+
+
+def _padding_bounded(reads: list[_ChunkRead]) -> Iterator[list[_ChunkRead]]:
+    """``reads`` in runs whose edge chunks' zero padding (read into buffers of its own)
+    adds up to at most READ_AHEAD_BYTES, or to one chunk's if that is more: a snapshot of
+    many gradients just over a chunk long must not hold all their padding at once."""
+    group: list[_ChunkRead] = []
+    padding = 0
+    for read in reads:
+        extra = read.span.padded_length - read.span.length
+        if group and padding + extra > READ_AHEAD_BYTES:
+            yield group
+            group, padding = [], 0
+        group.append(read)
+        padding += extra
+    if group:
+        yield group
+
+
+@dataclass(frozen=True)
+class _ChunkRead:
+    """One chunk to read: ``span`` of ``array``, its data into ``out``; ``who`` (or
+    ``who(span)``) names the gradients it holds in messages."""
+
+    array: str
+    span: ChunkSpan
+    out: memoryview
+    who: Callable[[ChunkSpan], str] | str
 
 
 class PackedChunks:
