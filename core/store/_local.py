@@ -661,10 +661,14 @@ class _LocalSnapshotWriter(SnapshotWriter):
             present.update(prefix + name for name in files)
         return sorted(self._written - present)
 
-    def _commit_sync(self, group_document: bytes) -> None:
+    def _seal_sync(self, group_document: bytes) -> None:
+        """Write the manifest, fsynced, and fsync the staging folder that holds it."""
         _write_file(os.path.join(self._folder, MANIFEST_NAME), [group_document])
         self._written.add(MANIFEST_NAME)
         _fsync_directory(str(self._folder))
+
+    def _rename_into_place_sync(self) -> None:
+        """Check that every file written is still there, then rename the folder into place."""
         # Nothing of ours removes files in place, but a snapshot must not be committed
         # with files missing, whoever removed them.
         missing = self._missing_files()
@@ -677,13 +681,29 @@ class _LocalSnapshotWriter(SnapshotWriter):
                 f"(first: {missing[0]}); nothing was committed"
             )
         os.rename(self._folder, self._backend.snapshots_dir / self._snapshot_id)
+
+    def _commit_sync(self, group_document: bytes) -> None:
+        self._seal_sync(group_document)
+        self._rename_into_place_sync()
         _fsync_directory(str(self._backend.snapshots_dir))
 
     async def commit(self, group_metadata: bytes) -> None:
-        await self._sync_pending()
-        await self._run(
-            f"committing snapshot {self._snapshot_id}", self._commit_sync, group_metadata
-        )
+        action = f"committing snapshot {self._snapshot_id}"
+        turn = self.turn
+        if turn is None:
+            await self._sync_pending()
+            await self._run(action, self._commit_sync, group_metadata)
+            return
+        try:
+            await self._sync_pending()
+            await self._run(action, self._seal_sync, group_metadata)
+            await turn.wait()
+            await self._run(action, self._rename_into_place_sync)
+        finally:
+            turn.release()
+        # Renames of snapshots in flight together are made durable by one fsync of the
+        # snapshots folder, or by fsyncs that run at once and share a journal commit.
+        await self._run(action, _fsync_directory, str(self._backend.snapshots_dir))
 
     async def abort(self) -> None:
         try:
