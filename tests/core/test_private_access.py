@@ -27,6 +27,13 @@ ALLOWED = {
     ("core/test_device_stream.py", "gradvault.core.store._device_stream"): (
         "unit tests of core/store/_device_stream.py's internals (RingStreamer) with a fake device"
     ),
+    ("core/test_file_writes.py", "gradvault.core.store._file_writes"): (
+        "unit tests of core/store/_file_writes.py: O_DIRECT writes and their fallbacks to "
+        "the page cache, refusals injected on fcntl and os.write"
+    ),
+    ("core/test_file_writes.py", "gradvault.core.store._checksums"): (
+        "the crc32c trailer those writes fill (Crc32cTrailer), compared across both ways"
+    ),
     ("core/test_gpu_stream.py", "gradvault.core.store._device_stream"): (
         "tests of core/store/_device_stream.py's internals (RingStreamer, CupyCopier) on "
         "a real CUDA device"
