@@ -4,6 +4,7 @@ handle completes; the bound on what the queue holds; and CommitOrder on its own.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -43,30 +44,29 @@ NBYTES = sum(int(np.prod(shape)) * 4 for shape in SHAPES)
 
 
 class PausedFirstCommit:
-    """Holds the first snapshot written after :meth:`install` just before its commit."""
+    """Holds the commit of the snapshot of step 0 written after it is made, just before
+    the commit starts (writes begin in any order; their commits wait for their turns)."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.reached = threading.Event()
         self.go = threading.Event()
         backend = recorder.store.backend
         begin = backend.begin
-        calls = []
 
-        async def begin_and_pause_the_first(snapshot_id: str):
+        async def begin_and_pause_step_0(snapshot_id: str):
             writer = await begin(snapshot_id)
-            calls.append(snapshot_id)
-            if len(calls) == 1:
-                commit = writer.commit
+            commit = writer.commit
 
-                async def paused_commit(document: bytes) -> None:
+            async def paused_commit(document: bytes) -> None:
+                if json.loads(document)["attributes"]["gradvault"]["step"] == 0:
                     self.reached.set()
                     await asyncio.to_thread(self.go.wait, 60)
-                    await commit(document)
+                await commit(document)
 
-                writer.commit = paused_commit
+            writer.commit = paused_commit
             return writer
 
-        backend.begin = begin_and_pause_the_first
+        backend.begin = begin_and_pause_step_0
 
 
 @pytest.fixture
@@ -237,3 +237,46 @@ async def test_commit_order_lets_each_turn_pass_only_after_every_earlier_one() -
     later = order.take()
     turns[3].release()
     await asyncio.wait_for(later.wait(), 60)
+
+
+def test_queued_snapshots_become_visible_in_start_order_on_every_store(
+    store_url: str, connection_options: dict[str, object], monkeypatch
+) -> None:
+    """The same order on S3, where the manifest PUT makes a snapshot visible."""
+    with Recorder(store_url, **connection_options) as recorder:
+        recorder.sync.snapshot(make_grads(0), run="warm-up", step=0)
+        pause = PausedFirstCommit(recorder)
+        backend = recorder.store.backend
+        visible: list[str] = []
+        if store_url.startswith("s3://"):
+            put = backend.put
+
+            async def recording_put(key: str, body, **options):
+                result = await put(key, body, **options)
+                parts = key.split("/")
+                if parts[-1] == "zarr.json" and parts[-3] == "snapshots":
+                    visible.append(parts[-2])
+                return result
+
+            backend.put = recording_put
+        else:
+            real_rename = os.rename
+
+            def recording_rename(source, destination) -> None:
+                real_rename(source, destination)
+                if Path(destination).parent.name == "snapshots":
+                    visible.append(Path(destination).name)
+
+            monkeypatch.setattr(os, "rename", recording_rename)
+        sets = [make_grads(seed) for seed in range(11, 15)]
+        handles = [recorder.start_snapshot(g, run="o", step=s) for s, g in enumerate(sets)]
+        assert pause.reached.wait(60)
+        assert not any(handle.done() for handle in handles)
+        pause.go.set()
+        ids = [handle.result(60).id for handle in handles]
+        monkeypatch.undo()
+        assert ids == sorted(ids)
+        assert visible == ids
+        assert [info.id for info in recorder.sync.list(run="o")] == ids[::-1]
+        for snapshot_id, grads in zip(ids, sets, strict=True):
+            assert grads_bytes(recorder.sync.restore(snapshot_id)) == grads_bytes(grads)
