@@ -302,8 +302,9 @@ class Recorder:
         """Capture ``grads`` now and commit them in the background; returns once capture is safe.
 
         Nothing training does after this returns changes what is written. With
-        ``on_busy="wait"`` this blocks while a previous snapshot is still committing (in
-        async code, ``await recorder.snapshot(...)`` waits without blocking the loop).
+        ``on_busy="wait"`` this blocks only while the snapshots still committing leave no
+        room for this one within ``max_pending_bytes`` (in async code, ``await
+        recorder.snapshot(...)`` waits without blocking the loop).
         """
         run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
         return self._launch_blocking(

@@ -7,7 +7,10 @@ while chunks are still streaming every one of them forced a new one); then the m
 fsynced, one ``os.rename`` to ``snapshots/<id>`` and an fsync of the ``snapshots`` folder.
 A reader therefore sees a whole snapshot or none. Files are written with
 ``os.open``/``os.writev``/``os.fsync`` in a thread pool, many at once (measured faster
-than aiofiles, which makes one thread hop per call; docs/FORMAT.md has the figures).
+than aiofiles, which makes one thread hop per call; docs/FORMAT.md has the figures),
+large chunk files with O_DIRECT where the file system takes it (``_file_writes``). A
+writer with a ``turn`` does all of this at once with other writers and waits for its
+turn only to rename.
 
 Removal is claimed before it starts. ``delete`` locks the snapshot's folder (``flock``)
 and renames it to ``.staging/<id>.deleting-<random>``; ``gc`` locks a leftover and
