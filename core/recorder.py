@@ -30,6 +30,8 @@ from .grads import GradientsCapture, GradientsParams
 from .record import GradientsParamsRecord
 from .record_rules import check_snapshot_fields
 from .store import (
+    CommitOrder,
+    CommitTurn,
     RetentionRules,
     ShardInfo,
     SnapshotInfo,
@@ -42,6 +44,8 @@ from .store import (
 
 #: how long a commit waits before its first step, so that start_snapshot returns at once
 _HANDBACK_SECONDS = 0.002
+#: the default bound on the bytes of snapshots captured and not yet committed
+DEFAULT_MAX_PENDING_BYTES = 256 << 20
 
 if TYPE_CHECKING:
     from .nn.module import Module
@@ -80,7 +84,11 @@ class Recorder:
     """Snapshots and restores gradients against a store (a store object, a path or a URL).
 
     ``on_busy`` chooses what a snapshot started while another is committing does: "wait"
-    for it, or "reject" with ``SnapshotBusyError``. ``keep_last`` / ``keep_every`` apply the
+    (queue it behind the ones in flight, as long as their bytes together stay within
+    ``max_pending_bytes``, else wait for room), or "reject" with ``SnapshotBusyError``.
+    Queued snapshots are written alongside each other (their fsyncs share the file
+    system's journal commits) and become visible in the order they were started; each
+    handle completes once its snapshot is durable. ``keep_last`` / ``keep_every`` apply the
     retention policy to the snapshot's run after each commit: ``keep_last`` counts by id
     (creation order), the newest snapshot is never deleted, and neither is the one whose
     commit the pass follows. Bad values raise ValueError here, not at the first commit.
@@ -94,10 +102,16 @@ class Recorder:
         keep_last: int | None = None,
         keep_every: int | None = None,
         compression: str | None = None,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         **store_options: Any,
     ) -> None:
         if on_busy not in ("wait", "reject"):
             raise InvalidArgumentError(f"on_busy must be 'wait' or 'reject'; got {on_busy!r}")
+        if type(max_pending_bytes) is not int or max_pending_bytes < 0:
+            raise InvalidArgumentError(
+                f"max_pending_bytes must be an int >= 0 (0: one snapshot at a time); "
+                f"got {max_pending_bytes!r}"
+            )
         try:
             parse_compression(compression)
         except ValueError as error:
@@ -110,13 +124,18 @@ class Recorder:
         self.on_busy = on_busy
         self.keep_last, self.keep_every = self._retention.keep_last, self._retention.keep_every
         self.compression = compression
+        self.max_pending_bytes = max_pending_bytes
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="gradvault-recorder", daemon=True
         )
         self._thread.start()
-        self._inflight: set[concurrent.futures.Future[Any]] = set()
-        self._lock = threading.Lock()
+        #: every commit launched and not finished, with its captured bytes
+        self._inflight: dict[concurrent.futures.Future[Any], int] = {}
+        #: the commit launched last, and whether it is a shard's
+        self._last: tuple[concurrent.futures.Future[Any], bool] | None = None
+        self._order = CommitOrder()
+        self._lock = threading.RLock()  # a done callback may run inside it
         self._closed = False
         self.sync = SyncRecorder(self)
 
@@ -159,61 +178,87 @@ class Recorder:
         with self._lock:
             return [future for future in self._inflight if not future.done()]
 
+    def _finished(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._inflight.pop(future, None)
+
     def _try_launch(
         self,
         grads: GradientsParams | GradientsParamsRecord,
-        commit: Callable[[GradientsCapture | GradientsParamsRecord], Coroutine[Any, Any, R]],
-    ) -> SnapshotHandle[R] | None:
-        """Capture and launch the commit; None while another snapshot is still committing.
+        commit: _Commit[R],
+        shard: bool,
+        captured: GradientsCapture | GradientsParamsRecord | None = None,
+    ) -> tuple[SnapshotHandle[R] | None, GradientsCapture | GradientsParamsRecord]:
+        """Capture (unless ``captured`` is given) and launch the commit if there is room.
 
-        One snapshot commits at a time: that bounds the memory a recorder holds and keeps
-        snapshots in the order they were taken.
+        Returns the handle, or None and the capture while the snapshots in flight leave
+        no room for it: a snapshot enters the queue when nothing is in flight, or when
+        its bytes and theirs together stay within ``max_pending_bytes``. The bound is
+        what the queue holds in memory (each capture keeps its gradients' buffers).
         """
         with self._lock:
             if self._closed:
                 raise RecorderError("the recorder is closed")
-            if any(not future.done() for future in self._inflight):
-                if self.on_busy == "reject":
-                    raise SnapshotBusyError(
-                        "a snapshot is still committing and this recorder rejects new ones "
-                        "while busy (on_busy='reject'); wait for its handle or use "
-                        "on_busy='wait'"
-                    )
-                return None
-            captured = _capture(grads)
+            pending = [nbytes for future, nbytes in self._inflight.items() if not future.done()]
+            if pending and self.on_busy == "reject":
+                raise SnapshotBusyError(
+                    "a snapshot is still committing and this recorder rejects new ones "
+                    "while busy (on_busy='reject'); wait for its handle or use "
+                    "on_busy='wait'"
+                )
+            if captured is None:
+                captured = _capture(grads)
             nbytes, count = captured.nbytes, len(captured)  # before the commit competes for the GIL
-            future = self._submit(commit(captured))
-            self._inflight.add(future)
-            future.add_done_callback(self._inflight.discard)
-            return SnapshotHandle(future, nbytes, count)
+            if pending and not (
+                self.max_pending_bytes and sum(pending) + nbytes <= self.max_pending_bytes
+            ):
+                return None, captured
+            previous = self._last
+            future = self._submit(commit(captured, _Queued(self._order.take(), previous)))
+            self._inflight[future] = nbytes
+            self._last = (future, shard)
+            future.add_done_callback(self._finished)
+            return SnapshotHandle(future, nbytes, count), captured
 
     async def _commit(
         self,
         captured: GradientsCapture | GradientsParamsRecord,
+        queued: _Queued,
         run: str,
         step: int,
         tags: dict[str, str],
     ) -> SnapshotInfo:
-        record = await _host_record(captured)
-        info = await self._store.write_snapshot(
-            record,
-            run=run,
-            step=step,
-            tags=tags,
-            device=str(record.metadata.get("device", "cpu")),
-            compression=self.compression,
-        )
+        try:
+            await queued.after_shard()
+            record = await _host_record(captured)
+            info = await self._store.write_snapshot(
+                record,
+                run=run,
+                step=step,
+                tags=tags,
+                device=str(record.metadata.get("device", "cpu")),
+                compression=self.compression,
+                turn=queued.turn,
+            )
+        finally:
+            queued.turn.release()
+        # handles complete, and retention passes run, in the order snapshots were started
+        await queued.after_previous()
         await self._retain(info, run)
         return info
 
     async def _commit_shard(
         self,
         captured: GradientsCapture | GradientsParamsRecord,
+        queued: _Queued,
         shard: tuple[str, int, int],
         run: str,
         step: int,
         tags: dict[str, str],
     ) -> ShardInfo:
+        # a shard is published alone: after every commit started before it
+        queued.turn.release()
+        await queued.after_previous()
         record = await _host_record(captured)
         snapshot_id, rank, world_size = shard
         written = await self._store.write_shard(
@@ -257,32 +302,44 @@ class Recorder:
         """Capture ``grads`` now and commit them in the background; returns once capture is safe.
 
         Nothing training does after this returns changes what is written. With
-        ``on_busy="wait"`` this blocks while a previous snapshot is still committing (in
-        async code, ``await recorder.snapshot(...)`` waits without blocking the loop).
+        ``on_busy="wait"`` this blocks only while the snapshots still committing leave no
+        room for this one within ``max_pending_bytes`` (in async code, ``await
+        recorder.snapshot(...)`` waits without blocking the loop).
         """
         run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
         return self._launch_blocking(
-            grads, lambda captured: self._commit(captured, run, step, plain_tags)
+            grads, lambda captured, queued: self._commit(captured, queued, run, step, plain_tags)
         )
 
     def _launch_blocking(
         self,
         grads: GradientsParams | GradientsParamsRecord,
-        commit: Callable[[GradientsCapture | GradientsParamsRecord], Coroutine[Any, Any, R]],
+        commit: _Commit[R],
+        shard: bool = False,
     ) -> SnapshotHandle[R]:
-        while (handle := self._try_launch(grads, commit)) is None:
-            concurrent.futures.wait(self._in_flight())
+        handle, captured = self._try_launch(grads, commit, shard)
+        while handle is None:
+            concurrent.futures.wait(
+                self._in_flight(), return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            handle, captured = self._try_launch(grads, commit, shard, captured)
         return handle
 
     async def _launch_waiting(
         self,
         grads: GradientsParams | GradientsParamsRecord,
-        commit: Callable[[GradientsCapture | GradientsParamsRecord], Coroutine[Any, Any, R]],
+        commit: _Commit[R],
+        shard: bool = False,
     ) -> R:
-        while (handle := self._try_launch(grads, commit)) is None:
+        handle, captured = self._try_launch(grads, commit, shard)
+        while handle is None:
             busy = self._in_flight()
             if busy:
-                await asyncio.wait([asyncio.wrap_future(future) for future in busy])
+                await asyncio.wait(
+                    [asyncio.wrap_future(future) for future in busy],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            handle, captured = self._try_launch(grads, commit, shard, captured)
         return await handle
 
     async def snapshot(
@@ -296,7 +353,7 @@ class Recorder:
         """Capture and commit ``grads``; returns the committed snapshot's info."""
         run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
         return await self._launch_waiting(
-            grads, lambda captured: self._commit(captured, run, step, plain_tags)
+            grads, lambda captured, queued: self._commit(captured, queued, run, step, plain_tags)
         )
 
     def start_snapshot_shard(
@@ -321,7 +378,11 @@ class Recorder:
         shard = _checked_shard(snapshot_id, rank, world_size)
         run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
         return self._launch_blocking(
-            grads, lambda captured: self._commit_shard(captured, shard, run, step, plain_tags)
+            grads,
+            lambda captured, queued: self._commit_shard(
+                captured, queued, shard, run, step, plain_tags
+            ),
+            shard=True,
         )
 
     async def snapshot_shard(
@@ -340,7 +401,11 @@ class Recorder:
         shard = _checked_shard(snapshot_id, rank, world_size)
         run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
         return await self._launch_waiting(
-            grads, lambda captured: self._commit_shard(captured, shard, run, step, plain_tags)
+            grads,
+            lambda captured, queued: self._commit_shard(
+                captured, queued, shard, run, step, plain_tags
+            ),
+            shard=True,
         )
 
     # ------------------------------------------------------------------ reads
@@ -418,6 +483,35 @@ class Recorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Queued:
+    """A launched commit's place in the recorder's queue: its turn (the snapshot id and
+    the order it becomes visible in) and the commit launched just before it."""
+
+    __slots__ = ("turn", "_previous")
+
+    def __init__(
+        self,
+        turn: CommitTurn,
+        previous: tuple[concurrent.futures.Future[Any], bool] | None,
+    ) -> None:
+        self.turn = turn
+        self._previous = previous
+
+    async def after_previous(self) -> None:
+        """Return once the commit launched before this one has finished (either way)."""
+        if self._previous is not None:
+            future, _ = self._previous
+            await asyncio.wait([asyncio.wrap_future(future)])
+
+    async def after_shard(self) -> None:
+        """Return once a shard launched just before this snapshot has been published."""
+        if self._previous is not None and self._previous[1]:
+            await self.after_previous()
+
+
+_Commit = Callable[[GradientsCapture | GradientsParamsRecord, _Queued], Coroutine[Any, Any, R]]
 
 
 def _checked_shard(snapshot_id: str, rank: int, world_size: int) -> tuple[str, int, int]:

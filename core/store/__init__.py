@@ -5,6 +5,7 @@
 """
 
 from ._backend import GC_MARKER_NAME, ShardWriter, SnapshotWriter, StoreBackend
+from ._commit_order import CommitOrder, CommitTurn
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import SnapshotInfo
 from ._open import open_store
@@ -19,6 +20,8 @@ from ._zarr_format import (
 )
 
 __all__ = [
+    "CommitOrder",
+    "CommitTurn",
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_PACK_THRESHOLD",
     "GC_MARKER_NAME",

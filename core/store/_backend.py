@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import crc32c
 
 if TYPE_CHECKING:
+    from ._commit_order import CommitTurn
     from ._shards import ShardedSet
 
 T = TypeVar("T")
@@ -118,7 +119,15 @@ async def _refusal_or(read: Awaitable[T]) -> T | Refusal:
 
 
 class SnapshotWriter(ABC):
-    """Writes one snapshot; nothing is visible to readers until :meth:`commit` returns."""
+    """Writes one snapshot; nothing is visible to readers until :meth:`commit` returns.
+
+    ``turn`` (None unless the store sets it after ``begin``) is the snapshot's place in a
+    :class:`~._commit_order.CommitOrder`: the step of :meth:`commit` that makes the
+    snapshot visible waits for ``turn.wait()`` and releases the turn right after; the
+    turn is released before ``commit`` returns, whatever happens.
+    """
+
+    turn: CommitTurn | None = None
 
     @abstractmethod
     async def write_array(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
@@ -129,7 +138,8 @@ class SnapshotWriter(ABC):
 
     @abstractmethod
     async def commit(self, group_metadata: bytes) -> None:
-        """Write the group's ``zarr.json`` (the manifest) and make the snapshot visible."""
+        """Write the group's ``zarr.json`` (the manifest) and make the snapshot visible
+        (in ``turn``, if set)."""
 
     @abstractmethod
     async def abort(self) -> None:

@@ -7,7 +7,10 @@ while chunks are still streaming every one of them forced a new one); then the m
 fsynced, one ``os.rename`` to ``snapshots/<id>`` and an fsync of the ``snapshots`` folder.
 A reader therefore sees a whole snapshot or none. Files are written with
 ``os.open``/``os.writev``/``os.fsync`` in a thread pool, many at once (measured faster
-than aiofiles, which makes one thread hop per call; docs/FORMAT.md has the figures).
+than aiofiles, which makes one thread hop per call; docs/FORMAT.md has the figures),
+large chunk files with O_DIRECT where the file system takes it (``_file_writes``). A
+writer with a ``turn`` does all of this at once with other writers and waits for its
+turn only to rename.
 
 Removal is claimed before it starts. ``delete`` locks the snapshot's folder (``flock``)
 and renames it to ``.staging/<id>.deleting-<random>``; ``gc`` locks a leftover and
@@ -40,7 +43,6 @@ import crc32c
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreUnavailableError
-from ..mapped_file import release_pages
 from ._backend import (
     MANIFEST_NAME,
     RANKS_GROUP,
@@ -56,7 +58,8 @@ from ._backend import (
     ThreadRunner,
     UnexpectedObjectError,
 )
-from ._checksums import SLICE_BYTES, Crc32cTrailer
+from ._checksums import SLICE_BYTES
+from ._file_writes import DirectWrites, write_file, write_file_unsynced
 from ._ids import parse_snapshot_id
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
 from ._zarr_format import dump_json, group_metadata
@@ -72,68 +75,12 @@ _NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
 _log = logging.getLogger("gradvault.store")
 _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 _LOCK_FLAGS = _DIRECTORY_FLAGS | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 #: Threads that share one ``read_many_into_checked``, each reading file after file: more
 #: than the cores, so that one waiting on the disk or on page faults leaves its core to
 #: another, but few enough that the slices in flight stay in the cores' caches.
 READ_LANES = 2 * (os.cpu_count() or 1)
 
 T = TypeVar("T")
-
-
-def _write_all(fd: int, views: list[memoryview]) -> None:
-    """Write ``views`` back to back at the file's offset, however the kernel splits it."""
-    views = [view for view in views if len(view)]
-    while views:
-        written = os.writev(fd, views[:1024])
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if written:
-            views[0] = views[0][written:]
-
-
-def _write_buffers(fd: int, buffers: list[Any]) -> None:
-    """Write ``buffers`` back to back to ``fd``.
-
-    A final Crc32cTrailer is computed as the buffers before it are written: each slice of
-    SLICE_BYTES is checksummed and then written at once, while it is still in cache.
-    """
-    trailer = buffers[-1] if buffers and isinstance(buffers[-1], Crc32cTrailer) else None
-    views = [memoryview(b).cast("B") for b in (buffers[:-1] if trailer else buffers)]
-    if trailer is None:
-        _write_all(fd, views)
-        return
-    crc = 0
-    for view in views:
-        for start in range(0, len(view), SLICE_BYTES):
-            piece = view[start : start + SLICE_BYTES]
-            crc = crc32c.crc32c(piece, value=crc)
-            _write_all(fd, [piece])
-            # in the page cache now: a mapped upload's slice need not stay resident
-            # (through the fsync); a no-op for any other memory
-            release_pages(piece)
-        trailer.add(crc)
-    _write_all(fd, [memoryview(trailer.value())])
-
-
-def _write_file(path: str, buffers: list[Any]) -> None:
-    """Create ``path`` holding ``buffers`` back to back (see _write_buffers), and fsync it."""
-    fd = os.open(path, _NEW_FILE_FLAGS, 0o644)
-    try:
-        _write_buffers(fd, buffers)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file_unsynced(path: str, buffers: list[Any]) -> None:
-    """Create ``path`` holding ``buffers``; the caller fsyncs it later."""
-    fd = os.open(path, _NEW_FILE_FLAGS, 0o644)
-    try:
-        _write_buffers(fd, buffers)
-    finally:
-        os.close(fd)
 
 
 def _fsync_directory(path: str) -> None:
@@ -373,7 +320,7 @@ def _replace_file(path: str, buffers: list[Any]) -> None:
     """Write ``path`` whole (a private temporary file, fsynced, renamed over it)."""
     folder, name = os.path.split(path)
     temporary = os.path.join(folder, f".{name}.{secrets.token_hex(8)}")
-    _write_file(temporary, buffers)
+    write_file(temporary, buffers)
     os.replace(temporary, path)
 
 
@@ -417,6 +364,8 @@ class LocalBackend(StoreBackend):
         self.staging_dir = root / STAGING_FOLDER
         self.threads = threads
         self._prepared = False
+        #: chunk files are written with O_DIRECT until the file system refuses it
+        self.direct = DirectWrites()
 
     async def _run(self, action: str, function: Callable[..., T], *args: Any) -> T:
         try:
@@ -437,7 +386,7 @@ class LocalBackend(StoreBackend):
             document = folder / MANIFEST_NAME
             if not document.exists():
                 temporary = folder / f".{MANIFEST_NAME}.{secrets.token_hex(8)}"
-                _write_file(str(temporary), [dump_json(group_metadata())])
+                write_file(str(temporary), [dump_json(group_metadata())])
                 os.replace(temporary, document)
                 _fsync_directory(str(folder))
 
@@ -690,10 +639,10 @@ class _LocalSnapshotWriter(SnapshotWriter):
                         os.mkdir(os.path.join(array_dir, partial))
                         folders.append(os.path.join(array_dir, partial))
                         made.add(partial)
-            _write_file(os.path.join(array_dir, key), buffers)
+            write_file(os.path.join(array_dir, key), buffers, self._backend.direct)
             written.append(f"{name}/{key}")
         # The array's document is fsynced with the folders, before the manifest
-        _write_file_unsynced(os.path.join(array_dir, MANIFEST_NAME), [metadata])
+        write_file_unsynced(os.path.join(array_dir, MANIFEST_NAME), [metadata])
         written.append(f"{name}/{MANIFEST_NAME}")
         self._unsynced.append(os.path.join(array_dir, MANIFEST_NAME))
         self._unsynced.extend(folders)
@@ -741,10 +690,14 @@ class _LocalSnapshotWriter(SnapshotWriter):
             present.update(prefix + name for name in files)
         return sorted(self._written - present)
 
-    def _commit_sync(self, group_document: bytes) -> None:
-        _write_file(os.path.join(self._folder, MANIFEST_NAME), [group_document])
+    def _seal_sync(self, group_document: bytes) -> None:
+        """Write the manifest, fsynced, and fsync the staging folder that holds it."""
+        write_file(os.path.join(self._folder, MANIFEST_NAME), [group_document])
         self._written.add(MANIFEST_NAME)
         _fsync_directory(str(self._folder))
+
+    def _rename_into_place_sync(self) -> None:
+        """Check that every file written is still there, then rename the folder into place."""
         # Nothing of ours removes files in place, but a snapshot must not be committed
         # with files missing, whoever removed them.
         missing = self._missing_files()
@@ -757,13 +710,29 @@ class _LocalSnapshotWriter(SnapshotWriter):
                 f"(first: {missing[0]}); nothing was committed"
             )
         os.rename(self._folder, self._backend.snapshots_dir / self._snapshot_id)
+
+    def _commit_sync(self, group_document: bytes) -> None:
+        self._seal_sync(group_document)
+        self._rename_into_place_sync()
         _fsync_directory(str(self._backend.snapshots_dir))
 
     async def commit(self, group_metadata: bytes) -> None:
-        await self._sync_pending()
-        await self._run(
-            f"committing snapshot {self._snapshot_id}", self._commit_sync, group_metadata
-        )
+        action = f"committing snapshot {self._snapshot_id}"
+        turn = self.turn
+        if turn is None:
+            await self._sync_pending()
+            await self._run(action, self._commit_sync, group_metadata)
+            return
+        try:
+            await self._sync_pending()
+            await self._run(action, self._seal_sync, group_metadata)
+            await turn.wait()
+            await self._run(action, self._rename_into_place_sync)
+        finally:
+            turn.release()
+        # Renames of snapshots in flight together are made durable by one fsync of the
+        # snapshots folder, or by fsyncs that run at once and share a journal commit.
+        await self._run(action, _fsync_directory, str(self._backend.snapshots_dir))
 
     async def abort(self) -> None:
         try:
@@ -803,7 +772,7 @@ class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter):
         return published
 
     def _publish_sync(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
-        _write_file(os.path.join(self._folder, MANIFEST_NAME), [shard_document])
+        write_file(os.path.join(self._folder, MANIFEST_NAME), [shard_document])
         self._written.add(MANIFEST_NAME)
         _fsync_directory(str(self._folder))
         missing = self._missing_files()

@@ -57,6 +57,7 @@ from ._backend import (
     snapshot_key,
 )
 from ._checksums import resolved
+from ._commit_order import CommitTurn
 from ._ids import parse_snapshot_id, snapshot_id_time_ms
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
 from ._zarr_format import dump_json, group_metadata
@@ -455,9 +456,19 @@ class _S3SnapshotWriter(SnapshotWriter):
         )
 
     async def commit(self, group_metadata: bytes) -> None:
+        turn = self.turn
+        try:
+            await self._commit(group_metadata, turn)
+        finally:
+            if turn is not None:
+                turn.release()
+
+    async def _commit(self, group_metadata: bytes, turn: CommitTurn | None) -> None:
         backend = self._backend
         manifest_key = snapshot_key(self._snapshot_id, MANIFEST_NAME)
         marker_key = snapshot_key(self._snapshot_id, GC_MARKER_NAME)
+        if turn is not None:
+            await turn.wait()
         if await backend.head(marker_key) is not None:
             raise self._collected()  # spares readers a manifest that is withdrawn at once
         await backend.put(manifest_key, group_metadata)

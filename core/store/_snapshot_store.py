@@ -37,6 +37,7 @@ from ._backend import (
     shard_prefix,
     snapshot_key,
 )
+from ._commit_order import CommitTurn
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, SnapshotInfo
 from ._reader import SnapshotReader
@@ -129,17 +130,27 @@ class SnapshotStore:
         tags: dict[str, str] | None = None,
         device: str = "cpu",
         compression: str | None = None,
+        turn: CommitTurn | None = None,
     ) -> SnapshotInfo:
         """Write ``record`` as a new snapshot and commit it; its SnapshotInfo once durable.
 
         ``compression`` is None, ``"zstd"`` or ``"zstd:<level>"``. On any failure nothing
         becomes visible and the partial write is removed where possible
-        (StoreUnavailableError for I/O failures, a full disk included).
+        (StoreUnavailableError for I/O failures, a full disk included). With ``turn``
+        (``CommitOrder.take()``), the snapshot gets the turn's id and becomes visible
+        only after the snapshots of every earlier turn of its order, while its writes
+        and fsyncs run alongside theirs; the turn is released in any case.
         """
-        run, step, tags, codec = _checked_write(record, run, step, tags, device, compression)
-        snapshot_id = new_snapshot_id()
-        write = self._write(snapshot_id, codec)
-        manifest = await write.run(record, run=run, step=step, tags=tags, device=device)
+        try:
+            run, step, tags, codec = _checked_write(record, run, step, tags, device, compression)
+            snapshot_id = new_snapshot_id() if turn is None else turn.snapshot_id
+            write = self._write(snapshot_id, codec)
+            manifest = await write.run(
+                record, run=run, step=step, tags=tags, device=device, turn=turn
+            )
+        finally:
+            if turn is not None:
+                turn.release()
         info = SnapshotInfo.from_manifest(manifest)
         self._infos[snapshot_id] = info
         return info

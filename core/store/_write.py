@@ -25,6 +25,7 @@ from ..record import GradientRecordEntry, GradientsParamsRecord
 from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, ThreadRunner
 from ._checksums import SLICE_BYTES, crc32c_combine, format_checksum
 from ._codecs import encode_chunk
+from ._commit_order import CommitTurn
 from ._manifest import PackedGradients, build_manifest, pack, packed_checksums
 from ._shards import ShardedSet
 from ._stats import StatsAccumulator, packed_stats
@@ -142,11 +143,14 @@ class SnapshotWrite:
         step: int,
         tags: dict[str, str],
         device: str,
+        turn: CommitTurn | None = None,
     ) -> dict[str, Any]:
         """Write every array, then commit the manifest; the manifest once durable.
 
-        On any failure nothing becomes visible and the partial write is removed where
-        possible; OSError becomes StoreUnavailableError naming the store and the snapshot.
+        With ``turn`` the snapshot becomes visible in its turn (``_commit_order``); the
+        turn is released once it is visible or the write has failed. On any failure
+        nothing becomes visible and the partial write is removed where possible; OSError
+        becomes StoreUnavailableError naming the store and the snapshot.
         """
         entries = record.entries
         packed_positions = [
@@ -159,6 +163,7 @@ class SnapshotWrite:
         shard = self._shard
         if shard is None:
             writer = await self._backend.begin(self._id)
+            writer.turn = turn
         else:
             writer = await self._backend.begin_shard(self._id, shard.rank)
         jobs = [self._guarded(self._write_own, writer, entries[i]) for i in own_positions]
@@ -192,6 +197,8 @@ class SnapshotWrite:
                 self.committed_document = await writer.publish(group_document, shard)
         except BaseException as error:
             self.failed = True
+            if turn is not None:
+                turn.release()  # a failed write holds up no later one
             await asyncio.gather(*self._in_flight, return_exceptions=True)
             await asyncio.shield(writer.abort())
             if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):

@@ -31,6 +31,13 @@ ALLOWED = {
         "unit tests of core/store/_checksums.py's crc32c combination against a direct "
         "crc32c of the whole buffer: no public call exposes it alone"
     ),
+    ("core/test_file_writes.py", "gradvault.core.store._file_writes"): (
+        "unit tests of core/store/_file_writes.py: O_DIRECT writes and their fallbacks to "
+        "the page cache, refusals injected on fcntl and os.write"
+    ),
+    ("core/test_file_writes.py", "gradvault.core.store._checksums"): (
+        "the crc32c trailer those writes fill (Crc32cTrailer), compared across both ways"
+    ),
     ("core/test_gpu_stream.py", "gradvault.core.store._device_stream"): (
         "tests of core/store/_device_stream.py's internals (RingStreamer, CupyCopier) on "
         "a real CUDA device"

@@ -164,6 +164,8 @@ def test_open_store_rejects_bad_locations() -> None:
 
 def test_public_names_are_pinned() -> None:
     assert sorted(store_package.__all__) == [
+        "CommitOrder",
+        "CommitTurn",
         "DEFAULT_CHUNK_BYTES",
         "DEFAULT_PACK_THRESHOLD",
         "GC_MARKER_NAME",
