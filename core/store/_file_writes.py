@@ -44,7 +44,9 @@ O_DIRECT = getattr(os, "O_DIRECT", 0)
 #: logical block size of common disks is 512 or 4096 bytes).
 DIRECT_ALIGNMENT = 4096
 #: The aligned buffer each writing thread keeps (a chunk is written in pieces this long).
-DIRECT_BUFFER_BYTES = 4 << 20
+#: 1 MiB: writing 256 files of 4 MiB took no longer than with 4 MiB pieces, and a service
+#: with many writing threads keeps 1 MiB resident per thread, not 4.
+DIRECT_BUFFER_BYTES = 1 << 20
 #: Files shorter than this go through the page cache: they gain nothing from O_DIRECT.
 DIRECT_MIN_BYTES = 256 << 10
 
@@ -104,7 +106,8 @@ def _aligned_buffer() -> memoryview:
     """This thread's page-aligned buffer for direct writes (made on first use)."""
     buffer = getattr(_thread_state, "buffer", None)
     if buffer is None:
-        buffer = _thread_state.buffer = mmap.mmap(-1, DIRECT_BUFFER_BYTES)
+        # private anonymous memory (page-aligned), counted as the process's own, not shared
+        buffer = _thread_state.buffer = mmap.mmap(-1, DIRECT_BUFFER_BYTES, flags=mmap.MAP_PRIVATE)
     return memoryview(buffer)
 
 
