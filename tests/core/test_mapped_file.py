@@ -10,23 +10,11 @@ import numpy as np
 import pytest
 
 from gradvault.core.mapped_file import map_readonly, release_pages
+from tests.core.os_probes import mapped_rss
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps"
 )
-
-
-def _resident(path: Path) -> int:
-    """Bytes of the file at ``path`` resident in this process through its mappings."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if fields and "-" in fields[0] and not fields[0].endswith(":"):
-                inside = len(fields) >= 6 and fields[5] == str(path)
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1]) * 1024
-    return total
 
 
 @pytest.fixture
@@ -42,13 +30,13 @@ def test_released_pages_leave_the_process_and_read_back_the_same(values_file) ->
     view = map_readonly(path)
     mapped = np.frombuffer(view, np.float32)
     assert mapped.sum(dtype=np.float64) == values.sum(dtype=np.float64)  # touches every page
-    assert _resident(path) >= 15 << 20
+    assert mapped_rss(path) >= 15 << 20
     released = release_pages(view[: 8 << 20])
     assert released == 8 << 20
-    assert _resident(path) <= (8 << 20) + (2 << 20)  # a folio may straddle the cut
+    assert mapped_rss(path) <= (8 << 20) + (2 << 20)  # a folio may straddle the cut
     # a view of a view (as a record's entries are) is found in its mapping too
     assert release_pages(memoryview(mapped[len(mapped) // 2 :].view(np.uint8))) == 8 << 20
-    assert _resident(path) == 0
+    assert mapped_rss(path) == 0
     assert np.array_equal(mapped, values)  # faulted back in from the file
 
 

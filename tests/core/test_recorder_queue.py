@@ -22,6 +22,7 @@ from gradvault.core import (
 )
 from gradvault.core.store import CommitOrder
 from gradvault.core.tensor import wrap
+from tests.core.os_probes import record_fsyncs_and_renames
 
 SHAPES = [(64, 40), (300,), (3,)]
 
@@ -90,19 +91,7 @@ def test_queued_snapshots_commit_in_start_order_each_durable_before_its_handle(
 ) -> None:
     recorder = recorders()
     pause = PausedFirstCommit(recorder)
-    events: list[tuple[str, str]] = []
-    real_fsync, real_rename = os.fsync, os.rename
-
-    def recording_fsync(fd: int) -> None:
-        real_fsync(fd)
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-
-    def recording_rename(source: object, destination: object) -> None:
-        real_rename(source, destination)
-        events.append(("rename", str(source)))
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    monkeypatch.setattr(os, "rename", recording_rename)
+    events = record_fsyncs_and_renames(monkeypatch)
     sets = [make_grads(seed) for seed in range(1, 6)]
     handles = []
 

@@ -37,6 +37,7 @@ from gradvault.core.store import (
     open_store,
     parse_snapshot_id,
 )
+from tests.core.os_probes import record_fsyncs_and_renames
 
 from .conftest import S3_BUCKET, S3_CREDENTIALS
 
@@ -547,19 +548,7 @@ async def test_every_file_and_folder_is_fsynced_before_the_manifest_and_the_rena
     store = open_store(tmp_path, chunk_bytes=1024, pack_threshold=64)
     record = make_record(varied_arrays(4))
     await store.write_snapshot(record, run="r", step=0)  # the store's own folders exist
-    events: list[tuple[str, str]] = []
-    real_fsync, real_rename = os.fsync, os.rename
-
-    def recording_fsync(fd: int) -> None:
-        real_fsync(fd)
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-
-    def recording_rename(source: object, destination: object) -> None:
-        real_rename(source, destination)
-        events.append(("rename", str(source)))
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    monkeypatch.setattr(os, "rename", recording_rename)
+    events = record_fsyncs_and_renames(monkeypatch)
     info = await store.write_snapshot(record, run="r", step=1)
     monkeypatch.undo()
 

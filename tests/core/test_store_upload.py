@@ -19,6 +19,7 @@ import pytest
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId
 from gradvault.core.safetensors_file import record_from_safetensors, safetensors_chunks
 from gradvault.core.store import SnapshotStore, open_store
+from tests.core.os_probes import mapped_rss
 
 
 def small_gradients(total_bytes: int, seed: int = 0) -> GradientsParamsRecord:
@@ -98,19 +99,6 @@ async def test_committing_an_uploaded_file_copies_its_gradients_at_most_once(
     assert peak < nbytes + 32 * 2**20, f"peak {peak / 2**20:.1f} MiB for {nbytes / 2**20:.1f} MiB"
 
 
-def _mapped_rss(path: Path) -> int:
-    """Bytes of the file at ``path`` resident in this process through its mappings."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if fields and "-" in fields[0] and not fields[0].endswith(":"):
-                inside = len(fields) >= 6 and fields[5] == str(path)
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1]) * 1024
-    return total
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
 async def test_committing_a_mapped_file_holds_a_chunk_per_array_in_flight(tmp_path: Path) -> None:
     """The pages of an uploaded file are let go as its chunks are written: what stays
@@ -140,7 +128,7 @@ async def test_committing_a_mapped_file_holds_a_chunk_per_array_in_flight(tmp_pa
             async def watched_write_array(name: str, metadata: bytes, chunks: Any) -> None:
                 def watched() -> Any:
                     for item in chunks:
-                        resident.append(_mapped_rss(path))
+                        resident.append(mapped_rss(path))
                         yield item
 
                 await write_array(name, metadata, watched())
@@ -151,7 +139,7 @@ async def test_committing_a_mapped_file_holds_a_chunk_per_array_in_flight(tmp_pa
         store.backend.begin = watched_begin
         uploaded = record_from_safetensors(path)
         info = await store.write_snapshot(uploaded, run="r", step=0)
-        assert _mapped_rss(path) <= bound  # what is left once every chunk is written
+        assert mapped_rss(path) <= bound  # what is left once every chunk is written
         del uploaded
         back = await store.read_snapshot(info.id)
     assert back == record
