@@ -189,15 +189,14 @@ class RingPool:
         self._idle: list[RingStreamer] = []
         self._lent: list[RingStreamer] = []
         self._turns: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.peak_lent = 0
         self.peak_host_bytes = 0
 
     @contextlib.asynccontextmanager
     async def lend(self, piece_bytes: int) -> AsyncIterator[RingStreamer]:
         """A ring whose slots hold ``piece_bytes`` at least, for the ``async with`` body."""
-        if self._turns is None:
-            self._turns = asyncio.Semaphore(self.max_rings)
-        async with self._turns:
+        async with self._turns_here():
             ring = self._take(piece_bytes)
             self._lent.append(ring)
             self.peak_lent = max(self.peak_lent, len(self._lent))
@@ -212,6 +211,18 @@ class RingPool:
     def host_bytes(self) -> int:
         """The pinned host memory of the rings the pool holds now (lent or idle)."""
         return sum(ring.host_bytes for ring in self._idle + self._lent)
+
+    def _turns_here(self) -> asyncio.Semaphore:
+        """The semaphore of the running loop (a pool moves to another loop once idle)."""
+        loop = asyncio.get_running_loop()
+        if self._turns is None or self._loop is not loop:
+            if self._lent:
+                raise RuntimeError(
+                    "a RingPool lends its rings within one event loop at a time; "
+                    f"{len(self._lent)} are lent in another loop"
+                )
+            self._turns, self._loop = asyncio.Semaphore(self.max_rings), loop
+        return self._turns
 
     def _take(self, piece_bytes: int) -> RingStreamer:
         """An idle ring that fits ``piece_bytes``, else a new one (dropping a small idle one)."""

@@ -9,6 +9,12 @@ as they are read and written, so a write holds about a slice of it (SLICE_BYTES)
 array in flight. The manifest is encoded while the last writes finish; nothing is
 visible to a reader before the backend's commit, and a failure anywhere aborts the
 whole write.
+
+A DeviceSnapshot (gradients on a CUDA device) is written the same way, to the same
+bytes, except where the chunks come from: each large gradient's chunks are copied from
+the device one at a time into a ring of pinned host buffers lent by the snapshot's
+RingPool (``_StreamedChunks``), so host memory is bounded by the pool; the small ones
+are read to host whole and packed.
 """
 
 from __future__ import annotations

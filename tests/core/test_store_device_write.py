@@ -280,3 +280,22 @@ def test_a_store_refuses_what_is_neither_record_nor_device_snapshot(tmp_path: Pa
 def test_bad_pool_settings_are_refused(arguments: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RingPool(FakeDevice(), **arguments)
+
+
+def test_a_pool_serves_one_event_loop_after_another(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal(3000).astype(np.float32) for _ in range(6)]
+    device = FakeDevice()
+    pool = RingPool(device, slots=2, slot_bytes=CHUNK_BYTES, max_rings=1)
+    snapshot = DeviceSnapshot.of([ParamId() for _ in arrays], ["w"] * 6, arrays, pool, {})
+
+    async def write(step: int) -> str:
+        store = _store(tmp_path, max_concurrency=4)  # writers wait for the one ring
+        try:
+            return (await store.write_snapshot(snapshot, run="r", step=step)).id
+        finally:
+            await store.close()
+
+    first, second = asyncio.run(write(0)), asyncio.run(write(1))  # two loops, one pool
+    assert first != second
+    assert pool.peak_lent == 1 and device.allocated == 2 * CHUNK_BYTES
