@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,6 +80,8 @@ class RingStreamer:
         self._copier = copier
         self.slot_bytes = slot_bytes
         self._buffers = [copier.pinned(slot_bytes) for _ in range(slots)]
+        #: whether a stream has started and not ended (copies may still target the ring)
+        self.streaming = False
 
     @property
     def host_bytes(self) -> int:
@@ -93,7 +95,7 @@ class RingStreamer:
         chunk_bytes: int | None = None,
         *,
         lengths: Sequence[int] | None = None,
-    ) -> Iterator[memoryview]:
+    ) -> Generator[memoryview, None, None]:
         """The ``nbytes`` of ``source`` in order, as views of the ring's buffers.
 
         Each view is valid until the consumer asks for the next one (its slot is then
@@ -138,19 +140,34 @@ class RingStreamer:
                 pending.append(ChunkCopy(next_offset, length, slot, event))
                 next_offset += length
 
+        self.streaming = True
+        failure: BaseException | None = None
         try:
             issue()
             while pending:
                 chunk = pending.popleft()
-                self._copier.wait(chunk.event)
+                try:
+                    self._copier.wait(chunk.event)
+                except BaseException as error:
+                    failure = error
+                    raise
                 yield self._buffers[chunk.slot][: chunk.length]
                 # the consumer is done with this slot: it takes the next copy
                 free.append(chunk.slot)
                 issue()
         finally:
-            # never leave a copy running into a buffer the next stream will hand out
+            # never leave a copy running into a buffer the next stream will hand out:
+            # every copy in flight is waited for, even after one failed
             for chunk in pending:
-                self._copier.wait(chunk.event)
+                try:
+                    self._copier.wait(chunk.event)
+                except BaseException as error:
+                    failure = failure or error
+            # after a failed copy the ring stays marked streaming: it is not reused (the
+            # failure itself is raised where the consumer waits, or the stream was being
+            # abandoned already)
+            if failure is None:
+                self.streaming = False
 
 
 #: A write's rings by default: 2 slots each (one chunk copied while the one before is
@@ -165,8 +182,10 @@ class RingPool:
     A ring streams one buffer at a time, so each array written takes a ring of its own
     for the duration; a writer that finds every ring lent waits for one to come back.
     Rings are made on first need (their pinned buffers allocated then) and kept for the
-    next snapshot. Host memory is bounded by ``max_rings * slots * slot_bytes`` (a ring
-    made for chunks larger than ``slot_bytes`` replaces a smaller idle one).
+    next snapshot; a ring that comes back with its stream still open (copies may still
+    land in it) or after a failed copy is dropped instead. Host memory is bounded by
+    ``max_rings * slots * slot_bytes`` (a ring made for chunks larger than
+    ``slot_bytes`` replaces a smaller idle one).
     ``peak_lent`` is the most rings ever lent at once, ``peak_host_bytes`` the most
     pinned bytes the pool ever held.
     """
@@ -205,7 +224,10 @@ class RingPool:
                 yield ring
             finally:
                 self._lent.remove(ring)
-                self._idle.append(ring)
+                if not ring.streaming:
+                    self._idle.append(ring)
+                # else a stream over it was left open: copies may still land in its
+                # buffers, so it is never lent again (its memory goes with it)
 
     @property
     def host_bytes(self) -> int:

@@ -20,7 +20,7 @@ are read to host whole and packed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -162,29 +162,21 @@ class _StreamedChunks(_GradientChunks):
                 yield span.key, parts
                 checksum = crc32c_combine(checksum, payload_crc(), span.length)
         finally:
-            self._close(pieces)
+            pieces.close()  # waits for the copies still in flight
         self.checksum = checksum
 
-    def _next_piece(self, pieces: Iterator[memoryview], span: ChunkSpan) -> memoryview:
+    def _next_piece(self, pieces: Generator[memoryview, None, None], span: ChunkSpan) -> memoryview:
         try:
             return next(pieces)
         except Exception as error:
             raise self._copy_failed(span.start, error) from error
 
-    def _close(self, pieces: Iterator[memoryview]) -> None:
-        """End the stream: the copies still in flight are waited for (the ring's rule)."""
-        try:
-            pieces.close()  # type: ignore[attr-defined]
-        except Exception as error:
-            raise self._copy_failed(None, error) from error
-
-    def _copy_failed(self, offset: int | None, error: Exception) -> DeviceError:
+    def _copy_failed(self, offset: int, error: Exception) -> DeviceError:
         entry = self._entry
-        where = "" if offset is None else f" at byte {offset}"
         return DeviceError(
             f"snapshot {self._write.snapshot_id}: copying gradient for param "
-            f"{entry.param_id} ({entry.name!r}) from {self._device} to host failed{where}: "
-            f"{type(error).__name__}: {error}; nothing was committed"
+            f"{entry.param_id} ({entry.name!r}) from {self._device} to host failed at byte "
+            f"{offset}: {type(error).__name__}: {error}; nothing was committed"
         )
 
 
@@ -352,7 +344,13 @@ class SnapshotWrite:
         )
         async with rings.lend(max((span.length for span in spans), default=1)) as ring:
             chunks = _StreamedChunks(entry, spans, self._compression, self, ring, device)
-            await writer.write_array(str(entry.param_id), dump_json(document), iter(chunks))
+            stream = iter(chunks)
+            try:
+                await writer.write_array(str(entry.param_id), dump_json(document), stream)
+            finally:
+                # a backend that stopped early leaves the stream open: end it here, so
+                # its copies are waited for before the ring goes back to the pool
+                _end(stream)
         return {
             "array": str(entry.param_id),
             "chunk_shape": list(chunk_shape),
@@ -388,6 +386,15 @@ class SnapshotWrite:
         )
         packed.checksums, packed.stats = await self._threads.run(_packed_columns, packed, small)
         return packed
+
+
+def _end(stream: Iterator[EncodedChunk]) -> None:
+    """Close a chunk stream that may be left suspended (not one still running in a thread:
+    its ring is then dropped by the pool, not reused)."""
+    try:
+        stream.close()  # type: ignore[attr-defined]
+    except ValueError:  # "generator already executing": a backend thread still in it
+        pass
 
 
 def _host_entries(small: list[DeviceGradient]) -> list[GradientRecordEntry]:

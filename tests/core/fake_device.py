@@ -38,7 +38,7 @@ class FakeDevice:
         self._next_event += 1
         self._pending[event] = (source, offset, length, target)
         self.peak_in_flight = max(self.peak_in_flight, len(self._pending))
-        self.log.append(("copy", event, offset, length, _address(target), id(source)))
+        self.log.append(("copy", event, offset, length, address_of(target), id(source)))
         return event
 
     def wait(self, event: int) -> None:
@@ -61,5 +61,5 @@ class FakeDevice:
         return [(e[2], e[3]) for e in self.log if e[0] == "copy" and e[5] == id(source)]
 
 
-def _address(view: memoryview) -> int:
+def address_of(view: memoryview) -> int:
     return int(np.frombuffer(view, np.uint8).ctypes.data)

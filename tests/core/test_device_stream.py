@@ -12,7 +12,7 @@ import pytest
 
 from gradvault.core.store._device_stream import RingStreamer
 
-from .fake_device import FakeDevice, _address
+from .fake_device import FakeDevice, address_of
 
 
 def _source(nbytes: int) -> np.ndarray:
@@ -49,7 +49,7 @@ def test_a_slot_is_refilled_only_after_its_chunk_was_consumed() -> None:
     consumed: list[int] = []
     for index, view in enumerate(ring.stream(source, 1000)):
         # while the consumer holds a piece, no copy targets its slot
-        held = _address(view)
+        held = address_of(view)
         copies_now = [e for e in device.log if e[0] == "copy"]
         later = [e for e in copies_now if e[1] > index and e[4] == held]
         assert not later, f"piece {index}: its slot was given a new copy while held"

@@ -23,7 +23,7 @@ from gradvault.core.param_id import ParamId
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import DeviceSnapshot, RingPool, SnapshotStore, open_store
 
-from .fake_device import FakeDevice
+from .fake_device import FakeDevice, address_of
 
 #: small enough that the large gradients below take several chunks, edge chunks included
 CHUNK_BYTES = 4096
@@ -299,3 +299,32 @@ def test_a_pool_serves_one_event_loop_after_another(tmp_path: Path) -> None:
     first, second = asyncio.run(write(0)), asyncio.run(write(1))  # two loops, one pool
     assert first != second
     assert pool.peak_lent == 1 and device.allocated == 2 * CHUNK_BYTES
+
+
+def test_a_ring_given_back_mid_stream_or_after_a_failed_copy_is_not_lent_again() -> None:
+    source = np.arange(1000, dtype=np.uint8)
+    device = FakeDevice(fail_at=(id(source), 950))
+    pool = RingPool(device, slots=2, slot_bytes=100, max_rings=1)
+
+    async def lend_three() -> list[int]:
+        addresses = []
+        async with pool.lend(100) as ring:  # given back with its stream still open
+            stream = ring.stream(source, 1000)
+            first = next(stream)
+            addresses.append(address_of(first))
+        assert pool.host_bytes == 0  # dropped: copies in flight could still land in it
+        stream.close()
+        async with pool.lend(100) as ring:  # a copy fails: dropped too
+            with pytest.raises(RuntimeError, match="fake fault at byte 950"):
+                for view in ring.stream(source, 1000):
+                    addresses.append(address_of(view))
+        assert pool.host_bytes == 0
+        device.fail_at = None
+        async with pool.lend(100) as ring:
+            assert bytes(b"".join(bytes(v) for v in ring.stream(source, 1000))) == source.tobytes()
+        assert pool.host_bytes == 2 * 100  # a sound ring is kept
+        return addresses
+
+    asyncio.run(lend_three())
+    assert device.allocated == 3 * 2 * 100
+    assert device.in_flight == 0
