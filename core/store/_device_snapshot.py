@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DtypeMismatchError, DuplicateParamError
-from ..param_id import ParamId
+from ..param_id import ParamId, as_param_id
 from ..record import GradientRecordEntry
 from ..record_rules import DTYPE_NAMES, check_metadata, check_name
 from ._device_stream import RingPool
@@ -76,7 +76,7 @@ class DeviceSnapshot:
     @classmethod
     def of(
         cls,
-        param_ids: Sequence[ParamId],
+        param_ids: Sequence[ParamId | str],
         names: Sequence[str],
         arrays: Sequence[Any],
         rings: RingPool,
@@ -92,7 +92,8 @@ class DeviceSnapshot:
         check_metadata(dict(metadata))
         entries = []
         seen: set[ParamId] = set()
-        for pid, name, array in zip(param_ids, names, arrays, strict=True):
+        for given_id, name, array in zip(param_ids, names, arrays, strict=True):
+            pid = given_id if type(given_id) is ParamId else as_param_id(given_id)
             if pid in seen:
                 raise DuplicateParamError(f"two snapshot entries map to param {pid} ({name!r})")
             seen.add(pid)

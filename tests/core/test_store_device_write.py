@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 
 from gradvault.core.bfloat16 import bfloat16
-from gradvault.core.errors import DeviceError, DtypeMismatchError, DuplicateParamError
+from gradvault.core.errors import (
+    DeviceError,
+    DtypeMismatchError,
+    DuplicateParamError,
+    InvalidFieldError,
+    InvalidParamIdError,
+)
 from gradvault.core.param_id import ParamId
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import DeviceSnapshot, RingPool, SnapshotStore, open_store
@@ -246,6 +252,12 @@ def test_a_device_snapshot_refuses_what_a_record_refuses() -> None:
         )
     with pytest.raises(DtypeMismatchError, match=r"\('c'\) has dtype complex64"):
         DeviceSnapshot.of([pid], ["c"], [np.zeros(2, np.complex64)], pool, {})
+    with pytest.raises(InvalidParamIdError, match="'zz'"):
+        DeviceSnapshot.of(["zz"], ["d"], [np.zeros(2, np.float32)], pool, {})
+    with pytest.raises(InvalidFieldError, match="metadata"):
+        DeviceSnapshot.of([pid], ["e"], [np.zeros(2, np.float32)], pool, {"x": object()})
+    (entry,) = DeviceSnapshot.of([str(pid)], ["f"], [np.zeros(2, np.float32)], pool, {}).entries
+    assert entry.param_id == pid and entry.dtype == "float32" and entry.shape == (2,)
 
 
 def test_a_strided_device_buffer_is_made_contiguous_on_its_device() -> None:
