@@ -32,7 +32,10 @@ from .record_rules import check_snapshot_fields
 from .store import (
     CommitOrder,
     CommitTurn,
+    CupyCopier,
+    DeviceSnapshot,
     RetentionRules,
+    RingPool,
     ShardInfo,
     SnapshotInfo,
     SnapshotStore,
@@ -137,6 +140,8 @@ class Recorder:
         self._order = CommitOrder()
         self._lock = threading.RLock()  # a done callback may run inside it
         self._closed = False
+        #: per CUDA device, the rings its gradients are streamed to host through
+        self._ring_pools: dict[str, RingPool] = {}
         self.sync = SyncRecorder(self)
 
     # ------------------------------------------------------------------ plumbing
@@ -230,7 +235,7 @@ class Recorder:
     ) -> SnapshotInfo:
         try:
             await queued.after_shard()
-            record = await _host_record(captured)
+            record = await self._write_source(captured)
             info = await self._store.write_snapshot(
                 record,
                 run=run,
@@ -259,7 +264,7 @@ class Recorder:
         # a shard is published alone: after every commit started before it
         queued.turn.release()
         await queued.after_previous()
-        record = await _host_record(captured)
+        record = await self._write_source(captured)
         snapshot_id, rank, world_size = shard
         written = await self._store.write_shard(
             record,
@@ -275,6 +280,28 @@ class Recorder:
         if written.snapshot is not None:  # this rank's call completed the snapshot
             await self._retain(written.snapshot, run)
         return written
+
+    async def _write_source(
+        self, captured: GradientsCapture | GradientsParamsRecord
+    ) -> GradientsParamsRecord | DeviceSnapshot:
+        """What the store writes: a host record, or the capture still on its CUDA device.
+
+        Gradients on one CUDA device are not read to host whole: the store streams each
+        large one chunk by chunk through this recorder's ring pool for the device (host
+        memory bounded by the pool), and reads only the small ones to host.
+        """
+        device = captured.device if isinstance(captured, GradientsCapture) else "cpu"
+        if device == "cpu" or "," in device:  # host arrays, or several devices: read whole
+            return await _host_record(captured)
+        assert isinstance(captured, GradientsCapture)
+        pool = self._ring_pools.get(device)
+        if pool is None:
+            index = array_backend.device(device).index or 0
+            pool = RingPool(CupyCopier(index), slot_bytes=self._store.chunk_bytes)
+            self._ring_pools[device] = pool
+        await asyncio.sleep(_HANDBACK_SECONDS)  # as _host_record: let start_snapshot return
+        ids, names, arrays = zip(*captured.entries, strict=True) if len(captured) else ((), (), ())
+        return DeviceSnapshot.of(ids, names, arrays, pool, {"device": device})
 
     async def _retain(self, info: SnapshotInfo, run: str) -> None:
         """The retention pass after ``info``'s commit; a failure is logged, not raised."""

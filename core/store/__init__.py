@@ -6,6 +6,8 @@
 
 from ._backend import GC_MARKER_NAME, ShardWriter, SnapshotWriter, StoreBackend
 from ._commit_order import CommitOrder, CommitTurn
+from ._device_snapshot import DeviceGradient, DeviceSnapshot
+from ._device_stream import CupyCopier, DeviceCopier, RingPool, RingStreamer
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import SnapshotInfo
 from ._open import open_store
@@ -22,11 +24,17 @@ from ._zarr_format import (
 __all__ = [
     "CommitOrder",
     "CommitTurn",
+    "CupyCopier",
+    "DeviceCopier",
+    "DeviceGradient",
+    "DeviceSnapshot",
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_PACK_THRESHOLD",
     "GC_MARKER_NAME",
     "STORE_FORMAT_VERSION",
     "RetentionRules",
+    "RingPool",
+    "RingStreamer",
     "ShardInfo",
     "ShardWriter",
     "SnapshotInfo",

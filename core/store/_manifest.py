@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import crc32c
 import numpy as np
@@ -32,6 +32,9 @@ from ._zarr_format import (
     packed_layout,
     parse_compression,
 )
+
+if TYPE_CHECKING:
+    from ._device_snapshot import DeviceSnapshot
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def _param_id_texts(entries: tuple[GradientRecordEntry, ...]) -> list[str]:
 
 
 def build_manifest(
-    record: GradientsParamsRecord,
+    record: GradientsParamsRecord | DeviceSnapshot,
     *,
     snapshot_id: str,
     run: str,

@@ -38,6 +38,7 @@ from ._backend import (
     snapshot_key,
 )
 from ._commit_order import CommitTurn
+from ._device_snapshot import DeviceSnapshot
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, SnapshotInfo
 from ._reader import SnapshotReader
@@ -123,7 +124,7 @@ class SnapshotStore:
 
     async def write_snapshot(
         self,
-        record: GradientsParamsRecord,
+        record: GradientsParamsRecord | DeviceSnapshot,
         *,
         run: str,
         step: int,
@@ -133,6 +134,10 @@ class SnapshotStore:
         turn: CommitTurn | None = None,
     ) -> SnapshotInfo:
         """Write ``record`` as a new snapshot and commit it; its SnapshotInfo once durable.
+
+        ``record`` is a host record, or a DeviceSnapshot of gradients on a CUDA device
+        (their large arrays streamed to host chunk by chunk through its ring pool; the
+        bytes stored are the same).
 
         ``compression`` is None, ``"zstd"`` or ``"zstd:<level>"``. On any failure nothing
         becomes visible and the partial write is removed where possible
@@ -157,7 +162,7 @@ class SnapshotStore:
 
     async def write_shard(
         self,
-        record: GradientsParamsRecord,
+        record: GradientsParamsRecord | DeviceSnapshot,
         *,
         snapshot_id: str,
         rank: int,
@@ -649,8 +654,11 @@ def _checked_write(
     compression: object,
 ) -> tuple[str, int, dict[str, str], Compression | None]:
     """A write's arguments checked before any I/O: run, step, tags and the zstd level."""
-    if not isinstance(record, GradientsParamsRecord):
-        raise TypeError(f"record must be a GradientsParamsRecord; got {type(record).__name__}")
+    if not isinstance(record, GradientsParamsRecord | DeviceSnapshot):
+        raise TypeError(
+            f"record must be a GradientsParamsRecord or a DeviceSnapshot; "
+            f"got {type(record).__name__}"
+        )
     run, step, tags = check_snapshot_fields(run, step, tags)
     if not isinstance(device, str) or not device:
         raise ValueError(f"device must be a non-empty string; got {device!r}")

@@ -9,23 +9,31 @@ as they are read and written, so a write holds about a slice of it (SLICE_BYTES)
 array in flight. The manifest is encoded while the last writes finish; nothing is
 visible to a reader before the backend's commit, and a failure anywhere aborts the
 whole write.
+
+A DeviceSnapshot (gradients on a CUDA device) is written the same way, to the same
+bytes, except where the chunks come from: each large gradient's chunks are copied from
+the device one at a time into a ring of pinned host buffers lent by the snapshot's
+RingPool (``_StreamedChunks``), so host memory is bounded by the pool; the small ones
+are read to host whole and packed.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
 
-from ..errors import StoreUnavailableError
+from ..errors import DeviceError, StoreUnavailableError
 from ..mapped_file import release_pages
 from ..record import GradientRecordEntry, GradientsParamsRecord
 from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, ThreadRunner
 from ._checksums import SLICE_BYTES, crc32c_combine, format_checksum
 from ._codecs import encode_chunk
 from ._commit_order import CommitTurn
+from ._device_snapshot import DeviceGradient, DeviceSnapshot
+from ._device_stream import RingPool, RingStreamer
 from ._manifest import PackedGradients, build_manifest, pack, packed_checksums
 from ._shards import ShardedSet
 from ._stats import StatsAccumulator, packed_stats
@@ -74,6 +82,9 @@ class _GradientChunks:
         self.stats = StatsAccumulator()
 
     def __iter__(self) -> Iterator[EncodedChunk]:
+        return self._host_chunks()
+
+    def _host_chunks(self) -> Iterator[EncodedChunk]:
         checksum = 0
         values = self._values
         itemsize = 1 if values is None else values.itemsize
@@ -101,6 +112,74 @@ class _GradientChunks:
             release_pages(piece)
 
 
+class _StreamedChunks(_GradientChunks):
+    """The encoded chunks of one gradient on a device, its bytes streamed through a ring.
+
+    Each chunk's payload is a view of one of the ring's pinned buffers, copied from the
+    device just before it is needed (the next chunks' copies run meanwhile); the view is
+    reduced into the stats, encoded and written before the next chunk is asked for, as
+    the ring requires. Stats and checksums are taken exactly as for a host array (the
+    same slices, the same order), so the stored bytes and manifest are the same. A copy
+    that fails raises DeviceError naming the snapshot and the gradient.
+    """
+
+    def __init__(
+        self,
+        entry: DeviceGradient,
+        spans: list[ChunkSpan],
+        compression: Compression | None,
+        write: SnapshotWrite,
+        ring: RingStreamer,
+        device: str,
+    ) -> None:
+        super().__init__(memoryview(b""), spans, compression, write)
+        self._entry = entry
+        self._ring = ring
+        self._device = device
+        self._dtype = np.dtype(entry.array.dtype)
+
+    def __iter__(self) -> Iterator[EncodedChunk]:
+        return self._streamed_chunks()
+
+    def _streamed_chunks(self) -> Iterator[EncodedChunk]:
+        entry = self._entry
+        pieces = self._ring.stream(
+            entry.array, entry.nbytes, lengths=[span.length for span in self._spans]
+        )
+        checksum = 0
+        try:
+            for span in self._spans:
+                if self._write.failed:
+                    raise _Abandoned
+                payload = self._next_piece(pieces, span)
+                values = np.frombuffer(payload, self._dtype)
+                step = max(1, SLICE_BYTES // self._dtype.itemsize)
+                for start in range(0, values.size, step):  # the host path's slices
+                    self.stats.add(values[start : start + step])
+                parts, payload_crc = encode_chunk(
+                    payload, span.padded_length - span.length, self._compression
+                )
+                yield span.key, parts
+                checksum = crc32c_combine(checksum, payload_crc(), span.length)
+        finally:
+            pieces.close()  # waits for the copies still in flight
+        self.checksum = checksum
+
+    def _next_piece(self, pieces: Generator[memoryview, None, None], span: ChunkSpan) -> memoryview:
+        try:
+            return next(pieces)
+        except Exception as error:
+            raise self._copy_failed(span.start, error) from error
+
+    def _copy_failed(self, offset: int, error: Exception) -> DeviceError:
+        entry = self._entry
+        return DeviceError(
+            f"snapshot {self._write.snapshot_id}: copying gradient for param "
+            f"{entry.param_id} ({entry.name!r}) from {self._device} to host failed at byte "
+            f"{offset}: {type(error).__name__}: {error}; nothing was committed"
+        )
+
+
 class SnapshotWrite:
     """Writes one record as snapshot ``snapshot_id``; :meth:`run` returns its manifest.
 
@@ -126,6 +205,7 @@ class SnapshotWrite:
         self.committed_document: bytes | None = None
         self._threads = threads
         self._id = snapshot_id
+        self.snapshot_id = snapshot_id
         self._pack_threshold = pack_threshold
         self._chunk_bytes = chunk_bytes
         self._slots = asyncio.Semaphore(max_concurrency)
@@ -137,7 +217,7 @@ class SnapshotWrite:
 
     async def run(
         self,
-        record: GradientsParamsRecord,
+        record: GradientsParamsRecord | DeviceSnapshot,
         *,
         run: str,
         step: int,
@@ -148,11 +228,13 @@ class SnapshotWrite:
         """Write every array, then commit the manifest; the manifest once durable.
 
         With ``turn`` the snapshot becomes visible in its turn (``_commit_order``); the
-        turn is released once it is visible or the write has failed. On any failure
+        turn is released once it is visible or the write has failed. A DeviceSnapshot's
+        small gradients are read to host whole and packed; each other one is streamed
+        from its device through a ring of its pool. On any failure
         nothing becomes visible and the partial write is removed where possible; OSError
         becomes StoreUnavailableError naming the store and the snapshot.
         """
-        entries = record.entries
+        entries: tuple[Any, ...] = record.entries
         packed_positions = [
             i for i, entry in enumerate(entries) if entry.array.nbytes < self._pack_threshold
         ]
@@ -166,10 +248,20 @@ class SnapshotWrite:
             writer.turn = turn
         else:
             writer = await self._backend.begin_shard(self._id, shard.rank)
-        jobs = [self._guarded(self._write_own, writer, entries[i]) for i in own_positions]
+        if isinstance(record, DeviceSnapshot):
+            rings = record.rings
+            jobs = [
+                self._guarded(self._write_streamed, writer, entries[i], rings, device)
+                for i in own_positions
+            ]
+        else:
+            jobs = [self._guarded(self._write_own, writer, entries[i]) for i in own_positions]
         if packed_positions:
             small = [entries[i] for i in packed_positions]
-            jobs.append(self._guarded(self._write_packed, writer, small))
+            if isinstance(record, DeviceSnapshot):  # small: read to host whole, then packed
+                jobs.append(self._guarded(self._write_packed_from_device, writer, small))
+            else:
+                jobs.append(self._guarded(self._write_packed, writer, small))
         try:
             results = await asyncio.gather(*jobs, return_exceptions=True)
             failures = [r for r in results if isinstance(r, BaseException)]
@@ -240,6 +332,38 @@ class SnapshotWrite:
             "stats": chunks.stats.result(),
         }
 
+    async def _write_streamed(
+        self, writer: SnapshotWriter, entry: DeviceGradient, rings: RingPool, device: str
+    ) -> dict[str, Any]:
+        """Write one device gradient's own array, its chunks streamed through a ring."""
+        chunk_shape = chunk_shape_for(entry.shape, entry.itemsize, self._chunk_bytes)
+        spans = chunk_spans(entry.shape, chunk_shape, entry.itemsize)
+        attributes = {"gradvault": {"param_id": str(entry.param_id), "name": entry.name}}
+        document = array_metadata(
+            entry.shape, entry.dtype, chunk_shape, self._compression, attributes
+        )
+        async with rings.lend(max((span.length for span in spans), default=1)) as ring:
+            chunks = _StreamedChunks(entry, spans, self._compression, self, ring, device)
+            stream = iter(chunks)
+            try:
+                await writer.write_array(str(entry.param_id), dump_json(document), stream)
+            finally:
+                # a backend that stopped early leaves the stream open: end it here, so
+                # its copies are waited for before the ring goes back to the pool
+                _end(stream)
+        return {
+            "array": str(entry.param_id),
+            "chunk_shape": list(chunk_shape),
+            "checksum": format_checksum(chunks.checksum),
+            "stats": chunks.stats.result(),
+        }
+
+    async def _write_packed_from_device(
+        self, writer: SnapshotWriter, small: list[DeviceGradient]
+    ) -> PackedGradients:
+        """Read the small device gradients to host whole (a thread), then pack them."""
+        return await self._write_packed(writer, await self._threads.run(_host_entries, small))
+
     async def _write_packed(
         self, writer: SnapshotWriter, small: list[GradientRecordEntry]
     ) -> PackedGradients:
@@ -262,6 +386,20 @@ class SnapshotWrite:
         )
         packed.checksums, packed.stats = await self._threads.run(_packed_columns, packed, small)
         return packed
+
+
+def _end(stream: Iterator[EncodedChunk]) -> None:
+    """Close a chunk stream that may be left suspended (not one still running in a thread:
+    its ring is then dropped by the pool, not reused)."""
+    try:
+        stream.close()  # type: ignore[attr-defined]
+    except ValueError:  # "generator already executing": a backend thread still in it
+        pass
+
+
+def _host_entries(small: list[DeviceGradient]) -> list[GradientRecordEntry]:
+    """The small device gradients read to host, as record entries."""
+    return [entry.host_entry() for entry in small]
 
 
 def _packed_columns(

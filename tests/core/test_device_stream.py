@@ -7,46 +7,12 @@ the order in which slots are filled, waited for, handed over and reused.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 from gradvault.core.store._device_stream import RingStreamer
 
-
-class FakeDevice:
-    """A DeviceCopier whose copies land only when waited for; it logs what happens."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[Any, ...]] = []
-        self.allocated = 0
-        self._pending: dict[int, tuple[np.ndarray, int, int, memoryview]] = {}
-        self._next_event = 0
-
-    def pinned(self, nbytes: int) -> memoryview:
-        self.allocated += nbytes
-        return memoryview(np.full(nbytes, 0xEE, np.uint8))
-
-    def copy_async(self, source: Any, offset: int, length: int, target: memoryview) -> int:
-        event = self._next_event
-        self._next_event += 1
-        self._pending[event] = (source, offset, length, target)
-        self.log.append(("copy", event, offset, length, _address(target)))
-        return event
-
-    def wait(self, event: int) -> None:
-        source, offset, length, target = self._pending.pop(event)
-        target[:] = memoryview(source).cast("B")[offset : offset + length]
-        self.log.append(("wait", event))
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
-
-
-def _address(view: memoryview) -> int:
-    return int(np.frombuffer(view, np.uint8).ctypes.data)
+from .fake_device import FakeDevice, address_of
 
 
 def _source(nbytes: int) -> np.ndarray:
@@ -83,7 +49,7 @@ def test_a_slot_is_refilled_only_after_its_chunk_was_consumed() -> None:
     consumed: list[int] = []
     for index, view in enumerate(ring.stream(source, 1000)):
         # while the consumer holds a piece, no copy targets its slot
-        held = _address(view)
+        held = address_of(view)
         copies_now = [e for e in device.log if e[0] == "copy"]
         later = [e for e in copies_now if e[1] > index and e[4] == held]
         assert not later, f"piece {index}: its slot was given a new copy while held"
