@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import gradvault.core as gv
 from gradvault.core.errors import GradvaultError
 from gradvault.core.store import open_store
@@ -36,8 +38,9 @@ _held: gv.GradientsParams | None = None
 
 
 def digest(array: Any) -> str:
-    """The sha256 of an array's raw bytes (no copy of a contiguous array)."""
-    return hashlib.sha256(array.data if array.flags.c_contiguous else array.tobytes()).hexdigest()
+    """The sha256 of an array's raw bytes (no copy of a contiguous array; as bytes, since
+    a bfloat16 array offers no buffer of its own)."""
+    return hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8)).hexdigest()
 
 
 def _entry(param_id: object, name: str, array: Any) -> list:
