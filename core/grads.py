@@ -4,7 +4,9 @@ Taking a record is a point-in-time capture done by copy-on-write: the record kee
 gradient's current buffer and the gradient tensor is flagged, so the next in-place write
 to it (accumulation, ``zero_``, an optimizer touching it) first moves it to a new buffer.
 The trainer therefore waits for a number of flag updates that grows with the number of
-parameters, never for a copy of their bytes (on the cpu; a cuda device is read to host).
+parameters, never for a copy of their bytes (on the cpu; on a cuda device ``to_record``
+reads them to host, while the Recorder's commit streams them to the store through a ring
+of pinned buffers).
 """
 
 from __future__ import annotations
