@@ -135,6 +135,25 @@ async def test_a_restore_reads_each_chunk_once_straight_into_the_gradients(
         assert targets and all(np.shares_memory(got.array, t) for t in targets)
 
 
+async def test_a_large_restored_gradient_starts_on_a_huge_page_boundary(
+    make_store: Any,
+) -> None:
+    # the kernel backs it with huge pages from its first byte: one fault per 2 MiB, not
+    # one per 4 KiB page; smaller gradients are left as NumPy places them
+    store = make_store(chunk_bytes=1 << 20, pack_threshold=512)
+    rng = np.random.default_rng(3)
+    arrays = {
+        f"layer{i}.weight": rng.standard_normal(shape).astype(np.float32)
+        for i, shape in enumerate([(1024, 700), (3, 1000, 300), (2 << 18,)])
+    }
+    record = make_record(arrays)
+    info = await store.write_snapshot(record, run="r", step=1)
+    found = await store.read_snapshot(info.id)
+    for got, want in zip(found, record, strict=True):
+        assert got.array.tobytes() == want.array.tobytes()
+        assert got.array.ctypes.data % (2 << 20) == 0, got.name
+
+
 async def test_the_edge_chunks_padding_held_at_once_is_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
