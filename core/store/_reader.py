@@ -76,17 +76,24 @@ HUGE_PAGE_BYTES = 2 << 20
 
 
 def _allocate(nbytes: int) -> memoryview:
-    """Writable memory for ``nbytes``, not zero-filled first (every byte is read into).
+    """Writable memory for ``nbytes``, not zero-filled first (every byte is read into)."""
+    return memoryview(np.empty(nbytes, dtype=np.uint8))
 
-    A large buffer starts on a huge-page boundary: NumPy asks the kernel for transparent
-    huge pages for large arrays, but a buffer that starts between two boundaries gets
-    them only for the aligned stretches inside it, and every other 4 KiB page costs a
-    page fault of its own on first touch (a 1 GiB restore into fresh memory took 1.7x a
-    raw read of the same bytes into one large array, for this alone). The slack before
-    the boundary is never touched, so it takes address space, not memory.
+
+def _allocate_gradient(nbytes: int) -> memoryview:
+    """:func:`_allocate` for a restored gradient's own buffer: a large one starts on a
+    huge-page boundary.
+
+    NumPy asks the kernel for transparent huge pages for large arrays, but a buffer that
+    starts between two boundaries gets them only for the aligned stretches inside it, and
+    every other 4 KiB page costs a page fault of its own on first touch (a 1 GiB restore
+    into fresh memory took 1.7x a raw read of the same bytes into one large array, for
+    this alone). The slack before the boundary is never touched, so it takes address
+    space, not memory. Short-lived buffers (a streamed chunk) are not aligned: the slack
+    would only fragment the heap.
     """
     if nbytes < HUGE_PAGE_BYTES:
-        return memoryview(np.empty(nbytes, dtype=np.uint8))
+        return _allocate(nbytes)
     block = np.empty(nbytes + HUGE_PAGE_BYTES, dtype=np.uint8)
     start = -block.ctypes.data % HUGE_PAGE_BYTES
     return memoryview(block[start : start + nbytes])
@@ -410,7 +417,7 @@ class SnapshotReader:
             )
             for position in positions
         ]
-        buffers = [_allocate(sizes[position]) for position in positions]
+        buffers = [_allocate_gradient(sizes[position]) for position in positions]
         reads = [
             _ChunkRead(
                 arrays[position],
