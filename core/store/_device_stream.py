@@ -33,6 +33,13 @@ DEFAULT_SLOTS = 4
 DEFAULT_SLOT_BYTES = 16 << 20
 
 
+def _check_counts(**counts: object) -> None:
+    """Raise ValueError naming the first of ``counts`` that is not an int >= 1."""
+    for name, value in counts.items():
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+
+
 class DeviceCopier(Protocol):
     """What the streamer needs from a device: pinned buffers, async copies, their events."""
 
@@ -73,10 +80,7 @@ class RingStreamer:
         slots: int = DEFAULT_SLOTS,
         slot_bytes: int = DEFAULT_SLOT_BYTES,
     ) -> None:
-        if type(slots) is not int or slots < 1:
-            raise ValueError(f"slots must be an int >= 1; got {slots!r}")
-        if type(slot_bytes) is not int or slot_bytes < 1:
-            raise ValueError(f"slot_bytes must be an int >= 1; got {slot_bytes!r}")
+        _check_counts(slots=slots, slot_bytes=slot_bytes)
         self._copier = copier
         self.slot_bytes = slot_bytes
         self._buffers = [copier.pinned(slot_bytes) for _ in range(slots)]
@@ -198,9 +202,7 @@ class RingPool:
         slot_bytes: int = DEFAULT_SLOT_BYTES,
         max_rings: int = DEFAULT_MAX_RINGS,
     ) -> None:
-        for name, value in (("slots", slots), ("slot_bytes", slot_bytes), ("max_rings", max_rings)):
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+        _check_counts(slots=slots, slot_bytes=slot_bytes, max_rings=max_rings)
         self.copier = copier
         self.slots = slots
         self.slot_bytes = slot_bytes
