@@ -26,7 +26,8 @@ def _writer(
     url: str, name: str, count: int, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.core.snapshot_writer", url, name, str(count)],
+        [sys.executable, "-X", "faulthandler", "-m", "tests.core.snapshot_writer", url, name]
+        + [str(count)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -134,7 +135,7 @@ def test_two_processes_snapshot_into_one_store(
     ids: list[str] = []
     for process in writers:
         out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, err
+        assert process.returncode == 0, f"writer exited {process.returncode}: {err}"
         ids += [line.split()[1] for line in out.splitlines()]
     assert len(ids) == 12 and len(set(ids)) == 12
     old_env = {k: os.environ.get(k) for k in env}

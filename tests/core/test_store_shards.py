@@ -46,7 +46,8 @@ def _environment(store_url: str, options: dict[str, object]) -> dict[str, str]:
 def _start_rank(
     store_url: str, env: dict[str, str], snapshot_id: str, rank: int, *extra: str
 ) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "tests.core.shard_writer", store_url, snapshot_id]
+    command = [sys.executable, "-X", "faulthandler", "-m", "tests.core.shard_writer"]
+    command += [store_url, snapshot_id]
     return subprocess.Popen(
         [*command, str(rank), str(WORLD), *extra],
         cwd=ROOT,
@@ -59,7 +60,7 @@ def _start_rank(
 
 def _finish(process: subprocess.Popen[str]) -> dict[str, object]:
     out, err = process.communicate(timeout=180)
-    assert process.returncode == 0, err
+    assert process.returncode == 0, f"rank exited {process.returncode}: {err}"
     return json.loads(out.strip().splitlines()[-1])
 
 
