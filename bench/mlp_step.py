@@ -4,7 +4,10 @@ The step is one SGD step of an MLP with 1024-wide layers on a batch of 256. Both
 run interleaved in the same process, each under the BLAS its library ships (the BLAS
 configuration of both is reported, from threadpoolctl). Training overhead: steps per
 second of the same loop with ``recorder.start_snapshot`` every step and every 10 steps
-(into a local store; a snapshot started while one commits waits, the default) against none.
+(into a local store, default Recorder settings) against none, timed until the recorder has
+closed, so every snapshot started is durable when the clock stops. The every-step loop is
+also run with the BLAS limited to one thread (threadpoolctl), for both sides: a core the
+training step leaves free, to tell the snapshot's own cost from competition for the cores.
 """
 
 from __future__ import annotations
@@ -85,22 +88,27 @@ def _torch_blas(torch: object) -> str:
     )
 
 
-def _loop(every: int | None, root: Path) -> float:
-    """Seconds for LOOP_STEPS training steps, snapshotting every ``every`` steps."""
+def _loop(every: int | None, root: Path, blas_threads: int | None = None) -> float:
+    """Seconds for LOOP_STEPS training steps, snapshotting every ``every`` steps, until
+    every snapshot is durable (the recorder closed); the BLAS limited to ``blas_threads``."""
+    from threadpoolctl import threadpool_limits
+
     import gradvault.core as gv
 
     step, _ = _gradvault_model()
     recorder = gv.Recorder(root / f"store-{time.monotonic_ns()}")
-    try:
-        step()
-        start = time.perf_counter()
-        for i in range(LOOP_STEPS):
-            grads = step()
-            if every is not None and i % every == 0:
-                recorder.start_snapshot(grads, run="bench", step=i)
-        return time.perf_counter() - start
-    finally:
-        recorder.close()
+    with threadpool_limits(blas_threads):
+        try:
+            step()
+            start = time.perf_counter()
+            for i in range(LOOP_STEPS):
+                grads = step()
+                if every is not None and i % every == 0:
+                    recorder.start_snapshot(grads, run="bench", step=i)
+            recorder.close()
+            return time.perf_counter() - start
+        finally:
+            recorder.close()
 
 
 def run() -> list[Row]:
@@ -137,6 +145,8 @@ def run() -> list[Row]:
                 "none": lambda: _loop(None, root),
                 "every step": lambda: _loop(1, root),
                 "every 10 steps": lambda: _loop(10, root),
+                "none, BLAS 1 thread": lambda: _loop(None, root, 1),
+                "every step, BLAS 1 thread": lambda: _loop(1, root, 1),
             },
             repeat=3,
         )
@@ -155,6 +165,18 @@ def run() -> list[Row]:
                 unit="steps/s",
             )
         )
+    rows.append(
+        Row(
+            "training loop, snapshot every step, BLAS 1 thread (steps/s)",
+            [LOOP_STEPS / t for t in loops["every step, BLAS 1 thread"]],
+            "no snapshots, BLAS 1 thread",
+            [LOOP_STEPS / t for t in loops["none, BLAS 1 thread"]],
+            "",
+            None,
+            higher_better=True,
+            unit="steps/s",
+        )
+    )
     print_rows("Autodiff and training overhead", rows)
     print(f"BLAS pools: {pools}")
     return rows
