@@ -23,17 +23,28 @@ Every request the backend makes goes through a public method of :class:`S3Backen
 (``read``, ``read_into`` and ``size`` of the StoreBackend, and the primitives ``put``,
 ``head``, ``list_objects``, ``folder_names`` and ``delete_keys``), so that a test can
 wrap one on the store's instance to pause or fail it (tests/core/test_store_races.py).
+
+Requests are made with obstore's blocking functions, each in one of the backend's request
+threads (as many as ``max_concurrency``), not with its coroutines. A coroutine of obstore
+hands its result to Python from a thread of obstore's own runtime; one still doing so
+while the process exits (Python finalizing) makes that thread take the GIL, which Python
+refuses by ending the thread, and the process aborts (SIGABRT) after its work was done:
+about one rank process in a hundred of tests/core/test_store_shards.py did. A blocking
+call returns in the thread that made it, so no thread of obstore's runtime ever enters
+Python. A caller cancelled while its request runs waits for the request to end, so no
+request of a cancelled write lands after the write has cleaned up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import obstore
@@ -80,6 +91,49 @@ _TRUE = {"1", "true", "yes", "on"}
 _DELETE_BATCH = 1000
 #: Pieces a GET body is streamed in when it is read into place.
 _STREAM_PIECE = 1 << 20
+
+T = TypeVar("T")
+
+
+def _list_all(store: S3Store, prefix: str) -> list[dict[str, Any]]:
+    """The metadata of every object under ``prefix``, listed in pages of 1000 (blocking)."""
+    found: list[dict[str, Any]] = []
+    for batch in obstore.list(store, prefix, chunk_size=1000):
+        found.extend(batch)  # type: ignore[arg-type]
+    return found
+
+
+def _get_bytes(store: S3Store, key: str, max_size: int | None) -> memoryview:
+    """The bytes of the object at ``key`` (blocking); UnexpectedObjectError if it is larger
+    than ``max_size``, before its body is read."""
+    result = obstore.get(store, key)
+    size = result.meta["size"]
+    if max_size is not None and size > max_size:
+        raise UnexpectedObjectError(f"is {size} bytes; at most {max_size} expected")
+    return memoryview(result.bytes())
+
+
+def _get_into(store: S3Store, key: str, buffers: list[memoryview], expected: int) -> None:
+    """Stream the object at ``key`` into ``buffers`` (blocking), exactly as long as they
+    are: no second buffer as large as the object."""
+    result = obstore.get(store, key)
+    size = result.meta["size"]
+    if size != expected:
+        raise UnexpectedObjectError(f"is {size} bytes; expected {expected}")
+    views = [view for view in buffers if len(view)]
+    for piece in result.stream(min_chunk_size=_STREAM_PIECE):
+        piece = memoryview(piece)
+        while len(piece):
+            if not views:
+                raise UnexpectedObjectError(f"grew while read; it had {size} bytes")
+            count = min(len(piece), len(views[0]))
+            views[0][:count] = piece[:count]
+            piece = piece[count:]
+            views[0] = views[0][count:]
+            if not len(views[0]):
+                views.pop(0)
+    if views:
+        raise UnexpectedObjectError(f"shrank while read; it had {size} bytes")
 
 
 def _next_joined(chunks: Iterator[EncodedChunk]) -> tuple[str, bytes] | None:
@@ -176,11 +230,27 @@ class S3Backend(StoreBackend):
         self.location = location
         self._threads = threads
         self._requests = asyncio.Semaphore(max_concurrency)
+        #: where each request runs (obstore's blocking functions; see the module docstring)
+        self._request_threads = ThreadRunner(max_concurrency)
         self._prepared = False
         self._known_committed: set[str] = set()
 
     def _unavailable(self, action: str, error: BaseException) -> StoreUnavailableError:
         return StoreUnavailableError(f"object store {self.location}: {action} failed: {error}")
+
+    async def _request(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``function(*args, **kwargs)`` (a blocking request) in a request thread.
+
+        A cancelled caller waits for the request to end before it is cancelled: the thread
+        cannot be stopped, and a write must not land after its caller cleaned up.
+        """
+        call = functools.partial(function, *args, **kwargs)
+        running = asyncio.ensure_future(self._request_threads.run(call))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            await asyncio.wait([running])
+            raise
 
     async def put(self, key: str, body: bytes | memoryview, *, create: bool = False) -> None:
         """PUT ``key``; with ``create``, only if it does not exist (AlreadyExistsError if it
@@ -190,7 +260,8 @@ class S3Backend(StoreBackend):
         """
         async with self._requests:
             try:
-                await obstore.put_async(
+                await self._request(
+                    obstore.put,
                     self._store,
                     key,
                     body,
@@ -209,7 +280,7 @@ class S3Backend(StoreBackend):
         or None if there is none; StoreUnavailableError if the request fails."""
         async with self._requests:
             try:
-                return await obstore.head_async(self._store, key)  # type: ignore[return-value]
+                return await self._request(obstore.head, self._store, key)  # type: ignore[return-value]
             except (NotFoundError, FileNotFoundError):
                 return None
             except Exception as error:
@@ -218,13 +289,10 @@ class S3Backend(StoreBackend):
     async def list_objects(self, prefix: str) -> list[dict[str, Any]]:
         """The metadata of every object whose key starts with ``prefix``, as :meth:`head`
         gives it, in pages of 1000; StoreUnavailableError if a request fails."""
-        found: list[dict[str, Any]] = []
         try:
-            async for batch in obstore.list(self._store, prefix, chunk_size=1000):
-                found.extend(batch)  # type: ignore[arg-type]
+            return await self._request(_list_all, self._store, prefix)
         except Exception as error:
             raise self._unavailable(f"listing {prefix}", error) from error
-        return found
 
     async def delete_keys(self, keys: list[str]) -> None:
         """Delete ``keys``, 1000 per request; a key that is not there is not an error.
@@ -234,7 +302,7 @@ class S3Backend(StoreBackend):
         for start in range(0, len(keys), _DELETE_BATCH):
             batch = keys[start : start + _DELETE_BATCH]
             try:
-                await obstore.delete_async(self._store, batch)
+                await self._request(obstore.delete, self._store, batch)
             except (NotFoundError, FileNotFoundError):
                 pass
             except Exception as error:
@@ -262,11 +330,7 @@ class S3Backend(StoreBackend):
     async def read(self, key: str, max_size: int | None = None) -> memoryview:
         async with self._requests:
             try:
-                result = await obstore.get_async(self._store, key)
-                size = result.meta["size"]
-                if max_size is not None and size > max_size:
-                    raise UnexpectedObjectError(f"is {size} bytes; at most {max_size} expected")
-                return memoryview(await result.bytes_async())
+                return await self._request(_get_bytes, self._store, key, max_size)
             except (NotFoundError, FileNotFoundError):
                 raise MissingKeyError(key) from None
             except UnexpectedObjectError:
@@ -278,25 +342,7 @@ class S3Backend(StoreBackend):
         expected = sum(len(view) for view in buffers)
         async with self._requests:
             try:
-                result = await obstore.get_async(self._store, key)
-                size = result.meta["size"]
-                if size != expected:
-                    raise UnexpectedObjectError(f"is {size} bytes; expected {expected}")
-                # streamed into place: no second buffer as large as the object
-                views = [view for view in buffers if len(view)]
-                async for piece in result.stream(min_chunk_size=_STREAM_PIECE):
-                    piece = memoryview(piece)
-                    while len(piece):
-                        if not views:
-                            raise UnexpectedObjectError(f"grew while read; it had {size} bytes")
-                        count = min(len(piece), len(views[0]))
-                        views[0][:count] = piece[:count]
-                        piece = piece[count:]
-                        views[0] = views[0][count:]
-                        if not len(views[0]):
-                            views.pop(0)
-                if views:
-                    raise UnexpectedObjectError(f"shrank while read; it had {size} bytes")
+                await self._request(_get_into, self._store, key, buffers, expected)
             except (NotFoundError, FileNotFoundError):
                 raise MissingKeyError(key) from None
             except UnexpectedObjectError:
@@ -320,7 +366,7 @@ class S3Backend(StoreBackend):
         """The names of the "folders" directly under ``prefix`` (its common prefixes, one
         listing request); StoreUnavailableError if the request fails."""
         try:
-            listing = await obstore.list_with_delimiter_async(self._store, prefix)
+            listing = await self._request(obstore.list_with_delimiter, self._store, prefix)
         except Exception as error:
             raise self._unavailable(f"listing {prefix}", error) from error
         return [name.rstrip("/").rpartition("/")[2] for name in listing["common_prefixes"]]
@@ -417,7 +463,9 @@ class S3Backend(StoreBackend):
         return sorted(removed)
 
     async def close(self) -> None:
-        """Nothing to release: obstore's client pool goes with the S3Store."""
+        """Let the request threads go (each ends once its request has); obstore's client
+        pool goes with the S3Store."""
+        await asyncio.to_thread(self._request_threads.close)
 
 
 class _S3SnapshotWriter(SnapshotWriter):
