@@ -250,6 +250,8 @@ class S3Backend(StoreBackend):
             return await asyncio.shield(running)
         except asyncio.CancelledError:
             await asyncio.wait([running])
+            if not running.cancelled():
+                running.exception()  # retrieved: the cancelled caller drops its outcome
             raise
 
     async def put(self, key: str, body: bytes | memoryview, *, create: bool = False) -> None:
