@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def _writer(
     url: str, name: str, count: int, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
+    command = [sys.executable, "-X", "faulthandler", "-m", "tests.core.snapshot_writer"]
     process = subprocess.Popen(
-        [sys.executable, "-X", "faulthandler", "-m", "tests.core.snapshot_writer", url, name]
-        + [str(count)],
+        [*command, url, name, str(count)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

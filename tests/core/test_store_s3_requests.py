@@ -18,7 +18,7 @@ import pytest
 
 import gradvault.core as gv
 from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
-from gradvault.core.store import open_store
+from gradvault.core.store import SnapshotStore, open_store
 from tests.conftest import S3_BUCKET, S3_CREDENTIALS
 
 
@@ -32,6 +32,13 @@ def _record() -> GradientsParamsRecord:
             for index, size in enumerate((10, 3000, 5000))
         ]
     )
+
+
+def _open(s3_endpoint: str) -> SnapshotStore:
+    """A store at a fresh prefix of the session's S3 server."""
+    url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex}/store"
+    options = {"endpoint": s3_endpoint, "allow_http": True, **S3_CREDENTIALS}
+    return open_store(url, chunk_bytes=4096, pack_threshold=1024, **options)
 
 
 @pytest.fixture
@@ -56,9 +63,7 @@ def no_obstore_coroutines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 async def test_every_request_is_a_blocking_call(
     s3_endpoint: str, no_obstore_coroutines: list[str]
 ) -> None:
-    options = {"endpoint": s3_endpoint, "allow_http": True, **S3_CREDENTIALS}
-    url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex}/store"
-    store = open_store(url, chunk_bytes=4096, pack_threshold=1024, **options)
+    store = _open(s3_endpoint)
     record = _record()
     try:
         info = await store.write_snapshot(record, run="r", step=1)
@@ -81,10 +86,8 @@ async def test_every_request_is_a_blocking_call(
 
 async def test_a_cancelled_write_leaves_no_request_running(s3_endpoint: str) -> None:
     """Cancelled mid-write, the store has finished its requests when the cancel returns:
-    a later listing and gc see everything that was written (nothing lands afterwards)."""
-    options = {"endpoint": s3_endpoint, "allow_http": True, **S3_CREDENTIALS}
-    url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex}/store"
-    store = open_store(url, chunk_bytes=4096, pack_threshold=1024, **options)
+    a later listing sees everything that was written (nothing lands afterwards)."""
+    store = _open(s3_endpoint)
     backend = store.backend
     started = asyncio.Event()
     put = backend.put
