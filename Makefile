@@ -8,7 +8,7 @@ GV     := $(VENV)/bin/gradvault
 PORT   ?= 8000
 STORE  ?= .gradvault/store
 
-.PHONY: run demo test bench load lint browser gpu-check deploy-check clean
+.PHONY: run demo test bench load soak lint browser gpu-check deploy-check clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ bench: $(VENV)/.installed-test
 # 32 clients pushing and restoring 64 MiB snapshots for 2 minutes against one uvicorn
 load: $(VENV)/.installed-test
 	$(PY) -m bench.load
+
+# one service under attack (slow headers, made-up methods, huge login bodies, 50 pushers)
+# while a client pushes and restores, for SOAK_SECONDS; bench/results/soak.json
+SOAK_SECONDS ?= 600
+soak: $(VENV)/.installed
+	$(PY) -m bench.soak --seconds $(SOAK_SECONDS)
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .

@@ -21,7 +21,7 @@ The attackers and pushers share one asyncio loop; the legitimate client has a th
 Every connection goes to 127.0.0.1 and has a timeout; the connection counts are fixed by
 the options; the whole program stops itself ``--grace`` seconds after the soak's end.
 
-The service's RSS (``VmRSS``) is sampled every 0.5 s from /proc. Reported: round trips of
+The service's RSS (``VmRSS``) is sampled every 0.2 s from /proc. Reported: round trips of
 the legitimate client and its errors, each attacker's outcomes, RSS after warm-up ("start"),
 its peak and its value when the traffic stops ("end"), and the size of ``/metrics`` at the
 end. Targets: 0 errors for the legitimate client, RSS growth (peak minus start) under
@@ -38,32 +38,34 @@ import asyncio
 import collections
 import json
 import os
-import random
 import re
 import resource
 import secrets
 import shutil
 import signal
-import string
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
-import gradvault.core as gv
-from gradvault.core.safetensors_file import safetensors_chunks
+from bench.soak_traffic import (
+    ANSWER_SECONDS,
+    HOST,
+    METHOD_LENGTHS,
+    MIB,
+    Legitimate,
+    round_trip,
+    run_traffic,
+)
+from gradvault.client import Client
 
-HOST = "127.0.0.1"
 RESULTS = Path(__file__).parent / "results"
-MIB = 1 << 20
 
 #: the acceptance targets
 LEGITIMATE_ERRORS_LIMIT = 0
@@ -73,13 +75,6 @@ METRICS_BYTES_LIMIT = 100 << 10
 EXIT_MET, EXIT_MISSED, EXIT_NOT_RUN = 0, 1, 2
 
 STARTUP_SECONDS = 60
-CONNECT_SECONDS = 5
-#: how long a made-up method request, or a login whose body was sent, waits for its answer
-ANSWER_SECONDS = 30
-#: how long a login whose body is declared but never sent waits for an answer
-UNSENT_BODY_SECONDS = 10
-#: how long after the end a request in flight may take before it is cancelled
-DRAIN_SECONDS = 2
 #: how long the legitimate client's last round trip may run past the end
 LEGITIMATE_DRAIN_SECONDS = 60
 METRICS_READ_SECONDS = 120
@@ -87,10 +82,6 @@ METRICS_READ_SECONDS = 120
 METRICS_READ_CAP = 256 * MIB
 SAMPLE_SECONDS = 0.2
 WARM_UP_ROUND_TRIPS = 3
-METHOD_LENGTHS = (1000, 4000)
-#: made-up method requests in flight at most
-METHOD_WORKERS = 4
-LOGIN_CHUNK = 1 * MIB
 #: file descriptors this process needs beyond its slow connections and pushers
 SPARE_FILES = 128
 _LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
@@ -211,332 +202,6 @@ class RssSampler(threading.Thread):
                 return
 
 
-# --------------------------------------------------------------------------- outcomes
-@dataclass
-class Tally:
-    """What happened to one kind of traffic: a count per outcome, and a few figures."""
-
-    outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
-    figures: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, outcome: str) -> None:
-        self.outcomes[outcome] += 1
-
-    def as_json(self, **about: Any) -> dict[str, Any]:
-        return {
-            **about,
-            **self.figures,
-            "total": sum(self.outcomes.values()),
-            "outcomes": dict(self.outcomes.most_common()),
-        }
-
-
-def _failure(error: BaseException) -> str:
-    if isinstance(error, TimeoutError):
-        return "timeout"
-    if isinstance(error, ConnectionResetError | BrokenPipeError):
-        return "reset by the service"
-    if isinstance(error, asyncio.IncompleteReadError):
-        return "closed without an answer"
-    return type(error).__name__
-
-
-def _status(line: bytes) -> str:
-    """``'413'`` from ``b'HTTP/1.1 413 Request Entity Too Large'``."""
-    parts = line.split()
-    if len(parts) >= 2 and parts[0].startswith(b"HTTP/") and parts[1].isdigit():
-        return parts[1].decode()
-    return "closed without an answer" if not line else "not HTTP"
-
-
-async def _pause(seconds: float, deadline: float) -> None:
-    """Sleep ``seconds``, but never past ``deadline``."""
-    await asyncio.sleep(max(0.0, min(seconds, deadline - time.monotonic())))
-
-
-async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.wait_for(asyncio.open_connection(HOST, port), CONNECT_SECONDS)
-
-
-def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()  # not awaited: a peer that never reads must not hold us
-
-
-# --------------------------------------------------------------------------- attackers
-@dataclass
-class SlowHeaders:
-    """Connections that send half a request line and hold it; opened again once closed."""
-
-    port: int
-    deadline: float
-    tally: Tally = field(default_factory=Tally)
-    held_now: int = 0
-    held_most: int = 0
-    #: seconds each connection the service closed had been held
-    hold_seconds: list[float] = field(default_factory=list)
-
-    async def connection(self, delay: float) -> None:
-        await asyncio.sleep(delay)  # the connections open over the first seconds
-        while time.monotonic() < self.deadline:
-            try:
-                reader, writer = await _connect(self.port)
-            except (OSError, TimeoutError) as error:
-                self.tally.add(f"connect failed: {_failure(error)}")
-                await _pause(1, self.deadline)
-                continue
-            opened = time.monotonic()
-            self.held_now += 1
-            self.held_most = max(self.held_most, self.held_now)
-            try:
-                writer.write(b"GET /v1/snapshots HTT")
-                await writer.drain()
-                answer = await asyncio.wait_for(
-                    reader.read(4096), max(0.0, self.deadline - time.monotonic())
-                )
-                self.hold_seconds.append(time.monotonic() - opened)
-                self.tally.add(
-                    "closed by the service" if not answer else f"answered {_status(answer)}"
-                )
-            except TimeoutError:
-                self.tally.add("held to the end")
-            except OSError as error:
-                self.hold_seconds.append(time.monotonic() - opened)
-                self.tally.add(_failure(error))
-            finally:
-                self.held_now -= 1
-                _close(writer)
-            await _pause(0.5, self.deadline)  # a service that closes at once is not hammered
-
-    def as_json(self, connections: int) -> dict[str, Any]:
-        held = sorted(self.hold_seconds)
-        return self.tally.as_json(
-            connections=connections,
-            held_at_most=self.held_most,
-            closed_after_seconds=(
-                {"min": held[0], "median": held[len(held) // 2], "max": held[-1]} if held else None
-            ),
-        )
-
-
-def _made_up_request(rng: random.Random, port: int) -> bytes:
-    method = "".join(rng.choices(string.ascii_uppercase, k=rng.randint(*METHOD_LENGTHS)))
-    path = rng.choice(
-        ["/healthz", "/v1/snapshots", "/ui/", "/metrics", f"/{rng.getrandbits(64):x}"]
-    )
-    return f"{method} {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n".encode()
-
-
-async def _made_up_methods(
-    port: int, deadline: float, rate: float, worker: int, tally: Tally
-) -> None:
-    """One of METHOD_WORKERS loops: a request at a time, together ``rate`` a second."""
-    rng = random.Random(worker)
-    period = METHOD_WORKERS / rate
-    await asyncio.sleep(worker * period / METHOD_WORKERS)
-    while time.monotonic() < deadline:
-        started = time.monotonic()
-        try:
-            reader, writer = await _connect(port)
-        except (OSError, TimeoutError) as error:
-            tally.add(f"connect failed: {_failure(error)}")
-        else:
-            try:
-                writer.write(_made_up_request(rng, port))
-                await writer.drain()
-                line = await asyncio.wait_for(reader.readline(), ANSWER_SECONDS)
-                tally.add(_status(line))
-            except (OSError, TimeoutError) as error:
-                tally.add(_failure(error))
-            finally:
-                _close(writer)
-        await _pause(period - (time.monotonic() - started), deadline)
-
-
-LOGIN_KINDS = ("declared", "chunked", "unsent")
-
-
-async def _login_once(port: int, kind: str, size: int, tally: Tally) -> int:
-    """One oversized ``POST /ui/login``; the outcome counted; the body bytes sent."""
-    reader, writer = await _connect(port)
-    sent = 0
-    #: the whole body is in the connection's buffer: an answer now comes after it
-    whole_body_written = False
-    head = (
-        f"POST /ui/login HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
-        "Content-Type: application/x-www-form-urlencoded\r\nConnection: close\r\n"
-        + ("Transfer-Encoding: chunked\r\n" if kind == "chunked" else f"Content-Length: {size}\r\n")
-        + "\r\n"
-    )
-    chunk = memoryview(b"token=" + b"a" * (LOGIN_CHUNK - 6))
-
-    async def send_body() -> None:
-        nonlocal sent, whole_body_written
-        writer.write(head.encode())
-        if kind == "unsent":
-            writer.write(chunk[:1024])
-            sent = 1024
-            await writer.drain()
-            return
-        while sent < size:
-            piece = chunk[: min(LOGIN_CHUNK, size - sent)]
-            if kind == "chunked":
-                writer.write(b"%x\r\n" % len(piece))
-                writer.write(piece)
-                writer.write(b"\r\n")
-            else:
-                writer.write(piece)
-            sent += len(piece)
-            if kind == "chunked" and sent >= size:
-                writer.write(b"0\r\n\r\n")
-            whole_body_written = sent >= size
-            await writer.drain()
-
-    sending = asyncio.create_task(send_body())
-    try:
-        wait = UNSENT_BODY_SECONDS if kind == "unsent" else ANSWER_SECONDS
-        line = await asyncio.wait_for(reader.readline(), wait)
-        when = "after the whole body" if whole_body_written else "before the body ended"
-        outcome = f"{_status(line)} {when}" if line else "closed without an answer"
-    except (OSError, TimeoutError) as error:
-        outcome = (
-            f"no answer in {UNSENT_BODY_SECONDS} s"
-            if isinstance(error, TimeoutError) and kind == "unsent"
-            else _failure(error)
-        )
-    finally:
-        sending.cancel()
-        await asyncio.gather(sending, return_exceptions=True)
-        _close(writer)
-    tally.add(f"{kind}: {outcome}")
-    return sent
-
-
-async def _login_bodies(
-    port: int, deadline: float, sizes: tuple[int, int], interval: float, tally: Tally
-) -> None:
-    rng = random.Random(1)
-    number = 0
-    while time.monotonic() < deadline:
-        kind = LOGIN_KINDS[number % len(LOGIN_KINDS)]
-        number += 1
-        try:
-            sent = await _login_once(port, kind, rng.randint(*sizes), tally)
-            tally.figures["body_bytes_sent"] += sent
-        except (OSError, TimeoutError) as error:
-            tally.add(f"{kind}: connect failed: {_failure(error)}")
-        await _pause(interval, deadline)
-
-
-def _small_record(seed: int, gradients: int, floats: int) -> gv.GradientsParamsRecord:
-    rng = np.random.default_rng(seed)
-    return gv.GradientsParamsRecord(
-        [
-            gv.GradientRecordEntry.from_array(
-                gv.ParamId(), f"layer{i}.weight", rng.standard_normal(floats, np.float32)
-            )
-            for i in range(gradients)
-        ]
-    )
-
-
-async def _pusher(
-    http: httpx.AsyncClient, number: int, body: bytes, deadline: float, interval: float,
-    tally: Tally,
-) -> None:  # fmt: skip
-    """Push a small snapshot every ``interval`` seconds; delete the previous one."""
-    await asyncio.sleep(random.Random(number).uniform(0, interval))
-    previous: str | None = None
-    step = 0
-    headers = {"Content-Type": "application/octet-stream", "Content-Length": str(len(body))}
-    while time.monotonic() < deadline:
-        started = time.monotonic()
-        try:
-            response = await http.post(
-                "/v1/snapshots",
-                params={"run": f"soak-pusher-{number}", "step": step},
-                content=body,
-                headers=headers,
-            )
-            tally.add(f"push {response.status_code}")
-            if response.status_code == 201:
-                if previous is not None:
-                    deleted = await http.delete(f"/v1/snapshots/{previous}")
-                    tally.add(f"delete {deleted.status_code}")
-                previous = response.json()["id"]
-        except httpx.HTTPError as error:
-            tally.add(f"push or delete failed: {type(error).__name__}")
-        step += 1
-        await _pause(interval - (time.monotonic() - started), deadline)
-
-
-# --------------------------------------------------------------------------- legitimate
-def round_trip(api: Any, step: int, seed: int) -> None:
-    """One push, restore and delete by ``api`` (a Client); raises on any difference."""
-    pushed = _small_record(seed, gradients=4, floats=16 << 10)
-    summary = api.push(pushed, run="soak-legitimate", step=step)
-    restored = api.fetch(summary.id)
-    if len(restored) != len(pushed):
-        raise AssertionError(f"restored {len(restored)} gradients; pushed {len(pushed)}")
-    for entry in pushed:
-        back = restored[entry.param_id]
-        if (back.name, back.dtype, back.shape) != (entry.name, entry.dtype, entry.shape):
-            raise AssertionError(
-                f"gradient {entry.name!r} came back as {back.name!r} {back.dtype} "
-                f"{back.shape}; pushed {entry.dtype} {entry.shape}"
-            )
-        if back.array.tobytes() != entry.array.tobytes():
-            raise AssertionError(f"gradient {entry.name!r} came back with other bytes")
-    api.delete(summary.id)
-
-
-@dataclass
-class Legitimate:
-    """The client that must keep working: push, restore, compare, delete, in a loop."""
-
-    url: str
-    token: str
-    deadline: float
-    pause: float
-    round_trips: int = 0
-    errors: list[str] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-
-    def run(self) -> None:
-        from gradvault.client import Client
-
-        timeout = httpx.Timeout(ANSWER_SECONDS, connect=CONNECT_SECONDS)
-        with Client(self.url, self.token, timeout=timeout) as api:
-            step = WARM_UP_ROUND_TRIPS
-            while time.monotonic() < self.deadline:
-                started = time.perf_counter()
-                try:
-                    round_trip(api, step, seed=step)
-                except Exception as error:  # noqa: BLE001 - every failure is counted
-                    self.errors.append(f"{type(error).__name__}: {error}"[:400])
-                else:
-                    self.round_trips += 1
-                    self.seconds.append(time.perf_counter() - started)
-                step += 1
-                time.sleep(self.pause)
-
-    def as_json(self) -> dict[str, Any]:
-        ordered = sorted(self.seconds)
-
-        def quantile(q: float) -> float | None:
-            return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else None
-
-        return {
-            "round_trips": self.round_trips,
-            "errors": len(self.errors),
-            "error_samples": self.errors[:10],
-            "round_trip_seconds": {
-                "p50": quantile(0.5),
-                "p99": quantile(0.99),
-                "max": ordered[-1] if ordered else None,
-            },
-        }
-
-
 # --------------------------------------------------------------------------- the soak
 def raise_open_files_limit(needed: int) -> dict[str, int]:
     """Raise this process's soft RLIMIT_NOFILE to the hard one when ``needed`` is above it."""
@@ -554,19 +219,24 @@ def raise_open_files_limit(needed: int) -> dict[str, int]:
     return limits
 
 
+def _ready(http: httpx.Client, token: str) -> bool:
+    try:
+        return http.get("/readyz", headers={"Authorization": f"Bearer {token}"}).is_success
+    except httpx.TransportError:
+        return False
+
+
 def _warm_up(service: Service, token: str) -> None:
     """Every kind of request once, so the baseline RSS includes what they load."""
     with httpx.Client(base_url=service.url, timeout=ANSWER_SECONDS) as http:
         deadline = time.monotonic() + STARTUP_SECONDS
-        while http.get("/readyz", headers={"Authorization": f"Bearer {token}"}).status_code != 200:
+        while not _ready(http, token):
             if time.monotonic() > deadline:
                 raise SoakNotRunError(f"the service was not ready within {STARTUP_SECONDS} s")
             time.sleep(0.1)
         http.post("/ui/login", data={"token": "not-a-token"})
         http.request("MADEUP", "/healthz")
         http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
-    from gradvault.client import Client
-
     with Client(service.url, token) as api:
         for step in range(WARM_UP_ROUND_TRIPS):
             try:
@@ -575,70 +245,6 @@ def _warm_up(service: Service, token: str) -> None:
                 raise SoakNotRunError(
                     f"the legitimate client failed before the soak: {type(error).__name__}: {error}"
                 ) from error
-
-
-async def _traffic(
-    options: argparse.Namespace, service: Service, token: str, deadline: float
-) -> dict[str, Any]:
-    assert service.port is not None
-    port = service.port
-    slow = SlowHeaders(port, deadline)
-    methods, logins, pushers = Tally(), Tally(figures={"body_bytes_sent": 0}), Tally()
-    body = b"".join(
-        bytes(piece) for piece in safetensors_chunks(_small_record(7, gradients=2, floats=1 << 10))
-    )
-    limits = httpx.Limits(
-        max_connections=options.pushers, max_keepalive_connections=options.pushers
-    )
-    timeout = httpx.Timeout(ANSWER_SECONDS, connect=CONNECT_SECONDS)
-    async with httpx.AsyncClient(
-        base_url=service.url,
-        headers={"Authorization": f"Bearer {token}"},
-        limits=limits,
-        timeout=timeout,
-    ) as http:
-        ramp = min(5.0, options.seconds / 4)
-        tasks = [
-            *(
-                slow.connection(ramp * i / max(1, options.slow_connections))
-                for i in range(options.slow_connections)
-            ),
-            *(
-                _made_up_methods(port, deadline, options.method_rate, worker, methods)
-                for worker in range(METHOD_WORKERS if options.method_rate > 0 else 0)
-            ),
-            _login_bodies(
-                port,
-                deadline,
-                (options.login_min_mib * MIB, options.login_max_mib * MIB),
-                options.login_interval,
-                logins,
-            ),
-            *(
-                _pusher(http, n, body, deadline, options.push_interval, pushers)
-                for n in range(options.pushers)
-            ),
-        ]
-        running = [asyncio.create_task(task) for task in tasks]
-        await asyncio.wait(running, timeout=max(0.0, deadline - time.monotonic()) + DRAIN_SECONDS)
-        cancelled = sum(not task.done() for task in running)
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-    return {
-        "slow_headers": slow.as_json(options.slow_connections),
-        "made_up_methods": methods.as_json(
-            per_second=options.method_rate, method_characters=list(METHOD_LENGTHS)
-        ),
-        "login_bodies": logins.as_json(
-            body_mib=[options.login_min_mib, options.login_max_mib],
-            kinds=list(LOGIN_KINDS),
-        ),
-        "pushers": pushers.as_json(
-            clients=options.pushers, push_interval_seconds=options.push_interval
-        ),
-        "tasks_cancelled_after_the_end": cancelled,
-    }
 
 
 def _metrics_size(url: str, token: str) -> tuple[int | None, bool]:
@@ -719,10 +325,12 @@ def _soak_service(
     deadline = began + options.seconds
     sampler = RssSampler(service.pid, began)
     sampler.start()
-    legitimate = Legitimate(service.url, token, deadline, options.legitimate_pause)
+    legitimate = Legitimate(
+        service.url, token, deadline, options.legitimate_pause, first_step=WARM_UP_ROUND_TRIPS
+    )
     legitimate_thread = threading.Thread(target=legitimate.run, name="legitimate", daemon=True)
     legitimate_thread.start()
-    attackers = asyncio.run(_traffic(options, service, token, deadline))
+    attackers = asyncio.run(run_traffic(options, service.url, service.port, token, deadline))
     legitimate_thread.join(max(0.0, deadline - time.monotonic()) + LEGITIMATE_DRAIN_SECONDS)
     if legitimate_thread.is_alive():
         legitimate.errors.append(
@@ -879,6 +487,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}")
+    return value
+
+
 def _count(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -894,19 +509,19 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=_positive, default=600, help="length (600)")
     parser.add_argument("--slow-connections", type=_count, default=300, help="(300)")
     parser.add_argument(
-        "--method-rate", type=float, default=5, help="made-up methods a second (5; 0: none)"
+        "--method-rate", type=_non_negative, default=5, help="made-up methods a second (5; 0: none)"
     )
     parser.add_argument("--login-min-mib", type=_count, default=64, help="(64)")
     parser.add_argument("--login-max-mib", type=_count, default=128, help="(128)")
     parser.add_argument(
-        "--login-interval", type=float, default=1.0, help="pause between logins (1 s)"
+        "--login-interval", type=_non_negative, default=1.0, help="pause between logins (1 s)"
     )
     parser.add_argument("--pushers", type=_count, default=50, help="(50)")
     parser.add_argument(
         "--push-interval", type=_positive, default=2.0, help="each pusher's period (2 s)"
     )
     parser.add_argument(
-        "--legitimate-pause", type=float, default=0.1, help="between round trips (0.1 s)"
+        "--legitimate-pause", type=_non_negative, default=0.1, help="between round trips (0.1 s)"
     )
     parser.add_argument(
         "--grace", type=_positive, default=300, help="the program ends this long after the soak"
@@ -920,8 +535,6 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
             f"--login-min-mib ({options.login_min_mib}) must be at most --login-max-mib "
             f"({options.login_max_mib}), which must be above 0"
         )
-    if options.method_rate < 0:
-        parser.error(f"--method-rate is a rate >= 0; got {options.method_rate}")
     return options
 
 
