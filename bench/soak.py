@@ -28,7 +28,8 @@ end. Targets: 0 errors for the legitimate client, RSS growth (peak minus start) 
 100 MiB, ``/metrics`` under 100 KiB. The report is printed and written as JSON
 (``bench/results/soak.json`` by default). Exit status: 0 every target met, 1 one missed,
 2 the soak itself could not run (the service did not start or did not work before the
-attack, too few open files allowed, the time limit passed).
+attack, too few open files allowed, the time limit passed), 130 interrupted (Ctrl-C or
+SIGTERM; the service is stopped).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ LEGITIMATE_ERRORS_LIMIT = 0
 RSS_GROWTH_LIMIT = 100 * MIB
 METRICS_BYTES_LIMIT = 100 << 10
 
-EXIT_MET, EXIT_MISSED, EXIT_NOT_RUN = 0, 1, 2
+EXIT_MET, EXIT_MISSED, EXIT_NOT_RUN, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 STARTUP_SECONDS = 60
 #: how long the legitimate client's last round trip may run past the end
@@ -175,6 +176,18 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+def open_files_limit(pid: int) -> int | None:
+    """The soft open-files limit of process ``pid`` (None: unlimited or unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                soft = line.split()[3]
+                return int(soft) if soft.isdigit() else None
+    except OSError:
+        return None
+    return None
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User plus system CPU time of process ``pid`` so far; None once it has gone."""
     try:
@@ -271,7 +284,8 @@ def _watchdog(seconds: float, service_box: list[Service], folder: str) -> thread
 
     def expire() -> None:
         print(
-            f"soak: still running {seconds:.0f} s after it began; stopping the service",
+            f"soak: still running at its limit of {seconds:.0f} s (--seconds plus --grace); "
+            "the service is killed",
             file=sys.stderr,
             flush=True,
         )
@@ -372,7 +386,8 @@ def _soak_service(
             "log_lines": service.log_lines,
             "log_tail": list(service.log_tail)[-10:],
         },
-        "open_files_limit": files,
+        "options": {name: value for name, value in vars(options).items() if name != "output"},
+        "open_files_limit": {**files, "service_soft": open_files_limit(service.pid)},
         "cpu_seconds": {"service": round(service_cpu, 1), "soak": round(own_cpu, 1)},
         "legitimate": legitimate_json,
         "attackers": attackers,
@@ -464,12 +479,15 @@ def text_report(report: dict[str, Any]) -> str:
     if report["service"]["spool_files_left"]:
         lines.append(f"spool files left: {len(report['service']['spool_files_left'])}")
     targets = report["targets"]
+    errors, growth, metrics = (
+        targets["legitimate_errors"],
+        targets["rss_growth_bytes"],
+        targets["metrics_bytes"],
+    )
     lines.append(
-        "targets: legitimate errors "
-        f"{targets['legitimate_errors']['found']} (= 0) {_met(targets['legitimate_errors'])}; "
-        f"RSS growth {_mib(targets['rss_growth_bytes']['found'])} (< 100 MiB) "
-        f"{_met(targets['rss_growth_bytes'])}; /metrics "
-        f"{_size(targets['metrics_bytes']['found'])} (< 100 KiB) {_met(targets['metrics_bytes'])}"
+        f"targets: legitimate errors {errors['found']} (<= {errors['limit']}) {_met(errors)}; "
+        f"RSS growth {_mib(growth['found'])} (< {_mib(growth['limit'])}) {_met(growth)}; "
+        f"/metrics {_size(metrics['found'])} (< {_size(metrics['limit'])}) {_met(metrics)}"
         + ("" if targets["service_alive"]["met"] else "; the service died: MISSED")
     )
     lines.append(f"soak: {'every target met' if report['met'] else 'a target MISSED'}")
@@ -547,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
     except SoakNotRunError as error:
         print(f"soak: {error}", file=sys.stderr)
         return EXIT_NOT_RUN
+    except KeyboardInterrupt:
+        print("soak: interrupted; the service was stopped, no report", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(text_report(report))
     options.output.parent.mkdir(parents=True, exist_ok=True)
     options.output.write_text(json.dumps(report, indent=1) + "\n")
