@@ -263,3 +263,84 @@ def test_readme_blocks_run_in_order(tmp_path: Path) -> None:
         assert "Traceback" not in service.output(), service.output()
     assert skipped == {*SKIPPED.items(), *LEFT_OUT.items()}, skipped
     assert [block.section for block in ran] == RUN_IN_ORDER, [block.where for block in ran]
+
+
+# ---------------------------------------------------------------- what the prose says
+
+
+def prose_paragraphs() -> list[tuple[str, bool]]:
+    """README.md's paragraphs outside code blocks, tables, headings and lists, each with
+    whether it comes right after a code block (where it may go on with the sentence before)."""
+    chunks = re.split(r"^```.*?^```\n", README.read_text(), flags=re.M | re.S)
+    found = []
+    for chunk in chunks:
+        for index, paragraph in enumerate(part.strip() for part in re.split(r"\n\s*\n", chunk)):
+            if paragraph and not paragraph.startswith(("#", "|", "- ", "<!--", "![")):
+                found.append((paragraph, index == 0))
+    return found
+
+
+#: names that start a sentence in lower case
+LOWER_CASE_NAMES = ("gradvault", "docs/")
+
+
+def test_no_paragraph_is_cut_off_or_repeated() -> None:
+    paragraphs = prose_paragraphs()
+    cut_off = [
+        paragraph[:80]
+        for paragraph, after_code in paragraphs
+        if paragraph[0].islower() and not after_code and not paragraph.startswith(LOWER_CASE_NAMES)
+    ]
+    assert cut_off == [], "paragraphs starting mid-sentence"
+    lines = [
+        line.strip()
+        for paragraph, _ in paragraphs
+        for line in paragraph.splitlines()
+        if len(line.strip()) > 40
+    ]
+    repeated = sorted({line for line in lines if lines.count(line) > 1})
+    assert repeated == [], "lines of prose that appear twice"
+
+
+def test_the_folders_it_names_hold_what_it_says() -> None:
+    """``- `a` and `b` (folder `f/`): ...``: a module a is the package of folder f, a file
+    a lies in f."""
+    found = re.findall(
+        r"^- ((?:`[^`]+`(?:,| and)? ?)+)\(folder `([^`]+)/`", README.read_text(), re.M
+    )
+    assert len(found) >= 5, found
+    missing = []
+    for names, folder in found:
+        assert (ROOT / folder).is_dir(), folder
+        for name in re.findall(r"`([^`]+)`", names):
+            if not name.startswith("gradvault.") and not (ROOT / folder / name).exists():
+                missing.append(f"{name} in {folder}/")
+    assert missing == []
+
+
+def test_run_page_figures_are_the_tables() -> None:
+    """The paragraph on the run page quotes the figures of the table's run
+    (bench/results/latest.json), no other."""
+    import json
+
+    latest = json.loads((ROOT / "bench" / "results" / "latest.json").read_text())
+    table = {}
+    for row in latest["rows"]:
+        if row["figure"].startswith("run page"):
+            table[row["figure"]] = row
+    seconds = {row["ours_median"] for row in table.values()} | {
+        row["peer_median"] for row in table.values()
+    }
+    paragraph = next(p for p, _ in prose_paragraphs() if p.startswith("The run page with 10,000"))
+    quoted = [float(n) / 1000 for n in re.findall(r"([\d.]+) ms", paragraph)]
+    quoted += [float(n) for n in re.findall(r"([\d.]+) s\b", paragraph)]
+    assert quoted, paragraph
+    assert [
+        figure for figure in quoted if not any(abs(figure - s) < 0.006 for s in seconds)
+    ] == [], f"figures not in {latest['date']}'s table: {paragraph}"
+
+
+def test_the_benchmark_table_is_the_latest_results() -> None:
+    text = README.read_text()
+    table = text.split("<!-- bench-table -->\n", 1)[1].split("<!-- /bench-table -->", 1)[0]
+    assert table == (ROOT / "bench" / "results" / "latest.md").read_text()
