@@ -13,7 +13,8 @@ environment activated. Here:
   group, as Ctrl-C in their terminal would;
 - the ports 8000 and 8001 are replaced by free ones in every block (the machine may be
   serving either), and ``make run`` gets ``STORE`` in a temporary folder, so the test
-  leaves nothing in the repository; the other blocks run in a temporary folder that
+  leaves nothing in the repository, and this virtual environment as ``VENV``, taken as
+  installed (the test installs nothing); the other blocks run in a temporary folder that
   stands for the repository's (they write ``./snapshots``, ``snap.safetensors`` ...);
 - blocks of text (transcripts and output) are not run.
 
@@ -205,8 +206,11 @@ def test_readme_blocks_run_in_order(tmp_path: Path) -> None:
 
             if block.language != "python" and re.search(r"^make run\b", text, re.M):
                 assert text.strip().startswith("make run"), block.where
+                venv = Path(sys.executable).parent.parent
                 make_run = Foreground(
-                    ["make", "--no-print-directory", "run"],
+                    # this environment, taken as installed: make installs nothing here
+                    ["make", "--no-print-directory", f"VENV={venv}", "-o", f"{venv}/.installed"]
+                    + ["run"],
                     cwd=ROOT,
                     env=dict(environment, PORT=ports["8000"], STORE=str(tmp_path / "store")),
                     what=f"make run ({block.where})",
