@@ -48,7 +48,7 @@ bench: $(VENV)/.installed-test
 	$(PY) -m bench
 
 # README.md's benchmark table replaced by bench/results/latest.md (run `make bench` first)
-bench-readme: $(VENV)/.installed
+bench-readme: $(VENV)/.installed-test
 	$(PY) -m bench --readme-only
 
 # 32 clients pushing and restoring 64 MiB snapshots for 2 minutes against one uvicorn
