@@ -8,7 +8,7 @@ GV     := $(VENV)/bin/gradvault
 PORT   ?= 8000
 STORE  ?= .gradvault/store
 
-.PHONY: run demo test bench load soak lint browser gpu-check deploy-check clean
+.PHONY: run demo test bench bench-readme load soak lint browser gpu-check deploy-check clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,30 +33,23 @@ demo: $(VENV)/.installed
 
 # pytest exits 5 when it collected no tests; that is a failure here, not a pass.
 test: lint browser
-	$(PY) -m pytest -q
+	GRADVAULT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q
 
 # The browser tests (tests/ui) drive Debian's chromium at $(CHROMIUM); install it when it
-# is missing and this is root (or sudo needs no password). Elsewhere the tests skip.
-CHROMIUM := /usr/bin/chromium
+# is missing and this is root (or sudo needs no password), retrying while apt is busy.
+# It never fails: where chromium cannot be had, one line says the browser tests will skip.
+CHROMIUM ?= /usr/bin/chromium
 browser:
-	@if [ -x $(CHROMIUM) ]; then :; \
-	elif ! command -v apt-get >/dev/null; then \
-	  echo "no $(CHROMIUM) and no apt-get: the browser tests will be skipped"; \
-	elif [ "$$(id -u)" = 0 ]; then \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y chromium \
-	  || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
-	       chromium; }; \
-	elif sudo -n true 2>/dev/null; then \
-	  sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y \
-	    chromium || { sudo -n apt-get update && sudo -n env DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y chromium; }; \
-	else \
-	  echo "no $(CHROMIUM), and installing it needs root: the browser tests will be skipped"; \
-	fi
+	@CHROMIUM=$(CHROMIUM) bash scripts/browser.sh
 
-# every figure in one table; bench/results/latest.{json,md} and README.md's table
+# every figure in one table, written to bench/results/latest.{json,md}; README.md is left
+# as it is (bench-readme puts the latest table into it)
 bench: $(VENV)/.installed-test
-	$(PY) -m bench --readme
+	$(PY) -m bench
+
+# README.md's benchmark table replaced by bench/results/latest.md (run `make bench` first)
+bench-readme: $(VENV)/.installed-test
+	$(PY) -m bench --readme-only
 
 # 32 clients pushing and restoring 64 MiB snapshots for 2 minutes against one uvicorn
 load: $(VENV)/.installed-test
@@ -72,9 +65,10 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# without an NVIDIA GPU the script says so and exits 0 before installing anything
-gpu-check: $(VENV)/.installed-test
-	bash scripts/gpu-check.sh
+# Without an NVIDIA GPU the script says so and exits 0 before installing anything; with
+# one it installs the test environment (make's own target) and runs the GPU checks.
+gpu-check:
+	@MAKE="$(MAKE)" VENV=$(VENV) PY=$(PY) bash scripts/gpu-check.sh
 
 # the compose stack end to end (root, Docker; not part of make test): docs/DEPLOY.md
 deploy-check: $(VENV)/.installed-test

@@ -1,20 +1,30 @@
 """``python -m bench``: every benchmark in one run, then one table of every figure.
 
 The table (figure, gradvault, peer, ratio, target, met/missed) is printed, and written as
-``bench/results/latest.json`` and ``bench/results/latest.md``; with ``--readme`` it also
-replaces the table in README.md (between its ``bench-table`` markers).
+``bench/results/latest.json`` and ``bench/results/latest.md``; README.md (tracked) is left
+as it is unless asked:
+
+    python -m bench                  run, write bench/results/latest.{json,md}
+    python -m bench --readme         the same, then README.md's table replaced by it
+    python -m bench --readme-only    README.md's table replaced by bench/results/latest.md,
+                                     nothing run (``make bench-readme``)
+
+README.md's table sits between its ``bench-table`` markers.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import re
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 
 from bench import http_io, mlp_step, record_stall, service_list, store_io, ui_first_paint
 from bench._timing import Row, markdown_table, text_table
@@ -60,17 +70,48 @@ def report(rows: list[Row], started: datetime, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> None:
+def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description="every benchmark in one run, one table"
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--readme", action="store_true", help="also put the new table into README.md"
+    )
+    where.add_argument(
+        "--readme-only",
+        action="store_true",
+        help="run nothing: put bench/results/latest.md into README.md",
+    )
+    return parser.parse_args(argv)
+
+
+def main(
+    argv: Sequence[str],
+    *,
+    modules: Sequence[ModuleType] = MODULES,
+    results: Path = RESULTS,
+    readme: Path = README,
+) -> None:
+    """Run ``modules`` and write the table to ``results``; README.md only when asked."""
+    arguments = parse_arguments(argv)
+    if arguments.readme_only:
+        latest = results / "latest.md"
+        if not latest.is_file():
+            raise SystemExit(f"no {latest} to put into {readme.name}: run `make bench` first")
+        update_readme(readme, latest.read_text())
+        print(f"{readme}: benchmark table replaced by {latest}")
+        return
     started = datetime.now(UTC)
     clock = time.perf_counter()
     print(f"# gradvault benchmarks, {started:%Y-%m-%d %H:%M} UTC, {machine()}", flush=True)
     rows: list[Row] = []
-    for module in MODULES:
+    for module in modules:
         rows += module.run()
     seconds = time.perf_counter() - clock
     print("\n# All figures\n" + text_table(rows))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "latest.json").write_text(
+    results.mkdir(exist_ok=True)
+    (results / "latest.json").write_text(
         json.dumps(
             {
                 "date": started.isoformat(),
@@ -83,13 +124,22 @@ def main(argv: list[str]) -> None:
         )
     )
     markdown = report(rows, started, seconds)
-    (RESULTS / "latest.md").write_text(markdown)
-    if "--readme" in argv:
-        text = README.read_text()
-        if not _MARKERS.search(text):
-            raise SystemExit("README.md has no <!-- bench-table --> markers")
-        README.write_text(_MARKERS.sub(lambda m: m.group(1) + markdown + m.group(2), text))
-    print(f"\nwritten: {RESULTS / 'latest.json'}, {RESULTS / 'latest.md'}")
+    (results / "latest.md").write_text(markdown)
+    print(f"\nwritten: {results / 'latest.json'}, {results / 'latest.md'}")
+    if arguments.readme:
+        update_readme(readme, markdown)
+        print(f"{readme}: benchmark table replaced")
+
+
+def update_readme(readme: Path, markdown: str) -> None:
+    """Replace the table between ``readme``'s ``bench-table`` markers by ``markdown``."""
+    text = readme.read_text()
+    if not _MARKERS.search(text):
+        raise SystemExit(
+            f"{readme} has no <!-- bench-table --> ... <!-- /bench-table --> markers "
+            "around its benchmark table"
+        )
+    readme.write_text(_MARKERS.sub(lambda m: m.group(1) + markdown + m.group(2), text, count=1))
 
 
 if __name__ == "__main__":

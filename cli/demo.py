@@ -33,7 +33,7 @@ import numpy as np
 
 from .demo_trainer import JOURNAL, RESUMED, Plan, Training, plan_json
 from .errors import MissingExtraError, UsageError
-from .main import EXIT_FAILURE, EXIT_OK, count, main, service_token
+from .main import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, count, main, service_token
 
 PROG = "gradvault demo"
 
@@ -103,7 +103,19 @@ def _trainer(role: str, plan: Plan, run: str, workdir: Path, url: str, token: st
         "--url",
         url,
     ]
-    return subprocess.run(command, env=environment, check=False).returncode
+    # Its own process group: a terminal's Ctrl-C then reaches only this process, which stops
+    # the trainer (SIGKILL, as a preemption would) and says "interrupted" in one line,
+    # instead of the trainer printing a traceback from wherever the signal found it.
+    trainer = subprocess.Popen(command, env=environment, process_group=0)
+    try:
+        code = trainer.wait()
+    except BaseException:
+        trainer.kill()
+        trainer.wait()
+        raise
+    if code in (EXIT_INTERRUPTED, -signal.SIGINT):  # interrupted on its own
+        raise KeyboardInterrupt
+    return code
 
 
 @contextlib.contextmanager

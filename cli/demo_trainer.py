@@ -39,6 +39,8 @@ from gradvault.core import (
 from gradvault.core.demo import Task
 from gradvault.core.nn import ParamState
 
+from .main import EXIT_INTERRUPTED
+
 CHECKPOINT = "checkpoint.npz"
 JOURNAL = "journal.jsonl"
 RESUMED = "resumed.npz"
@@ -269,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(**json.loads(args.plan))
     token = os.environ.get("GRADVAULT_TOKEN") or None  # never on a command line
     job = train if args.role == "train" else resume
-    job(plan, args.run, args.workdir, args.url, token)
+    try:
+        job(plan, args.run, args.workdir, args.url, token)
+    except KeyboardInterrupt:  # SIGINT sent to this process alone: one line, as the CLI says it
+        print(f"{parser.prog} {args.role}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

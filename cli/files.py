@@ -3,6 +3,10 @@
 ``pull`` writes them, ``push`` reads them. An ``.npz`` holds one array per gradient keyed
 by its ParamId text (names are not kept there; a pushed ``.npz`` names each gradient by
 its ParamId).
+
+A written file gets the mode any new file gets from the process's umask (0644 under the
+usual 022), as curl's and wget's downloads do: the part file ``mkstemp`` creates is 0600
+while it fills, and takes that mode only once whole, just before the rename.
 """
 
 from __future__ import annotations
@@ -107,6 +111,25 @@ def partial_file(path: Path) -> Iterator[Path]:
     part = Path(name)
     try:
         yield part
+        os.chmod(part, 0o666 & ~current_umask())
         os.replace(part, path)
     finally:
         part.unlink(missing_ok=True)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (``/proc``).
+
+    Elsewhere it is set and put back at once: ``os.umask`` has no way only to read it.
+    (The client has the same reader; the command imports no client module for store work.)
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -4,6 +4,10 @@ NumPy's format has no bfloat16 (ml_dtypes' dtype saves as ``'<V2'``, opaque byte
 bf16 gradient goes into an ``.npz`` as its 16-bit patterns, ``'<u2'``, as the service's
 ``.npy`` downloads do: ``np.load(path)[key].view(ml_dtypes.bfloat16)`` is the gradient
 bit for bit, without a copy (docs/CLIENT.md).
+
+A download lands with the mode any new file gets from the process's umask (0644 under the
+usual 022), as curl's and wget's do: the part file ``mkstemp`` creates is 0600 and stays so
+while it fills, and takes the umask's mode only once whole, just before the rename.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def place(path: Path, part: Path, record: GradientsParamsRecord) -> None:
     if path.suffix == ".npz":
         save_npz(path, record)
     else:
-        os.replace(part, path)
+        rename_into_place(part, path)
         _sync_folder(path.parent)
 
 
@@ -49,10 +53,33 @@ def save_npz(path: Path, record: GradientsParamsRecord) -> None:
             np.savez(file, **arrays)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(part, path)
+        rename_into_place(part, path)
         _sync_folder(path.parent)
     finally:
         part.unlink(missing_ok=True)
+
+
+def rename_into_place(part: Path, path: Path) -> None:
+    """Give the whole file ``part`` the umask's mode for a new file, then rename it to ``path``."""
+    os.chmod(part, 0o666 & ~current_umask())
+    os.replace(part, path)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (``/proc``).
+
+    Elsewhere it is set and put back at once: ``os.umask`` has no way only to read it.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _savable(array: np.ndarray) -> np.ndarray:

@@ -5,22 +5,18 @@
 #
 #   sudo deploy/build-base-image.sh [TAG]        (default tag: gradvault-base:bookworm)
 #
-# Needs root, debootstrap and a running Docker engine. MIRROR overrides the mirror.
+# Needs root, debootstrap and a running Docker engine. MIRROR overrides the mirror; without
+# it and without a Debian source in apt's configuration it stops, asking for MIRROR
+# (deploy/apt-mirror.sh reads the sources).
 # CA certificates added to this machine (/usr/local/share/ca-certificates, e.g. those of a
 # TLS-inspecting proxy) are copied into the image, so pip and apt inside builds trust them.
 set -euo pipefail
 
 tag="${1:-gradvault-base:bookworm}"
 
-if [[ -z "${MIRROR:-}" ]]; then
-    # the first Debian mirror of apt's own sources (deb822 or one-line format)
-    MIRROR=$(
-        { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
-          grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}'
-        } | grep -v -e security -e updates | head -n 1 || true
-    )
-    MIRROR="${MIRROR:-http://deb.debian.org/debian}"
-fi
+# the Debian archive of this machine's own apt sources (APT_DIR, default /etc/apt), unless
+# MIRROR names one
+MIRROR="${MIRROR:-$(bash "$(dirname "$0")/apt-mirror.sh" "${APT_DIR:-/etc/apt}")}" || exit 1
 
 rootfs=$(mktemp -d /tmp/gradvault-base.XXXXXX)
 trap 'rm -rf "$rootfs"' EXIT

@@ -1,0 +1,94 @@
+"""Where ``make bench`` writes its table: bench/results/, never README.md unless asked.
+
+The make targets' own command lines are taken from ``make -n`` and given to the bench's
+``main`` with no benchmark modules (a run of nothing: the writing is what is under test),
+its results folder and a copy of README.md in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKERS = ("<!-- bench-table -->\n", "<!-- /bench-table -->")
+
+
+def bench_arguments(target: str) -> list[str]:
+    """The arguments ``make TARGET`` gives ``python -m bench`` (its recipe, not run)."""
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    recipe = subprocess.run(
+        ["make", "-n", "-s", "-o", ".venv/.installed-test", "-o", ".venv/.installed", target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    line = next(line for line in recipe.splitlines() if " -m bench" in line)
+    words = shlex.split(line)
+    return words[words.index("bench", words.index("-m")) + 1 :]
+
+
+@pytest.fixture
+def readme(tmp_path: Path) -> Path:
+    copy = tmp_path / "README.md"
+    shutil.copyfile(ROOT / "README.md", copy)
+    return copy
+
+
+def table_of(text: str) -> str:
+    return text.split(MARKERS[0], 1)[1].split(MARKERS[1], 1)[0]
+
+
+def test_make_bench_writes_results_and_leaves_readme_alone(tmp_path: Path, readme: Path) -> None:
+    before = readme.read_bytes()
+    results = tmp_path / "results"
+
+    main(bench_arguments("bench"), modules=[], results=results, readme=readme)
+
+    assert readme.read_bytes() == before
+    written = (results / "latest.md").read_text()
+    assert written.startswith("Measured ") and "| figure |" in written
+    assert (results / "latest.json").is_file()
+
+
+def test_make_bench_readme_puts_the_latest_table_into_readme(tmp_path: Path, readme: Path) -> None:
+    before = readme.read_text()
+    results = tmp_path / "results"
+    results.mkdir()
+    latest = "Measured 2026-12-04 08:00 UTC on a test machine.\n\n| figure |\n|---|\n"
+    (results / "latest.md").write_text(latest)
+
+    main(bench_arguments("bench-readme"), modules=[], results=results, readme=readme)
+
+    after = readme.read_text()
+    assert table_of(after) == latest
+    assert after.replace(latest, table_of(before)) == before  # nothing else changed
+
+
+def test_readme_only_without_results_says_what_to_run(tmp_path: Path, readme: Path) -> None:
+    before = readme.read_bytes()
+    with pytest.raises(
+        SystemExit, match=r"no .*latest\.md to put into README\.md: run `make bench`"
+    ):
+        main(["--readme-only"], results=tmp_path / "results", readme=readme)
+    assert readme.read_bytes() == before
+
+
+def test_a_readme_without_markers_is_refused(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# no table here\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "latest.md").write_text("Measured ...\n")
+    with pytest.raises(SystemExit, match="has no <!-- bench-table --> .* markers"):
+        main(["--readme-only"], results=results, readme=readme)
+    assert readme.read_text() == "# no table here\n"
