@@ -35,10 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 from torch.utils.data import Dataset
 from transformers import (
+    DataCollatorForLanguageModeling,
     GPT2Config,
     GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
     Trainer,
     TrainerCallback,
     TrainingArguments,
@@ -49,21 +53,38 @@ from gradvault.integrations.transformers import GradvaultCallback, GradvaultTrai
 ACCUMULATION = 8
 MAX_STEPS = 5
 PRECISIONS = ("fp32", "fp16", "bf16", "bf16-params")
+COLLATORS = ("default", "mask")
+VOCABULARY = 64
 SIGNAL_WAIT_SECONDS = 120
 
 
 class Sequences(Dataset):
-    """48 fixed random token sequences, each its own label."""
+    """``count`` fixed random token sequences, each its own label (or no label, for a
+    collator that makes its own)."""
 
-    def __init__(self, count: int = 48, length: int = 16, seed: int = 1234) -> None:
+    def __init__(
+        self, count: int = 48, length: int = 16, seed: int = 1234, labels: bool = True
+    ) -> None:
         generator = torch.Generator().manual_seed(seed)
-        self.tokens = torch.randint(1, 64, (count, length), generator=generator)
+        self.tokens = torch.randint(1, VOCABULARY, (count, length), generator=generator)
+        self.labels = labels
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not self.labels:
+            return {"input_ids": self.tokens[index]}
         return {"input_ids": self.tokens[index], "labels": self.tokens[index]}
+
+
+def masking_collator() -> DataCollatorForLanguageModeling:
+    """transformers' masked-LM collator over a word-level tokenizer of the tiny vocabulary,
+    built here: it masks 15% of the tokens with torch's global generator."""
+    vocabulary = {f"t{index}": index for index in range(VOCABULARY)}
+    tokenizer = Tokenizer(WordLevel(vocabulary, unk_token="t0"))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="t0", mask_token="t1")
+    return DataCollatorForLanguageModeling(fast, mlm_probability=0.15)
 
 
 def tiny_gpt2(precision: str = "fp32") -> GPT2LMHeadModel:
@@ -101,12 +122,21 @@ def training_args(output_dir: Path, precision: str = "fp32") -> TrainingArgument
 
 
 def make_trainer(
-    trainer_class: type[Trainer], output_dir: Path, precision: str, callbacks: list[Any]
+    trainer_class: type[Trainer],
+    output_dir: Path,
+    precision: str,
+    callbacks: list[Any],
+    collator: str = "default",
+    count: int = 48,
 ) -> Trainer:
+    if collator not in COLLATORS:
+        raise ValueError(f"collator must be one of {', '.join(COLLATORS)}; got {collator!r}")
+    masking = collator == "mask"
     trainer = trainer_class(
         model=tiny_gpt2(precision),
         args=training_args(output_dir, precision),
-        train_dataset=Sequences(),
+        train_dataset=Sequences(count, labels=not masking),
+        data_collator=masking_collator() if masking else None,
         callbacks=callbacks,
     )
     if precision == "fp16":
@@ -139,25 +169,44 @@ def stop_training(control: Any) -> None:
     control.should_training_stop = True
 
 
-def wait_for_sigterm_in_micro_batch(
-    model: torch.nn.Module, callback: GradvaultCallback, step: int, micro: int
-) -> None:
-    """At the start of micro-batch ``micro`` of step ``step``, say READY and wait for SIGTERM."""
-    target = (step - 1) * ACCUMULATION + micro
-    calls = [0]
+class SigtermWait(TrainerCallback):
+    """At the start of micro-batch ``micro`` of step ``step`` (1-based), says READY and waits
+    for the SIGTERM the test sends (counted by forward passes, so a shortened window counts
+    as it is)."""
 
-    def pre_forward(module: torch.nn.Module, inputs: Any) -> None:
-        calls[0] += 1
-        if calls[0] != target:
+    def __init__(self, model: torch.nn.Module, step: int, micro: int) -> None:
+        self.step, self.micro = step, micro
+        self.state: Any = None
+        self.callback: GradvaultCallback | None = None
+        self.calls = 0
+        model.register_forward_pre_hook(self.pre_forward)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.state, self.calls = state, 0
+
+    def pre_forward(self, module: torch.nn.Module, inputs: Any) -> None:
+        self.calls += 1
+        if self.state is None or self.state.global_step != self.step - 1:
+            return
+        if self.calls != self.micro:
             return
         print("READY", flush=True)
         deadline = time.monotonic() + SIGNAL_WAIT_SECONDS
-        while not callback.signal_received:
+        while self.callback is None or not self.callback.signal_received:
             if time.monotonic() > deadline:
                 raise SystemExit("no SIGTERM came")
             time.sleep(0.01)
 
-    model.register_forward_pre_hook(pre_forward)
+
+class KillAfterSave(TrainerCallback):
+    """Kills the process with SIGKILL once ``checkpoint-<step>`` is saved."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def gradients_of(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
@@ -190,6 +239,7 @@ def save_result(trainer: Trainer, out: Path, callback: GradvaultCallback | None)
         {
             "params": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
             "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.lr_scheduler.state_dict(),
             "logged": logged,
             "global_step": trainer.state.global_step,
             "stopped_by_signal": None if callback is None else callback.stopped_by_signal,
@@ -213,14 +263,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=int, default=7)
     parser.add_argument("--resume-from", default="", help="resume: this folder, not the newest")
     parser.add_argument("--stop", action="store_true", help="resume: stop at --step/--micro")
+    parser.add_argument("--collator", choices=COLLATORS, default="default")
+    parser.add_argument("--count", type=int, default=48, help="sequences in the dataset")
+    parser.add_argument(
+        "--kill-after-save", action="store_true", help="every: die once checkpoint-STEP is saved"
+    )
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
     out, precision = options.out, options.precision
     out.mkdir(parents=True, exist_ok=True)
     callback: GradvaultCallback | None = None
 
+    def build(trainer_class: type[Trainer], callbacks: list[Any]) -> Trainer:
+        return make_trainer(
+            trainer_class, out / "run", precision, callbacks, options.collator, options.count
+        )
+
     if options.mode == "baseline":
-        trainer = make_trainer(Trainer, out / "run", precision, [])
+        trainer = build(Trainer, [])
         trainer.train()
     elif options.mode == "every":
         callback = GradvaultCallback(options.store, every=options.every, on_sigterm=False)
@@ -230,26 +290,30 @@ def main(argv: list[str] | None = None) -> None:
             torch.save(gradients_of(trainer.model), out / "grads_at_snapshot.pt")
             os.kill(os.getpid(), signal.SIGKILL)
 
-        counter = MicroBatchCounter(options.step, options.micro, crash)
-        trainer = make_trainer(GradvaultTrainer, out / "run", precision, [callback, counter])
+        killer: TrainerCallback = (
+            KillAfterSave(options.step)
+            if options.kill_after_save
+            else MicroBatchCounter(options.step, options.micro, crash)
+        )
+        trainer = build(GradvaultTrainer, [callback, killer])
         trainer.train()
         raise SystemExit("the run should have been killed")
     elif options.mode == "stop":
         callback = GradvaultCallback(options.store, every=options.every, on_sigterm=False)
         counter = MicroBatchCounter(options.step, options.micro, stop_training)
-        trainer = make_trainer(GradvaultTrainer, out / "run", precision, [callback, counter])
+        trainer = build(GradvaultTrainer, [callback, counter])
         trainer.train()
     elif options.mode == "sigterm":
         callback = GradvaultCallback(options.store)
-        trainer = make_trainer(GradvaultTrainer, out / "run", precision, [callback])
-        wait_for_sigterm_in_micro_batch(trainer.model, callback, options.step, options.micro)
+        trainer = build(GradvaultTrainer, [callback])
+        waiter = SigtermWait(trainer.model, options.step, options.micro)
+        waiter.callback = callback
+        trainer.add_callback(waiter)
         trainer.train()
     elif options.mode == "resume":
         callback = GradvaultCallback(options.store, every=options.every)
         extra = [MicroBatchCounter(options.step, options.micro, stop_training)]
-        trainer = make_trainer(
-            GradvaultTrainer, out / "run", precision, [callback, *(extra if options.stop else [])]
-        )
+        trainer = build(GradvaultTrainer, [callback, *(extra if options.stop else [])])
         save_gradients_at_first_forward(trainer.model, out / "grads_restored.pt")
         trainer.train(resume_from_checkpoint=options.resume_from or True)
     elif options.mode == "stock-stop":
@@ -259,10 +323,10 @@ def main(argv: list[str] | None = None) -> None:
             control.should_training_stop = True
 
         counter = MicroBatchCounter(options.step, options.micro, stop_with_checkpoint)
-        trainer = make_trainer(Trainer, out / "run", precision, [counter])
+        trainer = build(Trainer, [counter])
         trainer.train()
     elif options.mode == "stock-resume":
-        trainer = make_trainer(Trainer, out / "run", precision, [])
+        trainer = build(Trainer, [])
         trainer.train(resume_from_checkpoint=True)
     else:
         parser.error(f"unknown mode {options.mode!r}")
