@@ -3,7 +3,11 @@
 A tiny GPT-2 (built here, nothing downloaded) with dropout, gradient accumulation 8,
 five optimizer steps over 48 random sequences (three windows per epoch, so the steps
 cross two epoch boundaries). Each mode is one way to run it; the result (final
-parameters, optimizer state, logged losses) is saved to ``OUT/result.pt``.
+parameters, optimizer and scheduler state, logged losses) is saved to ``OUT/result.pt``.
+
+``--collator mask`` collates with transformers' masked-LM collator (it masks 15% of the
+tokens with torch's global generator) instead of the default one; ``--count`` sets the
+number of sequences (46: 23 micro-batches an epoch, so an epoch's last window has 7).
 
 ``--precision``: ``fp32`` (the default), ``fp16`` (float16 autocast and a GradScaler, set
 up on the CPU as accelerate does on a GPU), ``bf16`` (``TrainingArguments(bf16=True)``:
@@ -12,10 +16,13 @@ in bfloat16, ``model.to(torch.bfloat16)``: bfloat16 parameters and ``.grad``).
 
 Modes: ``baseline`` (stock Trainer, uninterrupted), ``every`` (snapshots every
 ``--every`` micro-batches, then the process kills itself with SIGKILL once the snapshot after the
-chosen micro-batch is committed), ``sigterm`` (prints READY at the start of the chosen
+chosen micro-batch is committed, or with ``--kill-after-save`` once ``checkpoint-STEP`` is
+saved), ``sigterm`` (prints READY at the start of the chosen
 micro-batch and waits there for the SIGTERM the test sends), ``stop`` (as ``every``,
 but stops training instead of killing the process), ``resume``
-(``train(resume_from_checkpoint=True)``), ``stock-stop``/``stock-resume`` (the stock
+(``train(resume_from_checkpoint=True)``), ``readme`` (runs the README's Hugging Face example
+as it stands, in ``OUT``; with ``--sigterm`` waiting for a SIGTERM as ``sigterm`` does),
+``stock-stop``/``stock-resume`` (the stock
 Trainer stopped mid-window with a checkpoint, as a just-in-time checkpoint does, and
 resumed from it).
 
@@ -50,6 +57,8 @@ from transformers import (
 
 from gradvault.integrations.transformers import GradvaultCallback, GradvaultTrainer
 
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_SECTION = "## Resume a Hugging Face Trainer run mid-accumulation"
 ACCUMULATION = 8
 MAX_STEPS = 5
 PRECISIONS = ("fp32", "fp16", "bf16", "bf16-params")
@@ -169,30 +178,31 @@ def stop_training(control: Any) -> None:
     control.should_training_stop = True
 
 
-class SigtermWait(TrainerCallback):
-    """At the start of micro-batch ``micro`` of step ``step`` (1-based), says READY and waits
-    for the SIGTERM the test sends (counted by forward passes, so a shortened window counts
-    as it is)."""
+class SigtermWait:
+    """At the start of micro-batch ``micro`` of step ``step`` (1-based; forward passes counted
+    per step, so a shortened window counts as it is), says READY and waits for the SIGTERM
+    the test sends. ``trainer_of()`` gives the trainer once it is built."""
 
-    def __init__(self, model: torch.nn.Module, step: int, micro: int) -> None:
-        self.step, self.micro = step, micro
-        self.state: Any = None
-        self.callback: GradvaultCallback | None = None
-        self.calls = 0
+    def __init__(self, model: torch.nn.Module, step: int, micro: int, trainer_of: Any) -> None:
+        self.step, self.micro, self.trainer_of = step, micro, trainer_of
+        self.seen_step, self.calls = -1, 0
         model.register_forward_pre_hook(self.pre_forward)
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.state, self.calls = state, 0
-
     def pre_forward(self, module: torch.nn.Module, inputs: Any) -> None:
+        trainer = self.trainer_of()
+        if trainer.state.global_step != self.seen_step:
+            self.seen_step, self.calls = trainer.state.global_step, 0
         self.calls += 1
-        if self.state is None or self.state.global_step != self.step - 1:
+        if self.seen_step != self.step - 1 or self.calls != self.micro:
             return
-        if self.calls != self.micro:
-            return
+        (callback,) = [
+            callback
+            for callback in trainer.callback_handler.callbacks
+            if isinstance(callback, GradvaultCallback)
+        ]
         print("READY", flush=True)
         deadline = time.monotonic() + SIGNAL_WAIT_SECONDS
-        while self.callback is None or not self.callback.signal_received:
+        while not callback.signal_received:
             if time.monotonic() > deadline:
                 raise SystemExit("no SIGTERM came")
             time.sleep(0.01)
@@ -207,6 +217,14 @@ class KillAfterSave(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def readme_example(path: Path = README, heading: str = README_SECTION) -> str:
+    """The code of the first ``python`` block under ``heading`` in ``path``."""
+    text = path.read_text(encoding="utf-8")
+    section = text[text.index(heading) :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]
 
 
 def gradients_of(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
@@ -266,6 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--collator", choices=COLLATORS, default="default")
     parser.add_argument("--count", type=int, default=48, help="sequences in the dataset")
     parser.add_argument(
+        "--sigterm", action="store_true", help="readme: wait for a SIGTERM in --step/--micro"
+    )
+    parser.add_argument(
         "--kill-after-save", action="store_true", help="every: die once checkpoint-STEP is saved"
     )
     options = parser.parse_args(argv)
@@ -306,9 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     elif options.mode == "sigterm":
         callback = GradvaultCallback(options.store)
         trainer = build(GradvaultTrainer, [callback])
-        waiter = SigtermWait(trainer.model, options.step, options.micro)
-        waiter.callback = callback
-        trainer.add_callback(waiter)
+        SigtermWait(trainer.model, options.step, options.micro, lambda: trainer)
         trainer.train()
     elif options.mode == "resume":
         callback = GradvaultCallback(options.store, every=options.every)
@@ -316,6 +335,22 @@ def main(argv: list[str] | None = None) -> None:
         trainer = build(GradvaultTrainer, [callback, *(extra if options.stop else [])])
         save_gradients_at_first_forward(trainer.model, out / "grads_restored.pt")
         trainer.train(resume_from_checkpoint=options.resume_from or True)
+    elif options.mode == "readme":
+        os.chdir(out)  # the example's store is a relative path
+        names: dict[str, Any] = {
+            "model": tiny_gpt2(precision),
+            "args": training_args(out / "run", precision),
+            "train_dataset": Sequences(),
+        }
+        if options.sigterm:
+            SigtermWait(names["model"], options.step, options.micro, lambda: names["trainer"])
+        exec(compile(readme_example(), str(README), "exec"), names)  # noqa: S102 - the example
+        trainer = names["trainer"]
+        (callback,) = [
+            found
+            for found in trainer.callback_handler.callbacks
+            if isinstance(found, GradvaultCallback)
+        ]
     elif options.mode == "stock-stop":
 
         def stop_with_checkpoint(control: Any) -> None:

@@ -51,12 +51,22 @@ def ok(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def sigterm_during(out: Path, store: str, *, micro: int) -> None:
-    """Run the ``sigterm`` phase and send it a real SIGTERM in micro-batch ``micro`` of step 3."""
+def sigterm_during(
+    out: Path,
+    store: str,
+    *,
+    micro: int,
+    step: int = 3,
+    mode: str = "sigterm",
+    extra: tuple[str, ...] = (),
+    cwd: Path = REPO,
+) -> None:
+    """Run the ``mode`` phase and send it a real SIGTERM in micro-batch ``micro`` of ``step``."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.integrations.hf_run", "sigterm", "--out", str(out)]
-        + ["--store", store, "--step", "3", "--micro", str(micro)],
-        cwd=REPO,
+        [sys.executable, "-m", "tests.integrations.hf_run", mode, "--out", str(out)]
+        + (["--store", store] if store else [])
+        + ["--step", str(step), "--micro", str(micro), *extra],
+        cwd=cwd,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
