@@ -253,3 +253,22 @@ def test_stock_trainer_resume_is_not_bit_identical(
         if not torch.equal(value, resumed["params"][name])
     ]
     assert differing
+
+
+def test_readme_example_starts_fresh_then_resumes_bit_identical(
+    tmp_path: Path, baseline: dict[str, Any]
+) -> None:
+    """The README's Hugging Face example as it stands (docs/INTEGRATIONS.md shows the same
+    code), run twice in one folder: a first run, with nothing to resume from, stopped by a
+    SIGTERM in micro-batch 3 of step 4, then the same code again, which resumes there."""
+    example = hf_run.readme_example()
+    assert example == hf_run.readme_example(REPO / "docs" / "INTEGRATIONS.md", "### Two lines")
+    sigterm_during(tmp_path, "", step=4, micro=3, mode="readme", extra=("--sigterm",))
+    stopped = result(tmp_path)
+    assert (stopped["stopped_by_signal"], stopped["global_step"]) == (True, 3)
+    assert resume_state(tmp_path / "run")["micro_step"] == 3
+
+    ok(phase("readme", tmp_path))
+    resumed = result(tmp_path)
+    assert resumed["stopped_by_signal"] is False
+    assert_bit_identical(baseline, resumed)
