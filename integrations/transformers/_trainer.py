@@ -3,13 +3,15 @@
 A window is the micro-batches of one optimizer step. The Trainer prefetches a whole
 window (``get_batch_samples``) and then runs ``training_step`` on each micro-batch; the
 mixin remembers, per window, what resuming inside it needs: the random generators'
-states before the prefetch, the running loss and counters, each micro-batch's loss.
+states before the prefetch and before the collate of each batch collated ahead of it
+(``CollateRecorder``), the running loss and counters, each micro-batch's loss.
 
 Resuming from ``gradvault-checkpoint-N`` lets the Trainer load the step-N checkpoint and
 skip the dataloader to the window of step N + 1 as usual; the mixin then prefetches that
 window with the generators as they were, replays micro-batches 1 .. k without running
 them (their saved losses are returned), and before micro-batch k + 1 puts back the saved
-gradients and the generators' states: the run goes on bit for bit.
+gradients and the generators' states: the run goes on bit for bit. A ``checkpoint-N``
+saved under the mixin keeps what the window after it needs to be prefetched as it was.
 """
 
 from __future__ import annotations
