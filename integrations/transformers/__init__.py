@@ -2,8 +2,8 @@
 
 Two lines in a training script::
 
-    from gradvault.integrations.transformers import GradvaultCallback, GradvaultTrainer
-    trainer = GradvaultTrainer(..., callbacks=[GradvaultCallback("gv-store", every=64)])
+    trainer = GradvaultTrainer(..., callbacks=[GradvaultCallback("gv-store", every=25)])
+    trainer.train(resume_from_checkpoint=latest_checkpoint(args.output_dir))
 
 ``GradvaultCallback`` snapshots the gradients accumulated so far in an optimizer step's
 window (every ``every`` micro-batches, and on SIGTERM), beside a normal Trainer checkpoint

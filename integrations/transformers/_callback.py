@@ -32,9 +32,12 @@ class GradvaultCallback(TrainerCallback):
 
     ``target`` is a store path or URL (``gv-store``, ``file:///...``, ``s3://...``,
     written through a ``Recorder``) or a service URL (``http://host:8000``, through the
-    ``Client``; ``token`` or ``GRADVAULT_TOKEN``). ``every=N`` snapshots after every N-th
-    micro-batch (counted from the start of training as ``global_step * accumulation + k``)
-    that does not end a window; ``on_sigterm=True`` makes a SIGTERM during micro-batch k
+    ``Client``; ``token`` or ``GRADVAULT_TOKEN``). ``every=N`` leaves a place to resume
+    from after every N-th micro-batch, counted from the start of training as
+    ``global_step * gradient_accumulation_steps + k``: a gradvault snapshot when the
+    micro-batch is inside a window, the Trainer's own ``checkpoint-N`` when it ends one
+    (``on_train_begin`` warns when every such place ends a window, so no snapshot is ever
+    taken there); ``on_sigterm=True`` makes a SIGTERM during micro-batch k
     of a window snapshot after it and stop, and during a window's last micro-batch let
     the optimizer step finish, save a normal ``checkpoint-N`` and stop. ``run`` names the
     snapshots' run (default: ``args.run_name``, else the output folder's name);
@@ -168,6 +171,20 @@ class GradvaultCallback(TrainerCallback):
             )
         self._signal_received.clear()
         self.stopped_by_signal = False
+        accumulation = args.gradient_accumulation_steps
+        if self.every is not None and self.every % accumulation == 0:
+            _log.warning(
+                "GradvaultCallback(every=%d) with gradient_accumulation_steps=%d: every %d-th "
+                "micro-batch ends a window, so each place to resume from is a Trainer "
+                "checkpoint-N (every %d optimizer steps) and no gradvault snapshot is taken "
+                "except on SIGTERM; for snapshots inside windows, make every not a multiple "
+                "of %d",
+                self.every,
+                accumulation,
+                self.every,
+                self.every // accumulation,
+                accumulation,
+            )
         if self.on_sigterm:
             if threading.current_thread() is threading.main_thread():
                 self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -212,6 +229,10 @@ class GradvaultCallback(TrainerCallback):
         if self._signal_received.is_set():
             control.should_save = True  # the step finished: a normal checkpoint-N
             self._stop(control)
+        elif self.every is not None and (
+            state.global_step * args.gradient_accumulation_steps % self.every == 0
+        ):
+            control.should_save = True  # the N-th micro-batch ended a window: checkpoint-N
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -24,7 +24,7 @@ from ._rng import RngStates
 
 FOLDER_PREFIX = "gradvault-checkpoint"
 STATE_FILE = "gradvault_resume.json"
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 LOGGING_FILE = "gradvault_logging.json"
 _FOLDER = re.compile(rf"^{FOLDER_PREFIX}-(\d+)$")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -107,6 +107,10 @@ class WindowState:
     globalstep_last_logged: int
     rng_at_window_start: dict[str, Any]
     rng_at_micro_step: dict[str, Any]
+    #: the generators' states before the collate of each of the window's first batches that
+    #: were collated before its prefetch (during the window before's); None when the
+    #: dataloader collated outside this process
+    collated_ahead: list[dict[str, Any]] | None
     scaler: dict[str, Any] | None
     format: int = STATE_FORMAT
 
@@ -154,6 +158,7 @@ class WindowState:
             "tr_loss_at_window_start": (dict,),
             "rng_at_window_start": (dict,),
             "rng_at_micro_step": (dict,),
+            "collated_ahead": (list, type(None)),
             "scaler": (dict, type(None)),
         }
         for name, types in expected_types.items():
@@ -186,27 +191,64 @@ class WindowState:
             )
         RngStates.from_json(self.rng_at_window_start, str(path))
         RngStates.from_json(self.rng_at_micro_step, str(path))
+        if self.collated_ahead is not None:
+            if len(self.collated_ahead) > self.window_size:
+                raise ResumeStateError(
+                    f"{path}: {len(self.collated_ahead)} batches collated ahead of a window of "
+                    f"{self.window_size}"
+                )
+            for states in self.collated_ahead:
+                RngStates.from_json(states, str(path))
+
+    def collated_ahead_states(self, where: str) -> list[RngStates]:
+        """``collated_ahead`` as generator states (none when it is None)."""
+        return [RngStates.from_json(states, where) for states in self.collated_ahead or []]
 
 
 def write_logging_state(folder: Path, state: dict[str, Any]) -> None:
-    """Write ``gradvault_logging.json`` (the loss not yet logged) into a checkpoint folder."""
+    """Write ``gradvault_logging.json`` into a checkpoint folder: the loss not yet logged, the
+    generators' states at the save and before the collates of the batches collated ahead."""
     _write_json(folder / LOGGING_FILE, {"format": STATE_FORMAT, **state})
 
 
 def read_logging_state(folder: Path) -> dict[str, Any] | None:
-    """The checkpoint's ``gradvault_logging.json``, or None when it has none."""
+    """The checkpoint's ``gradvault_logging.json`` (states as :class:`RngStates`), or None
+    when it has none."""
     path = folder / LOGGING_FILE
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        last_logged = data["globalstep_last_logged"]
-        tr_loss = data["tr_loss"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ResumeStateError(f"{path} cannot be read: {type(error).__name__}: {error}") from None
-    if data.get("format") != STATE_FORMAT or type(last_logged) is not int:
-        raise ResumeStateError(f"{path} is not a logging state this release reads")
-    return {"tr_loss": tr_loss, "globalstep_last_logged": last_logged}
+    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ResumeStateError(
+            f"{path} has format {found!r}; this release reads {STATE_FORMAT} (resume from "
+            "the checkpoint with the release that saved it, or delete the file for a stock "
+            "resume)"
+        )
+    missing = sorted(
+        {"tr_loss", "globalstep_last_logged", "rng_at_save", "collated_ahead"} - data.keys()
+    )
+    if missing:
+        raise ResumeStateError(f"{path} lacks {', '.join(missing)}")
+    last_logged, ahead = data["globalstep_last_logged"], data["collated_ahead"]
+    if type(last_logged) is not int or last_logged < 0:
+        raise ResumeStateError(
+            f"{path}: globalstep_last_logged is {last_logged!r}; expected an int >= 0"
+        )
+    if not isinstance(data["tr_loss"], dict):
+        found = type(data["tr_loss"]).__name__
+        raise ResumeStateError(f"{path}: tr_loss is {found}; expected dict")
+    if not isinstance(ahead, list | None):
+        raise ResumeStateError(f"{path}: collated_ahead is {type(ahead).__name__}; expected list")
+    return {
+        "tr_loss": data["tr_loss"],
+        "globalstep_last_logged": last_logged,
+        "rng_at_save": RngStates.from_json(data["rng_at_save"], str(path)),
+        "collated_ahead": [RngStates.from_json(states, str(path)) for states in ahead or []],
+    }
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

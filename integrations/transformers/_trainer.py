@@ -3,13 +3,15 @@
 A window is the micro-batches of one optimizer step. The Trainer prefetches a whole
 window (``get_batch_samples``) and then runs ``training_step`` on each micro-batch; the
 mixin remembers, per window, what resuming inside it needs: the random generators'
-states before the prefetch, the running loss and counters, each micro-batch's loss.
+states before the prefetch and before the collate of each batch collated ahead of it
+(``CollateRecorder``), the running loss and counters, each micro-batch's loss.
 
 Resuming from ``gradvault-checkpoint-N`` lets the Trainer load the step-N checkpoint and
 skip the dataloader to the window of step N + 1 as usual; the mixin then prefetches that
 window with the generators as they were, replays micro-batches 1 .. k without running
 them (their saved losses are returned), and before micro-batch k + 1 puts back the saved
-gradients and the generators' states: the run goes on bit for bit.
+gradients and the generators' states: the run goes on bit for bit. A ``checkpoint-N``
+saved under the mixin keeps what the window after it needs to be prefetched as it was.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from gradvault.core import GradientsParams
 from gradvault.core.errors import ResumeStateError, UnsupportedSetupError
 
 from ._callback import GradvaultCallback
+from ._collate import CollateRecorder
 from ._folder import (
     WindowState,
     folder_for,
@@ -56,6 +59,7 @@ class _Window:
     first_in_epoch: bool
     rng_at_epoch_begin: RngStates | None
     rng_at_window_start: RngStates
+    collated_ahead: list[RngStates] | None  # before the collates of its batches collated ahead
     tr_loss_at_start: torch.Tensor
     globalstep_last_logged: int
     tokens_at_start: int
@@ -94,6 +98,8 @@ class GradvaultTrainerMixin:
     _gradvault_epoch_rng: RngStates | None = None
     _gradvault_epoch_fresh: bool = False
     _gradvault_logging: dict[str, Any] | None = None
+    _gradvault_collates: CollateRecorder | None = None
+    _gradvault_rng_after_prefetch: RngStates | None = None
 
     # ------------------------------------------------------------------ train
     def train(
@@ -113,6 +119,7 @@ class GradvaultTrainerMixin:
             self._gradvault_resume = None
             self._gradvault_window = None
             self._gradvault_logging = None
+            self._gradvault_rng_after_prefetch = None
             if isinstance(resume_from_checkpoint, str | os.PathLike):
                 folder = Path(resume_from_checkpoint)
                 if is_resume_folder(folder):
@@ -217,39 +224,91 @@ class GradvaultTrainerMixin:
         return f"cuda:{device.index or 0}" if device.type == "cuda" else device.type
 
     # ------------------------------------------------------------------ windows
+    def get_train_dataloader(self) -> Any:
+        """``Trainer.get_train_dataloader``, its collator noting the generators' states before
+        each batch it collates (:class:`CollateRecorder`)."""
+        trainer: Any = self
+        collator = trainer.data_collator
+        recorder = CollateRecorder(collator)
+        trainer.data_collator = recorder  # only while the dataloader is built around it
+        try:
+            loader = super().get_train_dataloader()  # type: ignore[misc]
+        finally:
+            trainer.data_collator = collator
+        self._gradvault_collates = recorder
+        return loader
+
+    def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
+        """``Trainer.get_resumed_dataloader``: the epoch resumes after its first windows."""
+        self._gradvault_epoch_fresh = False
+        return super().get_resumed_dataloader(dataloader, num_batches)  # type: ignore[misc]
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """``Trainer._load_rng_state``; after a resumed window's prefetch, the generators as
+        that prefetch left them, as in the run that saved (see ``get_batch_samples``)."""
+        super()._load_rng_state(checkpoint)  # type: ignore[misc]
+        after, self._gradvault_rng_after_prefetch = self._gradvault_rng_after_prefetch, None
+        if after is not None:
+            after.restore()
+
     def _gradvault_epoch_begin(self) -> None:
         """Called by the callback before the epoch's dataloader is iterated."""
         self._gradvault_epoch_rng = RngStates.capture()
         self._gradvault_epoch_fresh = True
+        if self._gradvault_collates is not None:
+            self._gradvault_collates.reset()
 
     def get_batch_samples(
         self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
     ) -> tuple[list[Any], Any]:
-        """``Trainer.get_batch_samples``, remembering the window it starts."""
+        """``Trainer.get_batch_samples``, remembering the window it starts.
+
+        The first window after a resume is prefetched as it was: from the generators' states
+        before its prefetch, and its batches collated ahead (during the window before's
+        prefetch) each from the states before its collate.
+        """
         trainer: Any = self
         resume = self._gradvault_resume
         first_in_epoch = self._gradvault_epoch_fresh
         self._gradvault_epoch_fresh = False
+        recorder = self._gradvault_collates
+        ahead = 0 if recorder is None else len(recorder.ahead)
+        replayed: list[RngStates] | None = None
         if resume is not None:  # the window snapshotted: as it was before its prefetch
             state = resume.state
             RngStates.from_json(state.rng_at_window_start, str(resume.folder)).restore()
             trainer._tr_loss = _tensor_from_bits(state.tr_loss_at_window_start, trainer.args.device)
             trainer._globalstep_last_logged = state.globalstep_last_logged
             first_in_epoch = state.first_in_epoch
+            replayed = state.collated_ahead_states(str(resume.folder))
         elif self._gradvault_logging is not None:  # a checkpoint-N saved under the mixin
             logging_state, self._gradvault_logging = self._gradvault_logging, None
             trainer._tr_loss = _tensor_from_bits(logging_state["tr_loss"], trainer.args.device)
             trainer._globalstep_last_logged = logging_state["globalstep_last_logged"]
+            if not first_in_epoch:
+                # the dataloader was skipped to this window, and the Trainer loads the
+                # checkpoint's generators after the prefetch: the prefetch starts from them
+                # here, and the states it ends with are put back after that load
+                logging_state["rng_at_save"].restore()
+                replayed = logging_state["collated_ahead"]
         window_start = RngStates.capture()
+        if replayed is not None:
+            ahead = len(replayed)
+            if recorder is not None:
+                recorder.replay(replayed, then=window_start)
         tr_loss = trainer._tr_loss.detach().clone()
         batches, num_items_in_batch = super().get_batch_samples(  # type: ignore[misc]
             epoch_iterator, num_batches, device
         )
+        if replayed is not None and resume is None:
+            self._gradvault_rng_after_prefetch = RngStates.capture()
+        collated = None if recorder is None else recorder.take(len(batches))
         self._gradvault_window = _Window(
             batches=batches,
             first_in_epoch=first_in_epoch,
             rng_at_epoch_begin=self._gradvault_epoch_rng if first_in_epoch else None,
             rng_at_window_start=window_start,
+            collated_ahead=None if collated is None else collated[:ahead],
             tr_loss_at_start=tr_loss,
             globalstep_last_logged=trainer._globalstep_last_logged,
             tokens_at_start=trainer.state.num_input_tokens_seen,
@@ -327,6 +386,10 @@ class GradvaultTrainerMixin:
                 {
                     "tr_loss": _tensor_bits(trainer._tr_loss),
                     "globalstep_last_logged": trainer._globalstep_last_logged,
+                    "rng_at_save": RngStates.capture().to_json(),
+                    "collated_ahead": None
+                    if self._gradvault_collates is None
+                    else [states.to_json() for states in self._gradvault_collates.ahead],
                 },
             )
 
@@ -363,6 +426,9 @@ class GradvaultTrainerMixin:
             globalstep_last_logged=window.globalstep_last_logged,
             rng_at_window_start=window.rng_at_window_start.to_json(),
             rng_at_micro_step=RngStates.capture().to_json(),
+            collated_ahead=None
+            if window.collated_ahead is None
+            else [states.to_json() for states in window.collated_ahead],
             scaler=None if scaler is None else _scaler_state(scaler),
         )
         callback._submit(record, state, folder, prune=args.world_size <= 1)

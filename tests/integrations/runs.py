@@ -33,5 +33,6 @@ def assert_bit_identical(expected: dict[str, Any], found: dict[str, Any]) -> Non
     for index, slots in expected_state.items():
         for slot, value in slots.items():
             assert torch.equal(value, found_state[index][slot]), (index, slot)
+    assert expected["scheduler"] == found["scheduler"]
     assert expected["logged"] == found["logged"]
     assert [entry["step"] for entry in found["logged"]] == [2, 4]

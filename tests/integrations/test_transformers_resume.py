@@ -51,12 +51,22 @@ def ok(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def sigterm_during(out: Path, store: str, *, micro: int) -> None:
-    """Run the ``sigterm`` phase and send it a real SIGTERM in micro-batch ``micro`` of step 3."""
+def sigterm_during(
+    out: Path,
+    store: str,
+    *,
+    micro: int,
+    step: int = 3,
+    mode: str = "sigterm",
+    extra: tuple[str, ...] = (),
+    cwd: Path = REPO,
+) -> None:
+    """Run the ``mode`` phase and send it a real SIGTERM in micro-batch ``micro`` of ``step``."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.integrations.hf_run", "sigterm", "--out", str(out)]
-        + ["--store", store, "--step", "3", "--micro", str(micro)],
-        cwd=REPO,
+        [sys.executable, "-m", "tests.integrations.hf_run", mode, "--out", str(out)]
+        + (["--store", store] if store else [])
+        + ["--step", str(step), "--micro", str(micro), *extra],
+        cwd=cwd,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -243,3 +253,22 @@ def test_stock_trainer_resume_is_not_bit_identical(
         if not torch.equal(value, resumed["params"][name])
     ]
     assert differing
+
+
+def test_readme_example_starts_fresh_then_resumes_bit_identical(
+    tmp_path: Path, baseline: dict[str, Any]
+) -> None:
+    """The README's Hugging Face example as it stands (docs/INTEGRATIONS.md shows the same
+    code), run twice in one folder: a first run, with nothing to resume from, stopped by a
+    SIGTERM in micro-batch 3 of step 4, then the same code again, which resumes there."""
+    example = hf_run.readme_example()
+    assert example == hf_run.readme_example(REPO / "docs" / "INTEGRATIONS.md", "### Two lines")
+    sigterm_during(tmp_path, "", step=4, micro=3, mode="readme", extra=("--sigterm",))
+    stopped = result(tmp_path)
+    assert (stopped["stopped_by_signal"], stopped["global_step"]) == (True, 3)
+    assert resume_state(tmp_path / "run")["micro_step"] == 3
+
+    ok(phase("readme", tmp_path))
+    resumed = result(tmp_path)
+    assert resumed["stopped_by_signal"] is False
+    assert_bit_identical(baseline, resumed)

@@ -340,6 +340,8 @@ def test_exported_names_are_pinned() -> None:
         ("snapshot_id", None, "snapshot_id is NoneType; expected str"),
         ("scaler", [], "scaler is list; expected dict or NoneType"),
         ("rng_at_micro_step", {"python": 1}, "random generator states are malformed"),
+        ("collated_ahead", 3, "collated_ahead is int; expected list or NoneType"),
+        ("collated_ahead", [{"cpu": "00"}], "random generator states are malformed"),
     ],
 )
 def test_state_file_fields_of_the_wrong_kind_are_refused(
@@ -358,3 +360,25 @@ def test_malformed_saved_loss_is_refused(saved: Path) -> None:
     state_file(saved).write_text(json.dumps(state))
     with pytest.raises(ResumeStateError, match="a saved tensor is malformed"):
         resume(saved)
+
+
+@pytest.mark.parametrize(
+    ("logging_state", "words"),
+    [
+        ({"format": 1, "globalstep_last_logged": 0}, "has format 1; this release reads 2"),
+        ({"format": 2, "globalstep_last_logged": 0}, "lacks collated_ahead, rng_at_save, tr_loss"),
+        ("[]", "has format 'list'; this release reads 2"),
+    ],
+)
+def test_checkpoint_logging_state_that_does_not_fit_is_refused(
+    tmp_path: Path, logging_state: Any, words: str
+) -> None:
+    """A checkpoint-N's gradvault_logging.json of another release, or incomplete, is named
+    before training starts."""
+    folder = tmp_path / "run" / "checkpoint-2"
+    folder.mkdir(parents=True)
+    text = logging_state if isinstance(logging_state, str) else json.dumps(logging_state)
+    (folder / "gradvault_logging.json").write_text(text)
+    trainer = trainer_for(tmp_path, [GradvaultCallback(str(tmp_path / "store"))])
+    with pytest.raises(ResumeStateError, match=words):
+        trainer.train(resume_from_checkpoint=str(folder))
