@@ -5,10 +5,10 @@ written anywhere, so a malformed upload is refused after at most ``8 + max_heade
 bytes. The data is then spooled to a temporary file with aiofiles, counting as it goes:
 past ``max_upload_bytes`` or past the end the header declares, the upload is refused at
 once. The spool file is locked while this process lives (:mod:`gradvault.service.spool`)
-and removed whatever happens; the record read from it maps the file
-(no copy) and is written to the store before the file goes. The store's write lets each
-slice of the mapping go from the service's memory once it has read and written it, so a
-commit holds a slice or so of the file per array in flight, not the file.
+and removed whatever happens; the record read from it maps the file (no copy) and is
+written to the store before the file goes. The store's write lets each slice of the
+mapping go from the service's memory once it has read and written it, so a commit holds
+a slice or so of the file per array in flight, not the file.
 """
 
 from __future__ import annotations
