@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -143,6 +144,22 @@ def rm(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _sweep_spool(spool_dir: str | None) -> str:
+    """Sweep this machine's upload spool folder (as a starting service does); what was done."""
+    try:
+        from gradvault.service.spool import spool_folder, sweep_spool
+    except ImportError:
+        return "spool folder not swept: the service extra is not installed here"
+    spool_dir = spool_dir or os.environ.get("GRADVAULT_SPOOL_DIR") or None
+    swept = sweep_spool(spool_dir)
+    total = sum(found.size for found in swept)
+    names = ", ".join(os.path.basename(found.path) for found in swept)
+    return (
+        f"removed {len(swept)} orphaned upload(s) ({total} bytes) from the spool folder "
+        f"{spool_folder(spool_dir)}" + (f": {names}" if names else "")
+    )
+
+
 def gc(args: argparse.Namespace) -> int:
     """Collect leftovers of interrupted writes (--store) and apply retention rules."""
     retention = args.keep_last is not None or args.keep_every is not None
@@ -165,6 +182,7 @@ def gc(args: argparse.Namespace) -> int:
                 f"removed {len(leftovers)} leftover(s) of interrupted writes older than "
                 f"{args.grace_seconds:g} s" + (": " + ", ".join(leftovers) if leftovers else "")
             )
+            print(_sweep_spool(args.spool_dir))
         if retention:
             deleted = target.apply_retention(args.keep_last, args.keep_every, args.run)
             rules = ", ".join(
@@ -227,6 +245,12 @@ def add_parsers(
         type=seconds,
         default=3600.0,
         help="leave leftovers younger than this alone, they may still commit (default 3600)",
+    )
+    sub.add_argument(
+        "--spool-dir",
+        metavar="FOLDER",
+        help="with --store, the upload spool folder to sweep of files no live service holds "
+        "(default: GRADVAULT_SPOOL_DIR, else the system's temporary folder)",
     )
     sub.add_argument("--keep-last", type=count(0), help="keep the N newest snapshots")
     sub.add_argument(

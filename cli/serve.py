@@ -123,13 +123,19 @@ def _explain(error: Any, settings: Any) -> str:
 def serve_command(args: argparse.Namespace) -> int:
     """Run the service in the foreground until Ctrl-C or SIGTERM."""
     settings = settings_from(args)
+    from gradvault.core import StoreUnavailableError
     from gradvault.service import OpenBindingError, serve
+    from gradvault.service.server import check_store
     from gradvault.service.settings import check_binding
 
     try:
         check_binding(settings)
     except OpenBindingError as error:
         raise UsageError(str(error), prog="gradvault serve") from None
+    try:
+        check_store(settings)  # before it says it serves
+    except StoreUnavailableError as error:
+        raise ServeError(f"will not serve: {error}") from None
     if settings.port:
         print(
             f"gradvault serve: store {settings.store}; API docs at "

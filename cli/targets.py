@@ -174,9 +174,11 @@ class StoreTarget:
 
     def __init__(self, url: str, *, must_exist: bool) -> None:
         local = "://" not in url or url.startswith("file:")
-        if must_exist and local:
+        if local:
             folder = Path(urlparse(url).path if url.startswith("file:") else url).expanduser()
-            if not folder.is_dir():
+            if folder.exists() and not folder.is_dir():
+                raise NotADirectoryError(20, "the store is a file, not a folder", os.fspath(folder))
+            if must_exist and not folder.is_dir():
                 raise FileNotFoundError(2, "no store (no such folder)", os.fspath(folder))
         self.where = url
         self._runner = asyncio.Runner()

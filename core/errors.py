@@ -52,6 +52,19 @@ what was found, naming the parameter::
 
 from __future__ import annotations
 
+#: How much of a caller's input a message echoes: longer input is cut, and its length said.
+ECHO_LIMIT = 64
+
+
+def shown(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters of ``value`` with an
+    ellipsis and the full length when it is longer (an 8,000-character id is not echoed whole)."""
+    text = repr(value)
+    if len(text) <= limit + 2:
+        return text
+    length = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters"
+    return f"{text[: limit + 1]}… ({length})"
+
 
 class GradvaultError(Exception):
     """Root of every error gradvault raises."""

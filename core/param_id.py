@@ -6,7 +6,7 @@ import re
 import secrets
 from functools import total_ordering
 
-from .errors import InvalidParamIdError
+from .errors import InvalidParamIdError, shown
 
 _TEXT = re.compile(r"[0-9a-f]{16}")
 
@@ -24,7 +24,9 @@ class ParamId:
         if value is None:
             value = secrets.randbits(64)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
-            raise InvalidParamIdError(f"a ParamId value is an int in [0, 2**64); got {value!r}")
+            raise InvalidParamIdError(
+                f"a ParamId value is an int in [0, 2**64); got {shown(value)}"
+            )
         self._value = value
 
     @classmethod
@@ -32,7 +34,7 @@ class ParamId:
         """The ParamId whose text form is ``text``; InvalidParamIdError (a ValueError) if none."""
         if not isinstance(text, str) or not _TEXT.fullmatch(text):
             raise InvalidParamIdError(
-                f"a ParamId is 16 lowercase hex digits (e.g. '9f3c0a1b2c3d4e5f'); got {text!r}"
+                f"a ParamId is 16 lowercase hex digits (e.g. '9f3c0a1b2c3d4e5f'); got {shown(text)}"
             )
         return cls(int(text, 16))
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .bfloat16 import BFLOAT16_NAME
-from .errors import DtypeMismatchError, InvalidFieldError, ShapeMismatchError
+from .errors import DtypeMismatchError, InvalidFieldError, ShapeMismatchError, shown
 
 #: dtypes a record may carry; names follow NumPy (and zarr's v3 data type names; bfloat16
 #: is ml_dtypes' and Zarr's registered extension data type, docs/FORMAT.md).
@@ -162,7 +162,7 @@ def check_name(name: object, param_id: object) -> str:
     """``name`` as a plain str; InvalidFieldError naming the param if it cannot be written."""
     if not is_name(name):
         raise InvalidFieldError(
-            f"gradient for param {param_id} has name {name!r}; expected {NAME_EXPECTED}"
+            f"gradient for param {param_id} has name {shown(name)}; expected {NAME_EXPECTED}"
         )
     return str(name)
 
@@ -192,11 +192,11 @@ def check_snapshot_fields(
 ) -> tuple[str, int, dict[str, str]]:
     """``(run, step, tags)`` as plain str, int and dict; InvalidFieldError if one is unwritable."""
     if not is_run(run):
-        raise InvalidFieldError(f"run must be {RUN_EXPECTED}; got {run!r}")
+        raise InvalidFieldError(f"run must be {RUN_EXPECTED}; got {shown(run)}")
     if not is_step(step):
-        raise InvalidFieldError(f"step must be {STEP_EXPECTED}; got {step!r}")
+        raise InvalidFieldError(f"step must be {STEP_EXPECTED}; got {shown(step)}")
     if tags is not None and not is_tags(tags):
-        raise InvalidFieldError(f"tags must be {TAGS_EXPECTED}; got {tags!r}")
+        raise InvalidFieldError(f"tags must be {TAGS_EXPECTED}; got {shown(tags)}")
     plain_tags = {str(key): str(text) for key, text in (tags or {}).items()}
     return str(run), int(step), plain_tags  # type: ignore[call-overload]
 

@@ -7,6 +7,8 @@ import sys
 
 from pydantic import ValidationError
 
+from gradvault.core import StoreUnavailableError
+
 from .errors import OpenBindingError
 from .server import serve
 from .settings import Settings
@@ -26,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings(**{key: value for key, value in given.items() if value is not None})
         serve(settings, log_level=args.log_level)
-    except (OpenBindingError, ValidationError) as error:
+    except (OpenBindingError, ValidationError, StoreUnavailableError) as error:
         print(f"gradvault.service: {error}", file=sys.stderr)
         return 2
     return 0

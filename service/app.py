@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from .lister import StoreLister
 from .metrics import ServiceMetrics
 from .routes import gradients, health, metrics, snapshots, zarr
 from .settings import Settings
+from .spool import sweep_spool
 from .ui import install_ui
 
 _log = logging.getLogger("gradvault.service")
@@ -32,6 +34,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for swept in await asyncio.to_thread(sweep_spool, settings.spool_dir):
+            _log.warning(
+                "spool sweep: removed %s (%d bytes), an orphaned upload", swept.path, swept.size
+            )
         store = open_store(settings.store, **settings.store_options)
         app.state.store = store
         # listed on a thread of its own, so that relisting never holds up requests

@@ -1,9 +1,20 @@
-"""One place that turns errors into HTTP answers: a status and ``{"detail", "error"}``."""
+"""One place that turns errors into HTTP answers: a status and ``{"detail", "error"}``.
+
+What a client reads is for strangers too: a detail names the snapshot or the input, never
+a path or URL of the server's own (the store's location reads "the store"); a 503 or 507
+says in one sentence what kind of trouble the service has, and the store's or the
+operating system's own text goes to the log only. Echoed input is cut at the source
+(``gradvault.core.errors.shown``), and no detail is longer than ``MAX_DETAIL_CHARACTERS``.
+The log has every error's full message (5xx as errors, a 4xx whose detail was changed at
+info).
+"""
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -68,6 +79,14 @@ STATUS_BY_ERROR: list[tuple[type[BaseException] | tuple[type[BaseException], ...
 
 _FULL_DISK = {errno.ENOSPC, errno.EDQUOT}
 
+#: the longest detail an error body carries; a longer one is cut, with an ellipsis
+MAX_DETAIL_CHARACTERS = 400
+#: what a client reads for errors whose own text is the backend's or the system's
+PUBLIC_DETAIL_BY_STATUS = {
+    503: "the store could not be reached or read; the service's log says why",
+    507: "no room is left on the store's disk or on the service's spool disk",
+}
+
 
 def is_full_disk(error: BaseException) -> bool:
     """Whether ``error``, or an error it was raised from, says a disk or quota is full."""
@@ -112,14 +131,55 @@ def count_error(request: Request, name: str) -> None:
         metrics.errors.labels(name).inc()
 
 
+def _server_locations(request: Request) -> list[str]:
+    """The store's location as the service names it and as it was configured, longest first."""
+    found = set()
+    store = getattr(request.app.state, "store", None)
+    if store is not None:
+        found.add(store.location)
+    configured = getattr(getattr(request.app.state, "settings", None), "store", None)
+    if configured:
+        found.add(configured)
+        if "://" not in configured:
+            found.add(os.path.abspath(os.path.expanduser(configured)))
+    return sorted((place for place in found if place), key=len, reverse=True)
+
+
+def public_detail(request: Request, error: GradvaultError, status: int) -> str:
+    """The detail a client reads for ``error`` (see the module docstring)."""
+    if status in PUBLIC_DETAIL_BY_STATUS:
+        return PUBLIC_DETAIL_BY_STATUS[status]
+    detail = str(error)
+    for place in _server_locations(request):
+        detail = re.sub(rf"(?:(?:local|object) )?store {re.escape(place)}", "the store", detail)
+        if len(place) > 1 and (os.path.isabs(place) or "://" in place):
+            detail = detail.replace(place, "the store")
+    if len(detail) > MAX_DETAIL_CHARACTERS:
+        detail = detail[: MAX_DETAIL_CHARACTERS - 1] + "…"
+    return detail
+
+
+def _log_text(error: BaseException) -> str:
+    """The error's message and those of the errors it was raised from (a backend's own text)."""
+    parts = [f"{type(error).__name__}: {error}"]
+    cause = error.__cause__
+    while cause is not None and len(parts) < 4:
+        parts.append(f"from {type(cause).__name__}: {cause}")
+        cause = cause.__cause__
+    return "; ".join(parts)
+
+
 async def _gradvault_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, GradvaultError)
     status = status_for(error)
     name = type(error).__name__
+    detail = public_detail(request, error, status)
     if status >= 500:
-        _log.error("%s %s failed: %s: %s", request.method, request.url.path, name, error)
+        _log.error("%s %s failed: %s", request.method, request.url.path, _log_text(error))
+    elif detail != str(error):
+        _log.info("%s %s answered %d: %s", request.method, request.url.path, status, error)
     count_error(request, name)
-    return error_response(status, str(error), name, headers_for(error))
+    return error_response(status, detail, name, headers_for(error))
 
 
 async def _validation_error(request: Request, error: Exception) -> JSONResponse:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gradvault.core import SnapshotInfo
+from gradvault.core.errors import shown
 from gradvault.core.store import parse_snapshot_id
 
 from .errors import InvalidCursorError
@@ -46,7 +47,7 @@ def decode_cursor(cursor: str) -> str:
         return parse_snapshot_id(cursor)
     except ValueError:
         raise InvalidCursorError(
-            f"cursor {cursor[:80]!r} is not a next_cursor this service hands out (a snapshot id)"
+            f"cursor {shown(cursor)} is not a next_cursor this service hands out (a snapshot id)"
         ) from None
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 
 import uvicorn
+
+from gradvault.core import open_store
 
 from .access_log import access_log
 from .app import create_app
@@ -22,8 +25,26 @@ def _configure_logging(level: str) -> None:
     access_log.propagate = False
 
 
+def check_store(settings: Settings) -> None:
+    """Open the store and list it once; StoreUnavailableError, one line naming what is
+    missing (a folder, ``AWS_ENDPOINT_URL``, credentials), if it cannot be listed.
+
+    A folder that does not exist yet passes: the first upload creates it.
+    """
+
+    async def check() -> None:
+        store = open_store(settings.store, **settings.store_options)
+        try:
+            await store.check()
+        finally:
+            await store.close()
+
+    asyncio.run(check())
+
+
 def serve(settings: Settings | None = None, *, log_level: str = "info") -> None:
-    """Serve until interrupted; OpenBindingError if tokens are missing off loopback.
+    """Serve until interrupted; OpenBindingError if tokens are missing off loopback,
+    StoreUnavailableError if the store cannot be listed (:func:`check_store`).
 
     Logs go to stderr; the access log (logger ``gradvault.access``) to stdout, one JSON
     object per request. uvicorn's own access log is off.
@@ -31,6 +52,7 @@ def serve(settings: Settings | None = None, *, log_level: str = "info") -> None:
     if settings is None:
         settings = Settings()
     check_binding(settings)
+    check_store(settings)
     _configure_logging(log_level)
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False)

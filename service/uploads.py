@@ -4,10 +4,11 @@ The 8-byte length and the JSON header are read and validated before any byte of 
 written anywhere, so a malformed upload is refused after at most ``8 + max_header_bytes``
 bytes. The data is then spooled to a temporary file with aiofiles, counting as it goes:
 past ``max_upload_bytes`` or past the end the header declares, the upload is refused at
-once. The spool file is removed whatever happens; the record read from it maps the file
-(no copy) and is written to the store before the file goes. The store's write lets each
-slice of the mapping go from the service's memory once it has read and written it, so a
-commit holds a slice or so of the file per array in flight, not the file.
+once. The spool file is locked while this process lives (:mod:`gradvault.service.spool`)
+and removed whatever happens; the record read from it maps the file (no copy) and is
+written to the store before the file goes. The store's write lets each slice of the
+mapping go from the service's memory once it has read and written it, so a commit holds
+a slice or so of the file per array in flight, not the file.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
-import tempfile
 from collections.abc import AsyncIterator
 
 import aiofiles
@@ -26,6 +25,7 @@ from gradvault.core import GradientsParamsRecord, InvalidUploadError
 from gradvault.core.safetensors_file import SafetensorsHeader, record_from_safetensors
 
 from .errors import InsufficientStorageError, UploadTooLargeError
+from .spool import spool_locks
 
 _LENGTH_BYTES = 8
 
@@ -104,10 +104,8 @@ async def receive_safetensors(
             f"the upload's header declares a file of {expected} bytes; the limit is "
             f"{max_upload_bytes} bytes (max_upload_bytes)"
         )
-    handle, path = tempfile.mkstemp(
-        prefix="gradvault-upload-", suffix=".safetensors", dir=spool_dir
-    )
-    os.close(handle)
+    # locked while this process lives, so that a start-up sweep knows it is not an orphan
+    path = await asyncio.to_thread(spool_locks.create, spool_dir)
     try:
         await _spool(body, path, header)
         record = await asyncio.to_thread(
@@ -147,6 +145,9 @@ async def _spool(body: _Body, path: str, header: SafetensorsHeader) -> None:
 
 
 async def remove_spool(path: str) -> None:
-    """Remove a spool file; gone already is fine."""
-    with contextlib.suppress(FileNotFoundError):
-        await aiofiles.os.remove(path)
+    """Remove a spool file, then let its lock go; gone already is fine."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            await aiofiles.os.remove(path)
+    finally:
+        spool_locks.release(path)

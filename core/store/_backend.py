@@ -183,6 +183,11 @@ class StoreBackend(ABC):
     #: The store's pool for blocking work.
     _threads: ThreadRunner
 
+    async def check(self) -> None:
+        """Raise StoreUnavailableError, in one line naming what is wrong, if the store
+        cannot be listed (a service checks this before it serves)."""
+        await self.committed_ids()
+
     @abstractmethod
     async def prepare(self) -> None:
         """Create the root and ``snapshots`` group documents if they are missing."""

@@ -18,7 +18,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from ..errors import InvalidSnapshotIdError
+from ..errors import InvalidSnapshotIdError, shown
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _DECODE = {char: index for index, char in enumerate(_ALPHABET)}
@@ -64,7 +64,7 @@ def parse_snapshot_id(text: str) -> str:
     if not isinstance(text, str) or not _TEXT.fullmatch(text):
         raise InvalidSnapshotIdError(
             f"a snapshot id is 26 uppercase Crockford base32 characters "
-            f"(e.g. {new_snapshot_id()!r}); got {text!r}"
+            f"(e.g. {new_snapshot_id()!r}); got {shown(text)}"
         )
     return text
 

@@ -390,6 +390,23 @@ class LocalBackend(StoreBackend):
                 os.replace(temporary, document)
                 _fsync_directory(str(folder))
 
+    def _check_sync(self) -> None:
+        # a folder that is not there yet is fine (the first snapshot creates it), as long
+        # as the nearest part of its path that is there is a folder
+        existing = self.root
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            shown = "it" if existing == self.root else f"{existing}, on its path,"
+            raise StoreUnavailableError(
+                f"local store {self.location}: {shown} is a file, not a folder"
+            )
+        if existing == self.root:
+            self._committed_ids_sync()
+
+    async def check(self) -> None:
+        await self._run("listing the store folder", self._check_sync)
+
     async def prepare(self) -> None:
         if not self._prepared:
             await self._run("creating the store folders", self._prepare_sync)

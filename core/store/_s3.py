@@ -86,6 +86,10 @@ S3_OPTIONS = (
     "retry_config",
 )
 _TRUE = {"1", "true", "yes", "on"}
+#: obstore's errors carry a Rust debug dump after this line; it goes to the log only
+_DEBUG_SOURCE = "\n\nDebug source:"
+_XML_FIELD = re.compile(r"<(Code|Message)>([^<]{1,200})</\1>")
+_STATUS = re.compile(r"non-2xx status code: (\d{3})")
 
 
 _DELETE_BATCH = 1000
@@ -93,6 +97,28 @@ _DELETE_BATCH = 1000
 _STREAM_PIECE = 1 << 20
 
 T = TypeVar("T")
+
+
+def describe_s3_error(error: BaseException) -> str:
+    """One readable sentence for an obstore error: the server's status, code and message,
+    or what failed on the way to it, without the request's URL or the Rust debug dump
+    (both stay on the error, which the service logs)."""
+    text = str(error).split(_DEBUG_SOURCE, 1)[0]
+    fields = dict(match.groups() for match in _XML_FIELD.finditer(text))
+    status = _STATUS.search(text)
+    if status:
+        said = ": ".join(fields[key] for key in ("Code", "Message") if key in fields)
+        return f"the server answered {status[1]}" + (f" ({said})" if said else "")
+    if "/latest/api/token" in text or "/latest/meta-data" in text:
+        return "no credentials were given, and the instance metadata service gave none"
+    if "Connection refused" in str(error):
+        return "the connection was refused"
+    if "dns error" in str(error).lower():
+        return "the server's name did not resolve"
+    if "error sending request" in text or "tcp connect error" in str(error):
+        return "the server could not be reached"
+    first = " ".join(text.split())
+    return first if len(first) <= 200 else first[:200] + "…"
 
 
 def _list_all(store: S3Store, prefix: str) -> list[dict[str, Any]]:
@@ -165,6 +191,16 @@ def _folders(keys: list[str], root: str) -> list[str]:
     return sorted(folders, key=lambda folder: folder.count("/"), reverse=True)
 
 
+def _unset_settings(settings: dict[str, Any]) -> list[str]:
+    """The settings a store that cannot be listed may be missing, as a person sets them."""
+    unset = []
+    if not settings["endpoint"]:
+        unset.append("AWS_ENDPOINT_URL (without an endpoint, requests go to AWS S3)")
+    if not (settings["access_key_id"] and settings["secret_access_key"]):
+        unset.append("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (credentials)")
+    return unset
+
+
 class S3Backend(StoreBackend):
     """Snapshots under ``s3://bucket/prefix`` (see the module docstring)."""
 
@@ -223,7 +259,9 @@ class S3Backend(StoreBackend):
             retry_config=options.get("retry_config"),
         )
         location = f"s3://{bucket}/{'/'.join(parts)}".rstrip("/")
-        return cls(store, location, threads, concurrency)
+        backend = cls(store, location, threads, concurrency)
+        backend.unset_settings = _unset_settings(settings)
+        return backend
 
     def __init__(self, store: S3Store, location: str, threads: ThreadRunner, max_concurrency: int):
         self._store = store
@@ -234,9 +272,13 @@ class S3Backend(StoreBackend):
         self._request_threads = ThreadRunner(max_concurrency)
         self._prepared = False
         self._known_committed: set[str] = set()
+        #: settings given neither as options nor in the environment (see ``check``)
+        self.unset_settings: list[str] = []
 
     def _unavailable(self, action: str, error: BaseException) -> StoreUnavailableError:
-        return StoreUnavailableError(f"object store {self.location}: {action} failed: {error}")
+        return StoreUnavailableError(
+            f"object store {self.location}: {action} failed: {describe_s3_error(error)}"
+        )
 
     async def _request(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``function(*args, **kwargs)`` (a blocking request) in a request thread.
@@ -463,6 +505,19 @@ class S3Backend(StoreBackend):
             await self.delete_keys([meta["path"] for meta in objects if meta["path"] != marker_key])
             removed.append(name)
         return sorted(removed)
+
+    async def check(self) -> None:
+        """List the snapshots' folders once (one request); StoreUnavailableError naming
+        what is unset if that fails."""
+        try:
+            await self.folder_names(f"{SNAPSHOTS_PREFIX}/")
+        except StoreUnavailableError as error:
+            cause = error.__cause__ or error
+            unset = ", ".join(self.unset_settings)
+            raise StoreUnavailableError(
+                f"cannot list the object store {self.location}: {describe_s3_error(cause)}"
+                + (f"; not set (nor in the store options): {unset}" if unset else "")
+            ) from cause
 
     async def close(self) -> None:
         """Let the request threads go (each ends once its request has); obstore's client

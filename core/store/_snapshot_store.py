@@ -115,6 +115,11 @@ class SnapshotStore:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    async def check(self) -> None:
+        """Raise StoreUnavailableError, in one line naming what is missing (a folder, an
+        endpoint, credentials), if this store cannot be listed; nothing is written."""
+        await self._backend.check()
+
     async def close(self) -> None:
         """Release the store's threads and connections."""
         await self._backend.close()

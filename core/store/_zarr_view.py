@@ -27,6 +27,7 @@ from ..errors import (
     InvalidStorePathError,
     ManifestError,
     StoreKeyNotFoundError,
+    shown,
 )
 from ._backend import (
     MANIFEST_NAME,
@@ -76,32 +77,32 @@ def parse_store_path(path: object) -> list[str]:
     """
     if not isinstance(path, str):
         raise InvalidStorePathError(f"a store path is a string; got {type(path).__name__}")
-    shown = path if len(path) <= 80 else path[:77] + "..."
+    path_shown = shown(path)
     if len(path) > MAX_STORE_PATH:
         raise InvalidStorePathError(
-            f"store path {shown!r} is {len(path)} characters; at most {MAX_STORE_PATH}"
+            f"store path {path_shown} is {len(path)} characters; at most {MAX_STORE_PATH}"
         )
     if _CONTROL.search(path):
-        raise InvalidStorePathError(f"store path {shown!r} holds a control character")
+        raise InvalidStorePathError(f"store path {path_shown} holds a control character")
     if "\\" in path:
-        raise InvalidStorePathError(f"store path {shown!r} holds a backslash")
+        raise InvalidStorePathError(f"store path {path_shown} holds a backslash")
     if path.startswith("/"):
         raise InvalidStorePathError(
-            f"store path {shown!r} is absolute; paths are relative to the store root"
+            f"store path {path_shown} is absolute; paths are relative to the store root"
         )
     segments = path.split("/")
     for segment in segments:
         if segment in ("", ".", ".."):
             raise InvalidStorePathError(
-                f"store path {shown!r} has the segment {segment!r}; expected names "
+                f"store path {path_shown} has the segment {segment!r}; expected names "
                 "separated by single slashes"
             )
     if segments[-1] in ZARR_V2_NAMES:
-        raise StoreKeyNotFoundError(f"store path {shown!r}: this store holds Zarr v3 only")
+        raise StoreKeyNotFoundError(f"store path {path_shown}: this store holds Zarr v3 only")
     for segment in segments:
         if segment.startswith("."):
             raise InvalidStorePathError(
-                f"store path {shown!r} has the hidden name {segment!r}; not readable"
+                f"store path {path_shown} has the hidden name {segment!r}; not readable"
             )
     return segments
 

@@ -314,10 +314,15 @@ def test_store_mode_without_a_service(gradvault, tmp_path: Path, gradients_file)
     with np.load(pulled_npz) as arrays:
         assert same_arrays({k: arrays[k] for k in arrays}, as_arrays(record))
 
-    collected = gradvault("gc", "--grace-seconds", "0", "--keep-last", "1", *where)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    collected = gradvault(
+        "gc", "--grace-seconds", "0", "--keep-last", "1", "--spool-dir", str(spool), *where
+    )
     assert collected.code == 0, collected.err
     assert collected.out.splitlines() == [
         "removed 0 leftover(s) of interrupted writes older than 0 s",
+        f"removed 0 orphaned upload(s) (0 bytes) from the spool folder {spool}",
         f"retention (keep last 1) deleted 1 snapshot(s): {first}",
     ]
     assert gradvault("rm", second, *where).out.strip() == f"deleted {second}"
