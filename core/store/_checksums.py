@@ -6,11 +6,25 @@ import functools
 import re
 from typing import Any
 
-import crc32c
+import google_crc32c
 import numpy as np
 
 _CHECKSUM_PREFIX = "crc32c:"
 _CHECKSUM_TEXT = re.compile(r"crc32c:[0-9a-fA-F]{8}")
+
+
+def crc32c(data: Any, value: int = 0) -> int:
+    """The crc32c of ``data`` continued from ``value``, the crc32c of the bytes before it.
+
+    ``value`` 0 (no bytes before) gives ``data``'s own crc32c, so a running checksum is
+    ``crc = crc32c(piece, crc)`` piece after piece. google_crc32c's C functions take only
+    buffers that need no release (``bytes``, NumPy arrays): any other (memoryview,
+    bytearray, mmap, obstore's bytes) is seen as a NumPy array of its bytes, without a copy.
+    ``data`` is C-contiguous (ValueError otherwise, from NumPy).
+    """
+    if not isinstance(data, bytes | np.ndarray):
+        data = np.frombuffer(data, np.uint8)
+    return google_crc32c.extend(value, data)
 
 
 def format_checksum(value: int) -> str:
@@ -121,7 +135,7 @@ class Crc32cTrailer:
         """Compute the trailer over ``parts`` (the chunk's parts before it), in one go."""
         crc = 0
         for part in parts:
-            crc = crc32c.crc32c(part, value=crc)
+            crc = crc32c(part, crc)
             self.add(crc)
         return self.value()
 

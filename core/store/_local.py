@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import crc32c
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreUnavailableError
@@ -58,7 +57,7 @@ from ._backend import (
     ThreadRunner,
     UnexpectedObjectError,
 )
-from ._checksums import SLICE_BYTES
+from ._checksums import SLICE_BYTES, crc32c
 from ._file_writes import DirectWrites, write_file, write_file_unsynced
 from ._ids import parse_snapshot_id
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
@@ -161,7 +160,7 @@ def _fill(fd: int, buffers: list[memoryview], size: int, checksum: bool = False)
                 filled += count
                 view = view[count:]
             if checksum:
-                crc = crc32c.crc32c(piece, value=crc)
+                crc = crc32c(piece, crc)
         if checksum:
             crcs.append(crc)
     if os.read(fd, 1):
