@@ -801,7 +801,7 @@ class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter):
         published = {}
         for entry in os.scandir(ranks):
             if rank_of_folder(entry.name) is not None and entry.is_dir(follow_symlinks=False):
-                published[entry.name] = _read_file(os.path.join(entry.path, MANIFEST_NAME))
+                published[entry.name] = _read_file(entry.path, MANIFEST_NAME)
         return published
 
     def _publish_sync(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
@@ -860,7 +860,7 @@ class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter):
                 os.rename(staging, committed)
             except FileNotFoundError:
                 # only where flock is missing: another rank committed first
-                return _read_file(os.path.join(committed, MANIFEST_NAME)).tobytes()
+                return _read_file(committed, MANIFEST_NAME).tobytes()
             _fsync_directory(str(backend.snapshots_dir))
             return document
         finally:
