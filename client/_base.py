@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import google_crc32c
+import crc32c
 import httpx
-import numpy as np
 
 from gradvault.core import (
     AuthError,
@@ -280,7 +279,7 @@ class BaseClient:
             )
         for entry in record:
             want = expected[str(entry.param_id)]["checksum"]
-            got = f"crc32c:{google_crc32c.value(np.frombuffer(entry.data, np.uint8)):08x}"
+            got = f"crc32c:{crc32c.crc32c(entry.data):08x}"
             if got != want:
                 raise ChecksumMismatchError(
                     f"snapshot {snapshot_id}, gradient {entry.param_id} ({entry.name!r}): "

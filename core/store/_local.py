@@ -456,7 +456,8 @@ class LocalBackend(StoreBackend):
         self, requests: list[tuple[str, list[memoryview]]]
     ) -> list[CheckedRead]:
         """The files are read by a few threads (:meth:`_in_lanes`), each slice checksummed
-        as it lands (one pass over the bytes; the GIL is released for the read)."""
+        as it lands (one pass over the bytes, the GIL released for both the read and the
+        crc32c)."""
         root = str(self.root)
         return await self._in_lanes(
             [key for key, _ in requests],

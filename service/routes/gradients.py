@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-import google_crc32c
+import crc32c
 from fastapi import APIRouter, Header, Path, Query, Response
 
 from gradvault.core import MissingGradientError, ParamId, ShardedSnapshotError
@@ -142,9 +142,9 @@ _SAFETENSORS_HEADERS = {
 
 def _safetensors_etag(header: bytes, manifest: dict[str, Any]) -> str:
     """A strong validator of the file: its header (layout, names, summary) and data checksums."""
-    value = google_crc32c.value(header)
+    value = crc32c.crc32c(header)
     for checksum in manifest["gradients"]["checksum"]:
-        value = google_crc32c.extend(value, checksum.encode())
+        value = crc32c.crc32c(checksum.encode(), value)
     return f'"st-{value:08x}"'
 
 

@@ -42,6 +42,10 @@ class _DeclaredOnly:
         return PathFinder.find_spec(name, path, target)
 
     @classmethod
+    def find_distributions(cls, *args, **kwargs):  # importlib.metadata, unchanged
+        return PathFinder.find_distributions(*args, **kwargs)
+
+    @classmethod
     def invalidate_caches(cls):
         PathFinder.invalidate_caches()
 
