@@ -94,7 +94,8 @@ class Recorder:
     handle completes once its snapshot is durable. ``keep_last`` / ``keep_every`` apply the
     retention policy to the snapshot's run after each commit: ``keep_last`` counts by id
     (creation order), the newest snapshot is never deleted, and neither is the one whose
-    commit the pass follows. Bad values raise ValueError here, not at the first commit.
+    commit the pass follows. Bad values raise InvalidArgumentError (a ValueError) or
+    InvalidArgumentTypeError (a TypeError) here, not at the first commit.
     """
 
     def __init__(

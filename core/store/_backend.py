@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import crc32c
+from ._checksums import crc32c
 
 if TYPE_CHECKING:
     from ._commit_order import CommitTurn
@@ -85,7 +85,7 @@ def running_crc32c(buffers: list[memoryview]) -> list[int]:
     crcs = []
     crc = 0
     for buffer in buffers:
-        crc = crc32c.crc32c(buffer, value=crc)
+        crc = crc32c(buffer, crc)
         crcs.append(crc)
     return crcs
 

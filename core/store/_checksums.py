@@ -6,11 +6,25 @@ import functools
 import re
 from typing import Any
 
-import crc32c
+import crc32c as _crc32c_package
 import numpy as np
 
 _CHECKSUM_PREFIX = "crc32c:"
 _CHECKSUM_TEXT = re.compile(r"crc32c:[0-9a-fA-F]{8}")
+
+
+def crc32c(data: Any, value: int = 0) -> int:
+    """The crc32c of ``data`` continued from ``value``, the crc32c of the bytes before it.
+
+    ``value`` 0 (no bytes before) gives ``data``'s own crc32c, so a running checksum is
+    ``crc = crc32c(piece, crc)`` piece after piece. ``data`` is any C-contiguous buffer
+    (ValueError otherwise). Every checksum of gradient bytes the store takes goes through
+    here. It is the ``crc32c`` package's: hardware crc32c that releases the GIL for any
+    buffer (the store's writing and reading threads checksum in parallel) and measured
+    faster than google-crc32c, whose C functions take only ``bytes`` or NumPy arrays and
+    hold the GIL for them (docs/FORMAT.md, "Checksums").
+    """
+    return _crc32c_package.crc32c(data, value)
 
 
 def format_checksum(value: int) -> str:
@@ -121,7 +135,7 @@ class Crc32cTrailer:
         """Compute the trailer over ``parts`` (the chunk's parts before it), in one go."""
         crc = 0
         for part in parts:
-            crc = crc32c.crc32c(part, value=crc)
+            crc = crc32c(part, crc)
             self.add(crc)
         return self.value()
 

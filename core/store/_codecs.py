@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import crc32c
 from numcodecs.zstd import Zstd
 from numcodecs.zstd import decompress as zstd_decompress
 
-from ._checksums import Crc32cTrailer
+from ._checksums import Crc32cTrailer, crc32c
 from ._zarr_format import Compression
 
 _ZEROS = memoryview(bytes(1 << 16))
@@ -33,10 +32,10 @@ def encode_chunk(
         trailer = Crc32cTrailer()
         parts: list[Any] = [payload, _zeros(padding), trailer] if padding else [payload, trailer]
         return parts, lambda: trailer.running[0]
-    payload_crc = crc32c.crc32c(payload)
+    payload_crc = crc32c(payload)
     raw = bytes(payload) + bytes(padding) if padding else payload
     encoded = Zstd(level=compression.level).encode(raw)
-    return [encoded, crc32c.crc32c(encoded).to_bytes(4, "little")], lambda: payload_crc
+    return [encoded, crc32c(encoded).to_bytes(4, "little")], lambda: payload_crc
 
 
 #: A zstd block holds at most 128 KiB and takes at least 4 bytes (an RLE block), so no

@@ -30,11 +30,10 @@ import os
 import threading
 from typing import Any
 
-import crc32c
 import numpy as np
 
 from ..mapped_file import release_pages
-from ._checksums import SLICE_BYTES, Crc32cTrailer
+from ._checksums import SLICE_BYTES, Crc32cTrailer, crc32c
 
 _log = logging.getLogger("gradvault.store")
 NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -93,7 +92,7 @@ def write_buffers(fd: int, buffers: list[Any]) -> None:
     for view in views:
         for start in range(0, len(view), SLICE_BYTES):
             piece = view[start : start + SLICE_BYTES]
-            crc = crc32c.crc32c(piece, value=crc)
+            crc = crc32c(piece, crc)
             write_all(fd, [piece])
             # in the page cache now: a mapped upload's slice need not stay resident
             # (through the fsync); a no-op for any other memory
@@ -137,7 +136,7 @@ class _DirectFile:
             # threads writing other chunks copy at the same time
             np.copyto(np.frombuffer(target, np.uint8), np.frombuffer(piece[:take], np.uint8))
             if crc is not None:
-                crc = crc32c.crc32c(target, value=crc)
+                crc = crc32c(target, crc)
             self._filled += take
             piece = piece[take:]
             if self._filled == len(buffer):

@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import crc32c
 import numpy as np
 
 from ..errors import InvalidArgumentError, StoreUnavailableError
@@ -58,7 +57,7 @@ from ._backend import (
     ThreadRunner,
     UnexpectedObjectError,
 )
-from ._checksums import SLICE_BYTES
+from ._checksums import SLICE_BYTES, crc32c
 from ._file_writes import DirectWrites, write_file, write_file_unsynced
 from ._ids import parse_snapshot_id
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
@@ -116,12 +115,29 @@ _FILE_KINDS = {
 }
 
 
-def _open_regular(path: str) -> tuple[int, int]:
-    """An fd open on the regular file at ``path``, and its size.
+def _check_no_linked_folder(root: str, key: str) -> None:
+    """FileNotFoundError if a folder on the way from ``root`` to ``key`` is a symbolic link.
+
+    The store follows no symbolic link below its root: a folder that is one (a snapshot
+    folder linked in from elsewhere, say) holds nothing, for reads as for the listing and
+    delete, so no key can reach a file outside the store.
+    """
+    folder = root
+    for name in key.split("/")[:-1]:
+        folder = os.path.join(folder, name)
+        if stat.S_ISLNK(os.lstat(folder).st_mode):
+            raise FileNotFoundError(errno.ENOENT, "a folder on its path is a symbolic link", folder)
+
+
+def _open_regular(root: str, key: str) -> tuple[int, int]:
+    """An fd open on the regular file ``key`` under ``root``, and its size.
 
     Refused with UnexpectedObjectError before anything is read: a symbolic link (even one
-    to the right bytes: a store's files are its own), a folder, a FIFO, a device.
+    to the right bytes: a store's files are its own), a folder, a FIFO, a device; a key
+    under a folder that is a symbolic link is absent (FileNotFoundError).
     """
+    _check_no_linked_folder(root, key)
+    path = os.path.join(root, key)
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError as error:
@@ -161,7 +177,7 @@ def _fill(fd: int, buffers: list[memoryview], size: int, checksum: bool = False)
                 filled += count
                 view = view[count:]
             if checksum:
-                crc = crc32c.crc32c(piece, value=crc)
+                crc = crc32c(piece, crc)
         if checksum:
             crcs.append(crc)
     if os.read(fd, 1):
@@ -169,14 +185,14 @@ def _fill(fd: int, buffers: list[memoryview], size: int, checksum: bool = False)
     return crcs
 
 
-def _read_file(path: str, max_size: int | None = None) -> memoryview:
-    """The bytes of the regular file at ``path``, read into memory of their own.
+def _read_file(root: str, key: str, max_size: int | None = None) -> memoryview:
+    """The bytes of the regular file ``key`` under ``root``, read into memory of their own.
 
     Nothing is mapped: a file that someone else changes or truncates later cannot change
     (or, through SIGBUS, kill) what was read. docs/FORMAT.md, "Reads", has the
     figures against the mapped copy-on-write reads this replaced.
     """
-    fd, size = _open_regular(path)
+    fd, size = _open_regular(root, key)
     try:
         if max_size is not None and size > max_size:
             raise UnexpectedObjectError(f"is {size} bytes; at most {max_size} expected")
@@ -187,20 +203,23 @@ def _read_file(path: str, max_size: int | None = None) -> memoryview:
         os.close(fd)
 
 
-def _file_size(path: str) -> int:
-    """The size of the regular file at ``path`` (refused as a read would refuse it)."""
-    fd, size = _open_regular(path)
+def _file_size(root: str, key: str) -> int:
+    """The size of the regular file ``key`` under ``root`` (refused as a read would refuse it)."""
+    fd, size = _open_regular(root, key)
     os.close(fd)
     return size
 
 
-def _read_file_into(path: str, buffers: list[memoryview], checksum: bool = False) -> list[int]:
-    """Fill ``buffers`` with the regular file at ``path``, exactly as long as they are.
+def _read_file_into(
+    root: str, key: str, buffers: list[memoryview], checksum: bool = False
+) -> list[int]:
+    """Fill ``buffers`` with the regular file ``key`` under ``root``, exactly as long as they
+    are.
 
     With ``checksum``, the running crc32c after each buffer (see :func:`_fill`).
     """
     expected = sum(len(view) for view in buffers)
-    fd, size = _open_regular(path)
+    fd, size = _open_regular(root, key)
     try:
         if size != expected:
             raise UnexpectedObjectError(f"is {size} bytes; expected {expected}")
@@ -425,13 +444,13 @@ class LocalBackend(StoreBackend):
 
     async def read(self, key: str, max_size: int | None = None) -> memoryview:
         try:
-            return await self._run(f"reading {key}", _read_file, str(self.root / key), max_size)
+            return await self._run(f"reading {key}", _read_file, str(self.root), key, max_size)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 
     async def read_into(self, key: str, buffers: list[memoryview]) -> None:
         try:
-            await self._run(f"reading {key}", _read_file_into, str(self.root / key), buffers)
+            await self._run(f"reading {key}", _read_file_into, str(self.root), key, buffers)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 
@@ -439,7 +458,7 @@ class LocalBackend(StoreBackend):
         """Each slice is checksummed as it is read, in the reading thread (one pass)."""
         try:
             return await self._run(
-                f"reading {key}", _read_file_into, str(self.root / key), buffers, True
+                f"reading {key}", _read_file_into, str(self.root), key, buffers, True
             )
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
@@ -447,7 +466,8 @@ class LocalBackend(StoreBackend):
     async def read_many(self, keys: list[str], max_size: int | None = None) -> list[ManyRead]:
         """The files are read by a few threads (:meth:`_in_lanes`): one trip through the
         event loop for all of them, and several reads waiting on the disk at once."""
-        return await self._in_lanes(keys, lambda _, path: _read_file(path, max_size))
+        root = str(self.root)
+        return await self._in_lanes(keys, lambda _, key: _read_file(root, key, max_size))
 
     async def read_many_into_checked(
         self, requests: list[tuple[str, list[memoryview]]]
@@ -455,13 +475,14 @@ class LocalBackend(StoreBackend):
         """The files are read by a few threads (:meth:`_in_lanes`), each slice checksummed
         as it lands (one pass over the bytes, the GIL released for both the read and the
         crc32c)."""
+        root = str(self.root)
         return await self._in_lanes(
             [key for key, _ in requests],
-            lambda index, path: _read_file_into(path, requests[index][1], True),
+            lambda index, key: _read_file_into(root, key, requests[index][1], True),
         )
 
     async def _in_lanes(self, keys: list[str], read: Callable[[int, str], T]) -> list[T | Refusal]:
-        """``read(index, path)`` of each key's file, the keys shared out among READ_LANES
+        """``read(index, key)`` of each key's file, the keys shared out among READ_LANES
         threads of the store's pool, each going file after file with no trip through the
         event loop in between. Per key its result, or the MissingKeyError or
         UnexpectedObjectError that refused it; other OSErrors raise StoreUnavailableError.
@@ -469,13 +490,13 @@ class LocalBackend(StoreBackend):
         """
         outcomes: list[Any] = [None] * len(keys)
         handout = _Handout(len(keys))
-        root, location = str(self.root), self.location
+        location = self.location
 
         def lane() -> None:
             while (index := handout.take()) is not None:
                 key = keys[index]
                 try:
-                    outcomes[index] = read(index, os.path.join(root, key))
+                    outcomes[index] = read(index, key)
                 except (FileNotFoundError, NotADirectoryError):
                     outcomes[index] = MissingKeyError(key)
                 except UnexpectedObjectError as error:
@@ -495,7 +516,7 @@ class LocalBackend(StoreBackend):
 
     async def size(self, key: str) -> int:
         try:
-            return await self._run(f"reading {key}", _file_size, str(self.root / key))
+            return await self._run(f"reading {key}", _file_size, str(self.root), key)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 
@@ -513,17 +534,30 @@ class LocalBackend(StoreBackend):
                 parse_snapshot_id(entry.name)
             except ValueError:
                 continue
-            if os.path.exists(os.path.join(entry.path, MANIFEST_NAME)):
+            # a folder that is a symbolic link holds nothing (see _check_no_linked_folder)
+            if entry.is_dir(follow_symlinks=False) and os.path.exists(
+                os.path.join(entry.path, MANIFEST_NAME)
+            ):
                 found.append(entry.name)
         return found
+
+    def _is_committed_sync(self, snapshot_id: str) -> bool:
+        try:
+            _check_no_linked_folder(
+                str(self.root), f"{SNAPSHOTS_PREFIX}/{snapshot_id}/{MANIFEST_NAME}"
+            )
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return os.path.exists(self.snapshots_dir / snapshot_id / MANIFEST_NAME)
 
     async def committed_ids(self, *, fresh: bool = False) -> list[str]:
         """Every call reads the folder: there is no cache to refresh."""
         return await self._run("listing snapshots", self._committed_ids_sync)
 
     async def is_committed(self, snapshot_id: str) -> bool:
-        manifest = self.snapshots_dir / snapshot_id / MANIFEST_NAME
-        return await self._run(f"checking snapshot {snapshot_id}", os.path.exists, manifest)
+        return await self._run(
+            f"checking snapshot {snapshot_id}", self._is_committed_sync, snapshot_id
+        )
 
     def _delete_sync(self, snapshot_id: str) -> bool:
         self.staging_dir.mkdir(parents=True, exist_ok=True)
@@ -785,7 +819,7 @@ class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter):
         published = {}
         for entry in os.scandir(ranks):
             if rank_of_folder(entry.name) is not None and entry.is_dir(follow_symlinks=False):
-                published[entry.name] = _read_file(os.path.join(entry.path, MANIFEST_NAME))
+                published[entry.name] = _read_file(entry.path, MANIFEST_NAME)
         return published
 
     def _publish_sync(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
@@ -844,7 +878,7 @@ class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter):
                 os.rename(staging, committed)
             except FileNotFoundError:
                 # only where flock is missing: another rank committed first
-                return _read_file(os.path.join(committed, MANIFEST_NAME)).tobytes()
+                return _read_file(committed, MANIFEST_NAME).tobytes()
             _fsync_directory(str(backend.snapshots_dir))
             return document
         finally:

@@ -13,14 +13,13 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import crc32c
 import numpy as np
 
 from ..errors import ChecksumMismatchError, FormatVersionError, ManifestError
 from ..param_id import ParamId
 from ..record import SUPPORTED_DTYPES, GradientRecordEntry, GradientsParamsRecord
 from ._backend import shard_prefix, snapshot_key
-from ._checksums import format_checksum, format_checksums, parse_checksum
+from ._checksums import crc32c, format_checksum, format_checksums, parse_checksum
 from ._ids import iso_utc, snapshot_id_time_ms
 from ._validation import GRADIENT_COLUMNS, STATS_COLUMNS, validate_manifest
 from ._zarr_format import (
@@ -95,7 +94,7 @@ def pack(entries: list[GradientRecordEntry], chunk_bytes: int) -> PackedGradient
 
 def packed_checksums(entries: list[GradientRecordEntry]) -> list[int]:
     """The crc32c of each packed gradient (taken once its array is being written)."""
-    return [crc32c.crc32c(entry.array) for entry in entries]
+    return [crc32c(entry.array) for entry in entries]
 
 
 def _param_id_texts(entries: tuple[GradientRecordEntry, ...]) -> list[str]:
@@ -312,7 +311,7 @@ class Manifest:
             starts = [offsets[i] - base for i in positions]
             ends = [start + sizes[i] for start, i in zip(starts, positions, strict=True)]
             expected = [checksums[i] for i in positions]
-        crc = crc32c.crc32c
+        crc = crc32c
         found = [crc(buffer[start:end]) for start, end in zip(starts, ends, strict=True)]
         if found != expected:
             pairs = zip(positions, found, strict=True)

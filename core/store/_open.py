@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._backend import ThreadRunner
 from ._local import LocalBackend
 from ._snapshot_store import SnapshotStore
@@ -20,11 +20,19 @@ def _local_root(url_or_path: str | os.PathLike[str]) -> Path:
     if text.startswith("file:"):
         parsed = urlparse(text)
         if parsed.netloc not in ("", "localhost"):
-            raise ValueError(f"a file URL names a local path (file:///...); got {text!r}")
+            raise InvalidArgumentError(f"a file URL names a local path (file:///...); got {text!r}")
         text = url2pathname(unquote(parsed.path))
     if not text:
-        raise ValueError("the store path is empty")
+        raise InvalidArgumentError("the store path is empty")
     return Path(text).expanduser().absolute()
+
+
+def _check_count(name: str, value: object, least: int) -> None:
+    """InvalidArgumentError unless ``value`` is an int >= ``least`` (a bool is not a count)."""
+    if type(value) is not int or value < least:
+        raise InvalidArgumentError(
+            f"{name} must be an int >= {least}; got {value!r} ({type(value).__name__})"
+        )
 
 
 def open_store(
@@ -46,12 +54,14 @@ def open_store(
     (AWS_ALLOW_HTTP; defaults to true for an ``http://`` endpoint), and obstore's
     ``client_options`` and ``retry_config`` dicts.
     """
-    if not isinstance(pack_threshold, int) or pack_threshold < 0:
-        raise ValueError(f"pack_threshold must be an int >= 0; got {pack_threshold!r}")
-    if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be an int >= 1; got {chunk_bytes!r}")
-    if not isinstance(max_concurrency, int) or max_concurrency < 1:
-        raise ValueError(f"max_concurrency must be an int >= 1; got {max_concurrency!r}")
+    _check_count("pack_threshold", pack_threshold, 0)
+    _check_count("chunk_bytes", chunk_bytes, 1)
+    _check_count("max_concurrency", max_concurrency, 1)
+    if not isinstance(url_or_path, str | os.PathLike):
+        raise InvalidArgumentTypeError(
+            f"store must be a folder path or a URL (str or os.PathLike); got "
+            f"{type(url_or_path).__name__} {url_or_path!r}"
+        )
     text = os.fspath(url_or_path)
     threads = ThreadRunner(max_concurrency)
     scheme = urlparse(text).scheme
@@ -67,10 +77,10 @@ def open_store(
         backend: Any = S3Backend.from_url(text, options, threads, max_concurrency)
     elif scheme in ("", "file"):
         if options:
-            raise TypeError(f"a local store takes no options {sorted(options)}")
+            raise InvalidArgumentTypeError(f"a local store takes no options; got {sorted(options)}")
         backend = LocalBackend(_local_root(text), threads)
     else:
-        raise ValueError(f"store URLs are folder paths, file:// or s3://; got {text!r}")
+        raise InvalidArgumentError(f"store URLs are folder paths, file:// or s3://; got {text!r}")
     return SnapshotStore(
         backend,
         threads,

@@ -39,7 +39,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import dataclass
 from typing import Any
 
-import crc32c
 import numpy as np
 
 from ..errors import ChecksumMismatchError, ManifestError
@@ -52,7 +51,7 @@ from ._backend import (
     ThreadRunner,
     UnexpectedObjectError,
 )
-from ._checksums import crc32c_combine, parse_checksum
+from ._checksums import crc32c, crc32c_combine, parse_checksum
 from ._codecs import decompress_into, encoded_size_bounds, split_crc
 from ._manifest import Manifest
 from ._validation import ArrayClaim, validate_array_document
@@ -121,7 +120,7 @@ class _GradientChecksum:
         self.value = crc32c_combine(self.value, payload_crc, length)
 
     def add_bytes(self, data: memoryview) -> None:
-        self.value = crc32c.crc32c(data, value=self.value)
+        self.value = crc32c(data, self.value)
 
     def check(self) -> None:
         """ChecksumMismatchError naming the gradient unless the pieces were all of it."""
@@ -628,7 +627,7 @@ class SnapshotReader:
                 body, stored = split_crc(raw)
             except ValueError as error:
                 raise ChecksumMismatchError(f"{self._where(read)}: {error}") from None
-            computed = crc32c.crc32c(body)
+            computed = crc32c(body)
             if computed != stored:
                 raise ChecksumMismatchError(
                     f"{self._where(read)} fails its crc32c check: stored crc32c {stored:08x}, "
@@ -646,7 +645,7 @@ class SnapshotReader:
                     f"{self._where(read)} does not decode as the snapshot's compression "
                     f"({compression.codec['name']}) says: {error}"
                 ) from None
-            return crc32c.crc32c(out)
+            return crc32c(out)
 
         if span.padded_length >= THREAD_DECODE_BYTES:
             return await self._threads.run(check)

@@ -14,7 +14,7 @@ import operator
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import FormatVersionError, SnapshotNotFoundError
+from ..errors import FormatVersionError, InvalidArgumentError, SnapshotNotFoundError
 from ._manifest import SnapshotInfo
 
 if TYPE_CHECKING:
@@ -26,7 +26,8 @@ RETENTION_ROUNDS = 3
 
 
 def _count(name: str, value: object, least: int) -> int | None:
-    """``value`` as an int >= ``least`` (None stays None); ValueError naming ``name`` otherwise."""
+    """``value`` as an int >= ``least`` (None stays None); InvalidArgumentError (a
+    ValueError) naming ``name`` otherwise."""
     if value is None:
         return None
     # bool is an int to Python, but keep_last=True is a mistake, not a count of one
@@ -38,7 +39,7 @@ def _count(name: str, value: object, least: int) -> int | None:
         else:
             if count >= least:
                 return count
-    raise ValueError(
+    raise InvalidArgumentError(
         f"{name} must be an int >= {least} or None; got {value!r} ({type(value).__name__})"
     )
 

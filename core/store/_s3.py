@@ -51,7 +51,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, NotFoundError
 from obstore.store import S3Store
 
-from ..errors import InvalidArgumentError, StoreUnavailableError
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError, StoreUnavailableError
 from ._backend import (
     GC_MARKER_NAME,
     MANIFEST_NAME,
@@ -212,18 +212,24 @@ class S3Backend(StoreBackend):
         cls, url: str, options: dict[str, Any], threads: ThreadRunner, concurrency: int
     ) -> S3Backend:
         """The backend of ``s3://bucket/prefix``, its settings from ``options`` and the
-        environment (see :func:`open_store`); TypeError for an unknown option, ValueError
-        for a bad bucket or prefix."""
+        environment (see :func:`open_store`); InvalidArgumentTypeError (a TypeError) for an
+        unknown option, InvalidArgumentError (a ValueError) for a bad bucket or prefix."""
         unknown = sorted(set(options) - set(S3_OPTIONS))
         if unknown:
-            raise TypeError(f"unknown S3 store options {unknown}; known: {list(S3_OPTIONS)}")
+            raise InvalidArgumentTypeError(
+                f"unknown S3 store options {unknown}; known: {list(S3_OPTIONS)}"
+            )
         parsed = urlparse(url)
         bucket = parsed.netloc
         if not _BUCKET.fullmatch(bucket):
-            raise ValueError(f"an S3 URL is s3://<bucket>/<prefix>; bucket {bucket!r} is not valid")
+            raise InvalidArgumentError(
+                f"an S3 URL is s3://<bucket>/<prefix>; bucket {bucket!r} is not valid"
+            )
         parts = [part for part in parsed.path.split("/") if part]
         if any(part in (".", "..") for part in parts):
-            raise ValueError(f"an S3 prefix may not contain '.' or '..' segments; got {url!r}")
+            raise InvalidArgumentError(
+                f"an S3 prefix may not contain '.' or '..' segments; got {url!r}"
+            )
         environ = os.environ
         endpoint = (
             options.get("endpoint")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,16 +17,53 @@ def _json_float(value: float) -> float | str:
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
-def _stats_dict(sum_squares: float, max_abs: float, nan_count: int, inf_count: int) -> dict:
+def _stats_dict(norm: float, max_abs: float, nan_count: int, inf_count: int) -> dict:
     return {
-        "l2_norm": _json_float(math.sqrt(sum_squares)),
-        "max_abs": _json_float(max_abs),
+        "l2_norm": _json_float(norm),
+        "max_abs": _json_float(max_abs + 0.0),  # -0.0 (all values -0.0) is written 0.0
         "nan_count": nan_count,
         "inf_count": inf_count,
     }
 
 
 _ZERO_STATS = {"l2_norm": 0.0, "max_abs": 0.0, "nan_count": 0, "inf_count": 0}
+
+#: Below this max |g|, squares lose precision (float32 squares underflow at |g| < 1e-19,
+#: float64 ones at |g| < 1e-154): the sum of squares is then taken of the values divided
+#: by max |g|. Above it, what is lost to underflow is under 1e-18 of max |g|^2 per value.
+SCALED_BELOW = 2.0**-30
+
+
+@dataclass(frozen=True)
+class SumOfSquares:
+    """A sum of squares held as ``scale**2 * scaled`` (LAPACK's dnrm2), so that neither
+    the squares of tiny values (subnormals) nor those of huge ones leave float64's range:
+    its norm is non-zero whenever any value is, and finite while max |g| is."""
+
+    scale: float
+    scaled: float
+
+    @staticmethod
+    def of(values: np.ndarray, max_abs: float) -> SumOfSquares:
+        """The sum of squares of ``values`` (finite, |v| <= ``max_abs``), in float64."""
+        if max_abs == 0.0:
+            return SumOfSquares(1.0, 0.0)
+        scaled = values.astype(np.float64) / max_abs
+        return SumOfSquares(max_abs, float(np.einsum("i,i->", scaled, scaled)))
+
+    def __add__(self, other: SumOfSquares) -> SumOfSquares:
+        if not other.scaled:  # a sum of zeros, whatever its scale, leaves the other whole
+            return self
+        if not self.scaled:
+            return other
+        if other.scale == self.scale:
+            return SumOfSquares(self.scale, self.scaled + other.scaled)
+        big, small = (self, other) if self.scale > other.scale else (other, self)
+        ratio = small.scale / big.scale
+        return SumOfSquares(big.scale, big.scaled + small.scaled * ratio * ratio)
+
+    def norm(self) -> float:
+        return self.scale * math.sqrt(self.scaled)
 
 
 def _flat_for_math(array: np.ndarray) -> np.ndarray:
@@ -36,16 +74,16 @@ def _flat_for_math(array: np.ndarray) -> np.ndarray:
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def _careful_stats(flat: np.ndarray) -> tuple[float, float, int, int]:
-    """Stats of an array holding NaN or Inf: norms over the finite values, plus counts."""
+def _careful_stats(flat: np.ndarray) -> tuple[SumOfSquares, float, int, int]:
+    """Stats of an array holding NaN or Inf, or too small or too large values to square
+    at once: norms over the finite values (scaled by max |g|), plus counts."""
     nan_count = int(np.count_nonzero(np.isnan(flat)))
     inf_count = int(np.count_nonzero(np.isinf(flat)))
-    finite = flat[np.isfinite(flat)]
+    finite = flat[np.isfinite(flat)] if nan_count or inf_count else flat
     if finite.size == 0:
-        return 0.0, 0.0, nan_count, inf_count
-    sum_squares = float(np.einsum("i,i->", finite, finite, dtype=np.float64))
+        return SumOfSquares(1.0, 0.0), 0.0, nan_count, inf_count
     max_abs = max(float(finite.max()), -float(finite.min()))
-    return sum_squares, max_abs, nan_count, inf_count
+    return SumOfSquares.of(finite, max_abs), max_abs, nan_count, inf_count
 
 
 _ROW = 1024
@@ -67,29 +105,32 @@ def _sum_squares(flat: np.ndarray) -> float:
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def _piece_stats(array: np.ndarray) -> tuple[float, float, int, int]:
+def _piece_stats(array: np.ndarray) -> tuple[SumOfSquares, float, int, int]:
     """Sum of squares and max |g| (finite values only), NaN and Inf counts of ``array``."""
     flat = _flat_for_math(array)
-    sum_squares = _sum_squares(flat)
     high, low = flat.max(), flat.min()
     if flat.dtype.kind == "f":
         max_abs = max(float(high), -float(low))
-        if not (math.isfinite(sum_squares) and math.isfinite(max_abs)):
+        if not SCALED_BELOW <= max_abs < math.inf:  # NaN and 0.0 too (0.0 costs nothing)
+            return _careful_stats(flat)
+        sum_squares = _sum_squares(flat)
+        if not math.isfinite(sum_squares):
             return _careful_stats(flat)
     else:
         max_abs = float(max(int(high), -int(low)))
-    return sum_squares, max_abs, 0, 0
+        sum_squares = _sum_squares(flat)
+    return SumOfSquares(1.0, sum_squares), max_abs, 0, 0
 
 
 class StatsAccumulator:
     """:func:`gradient_stats` of a gradient given piece by piece (its chunks, in any order).
 
     Each piece is reduced as it comes, so only one piece need be in memory at a time;
-    the sums of squares of the pieces are added in float64.
+    the sums of squares of the pieces are added in float64 (scaled, see SumOfSquares).
     """
 
     def __init__(self) -> None:
-        self._sum_squares = 0.0
+        self._sum_squares = SumOfSquares(1.0, 0.0)
         self._max_abs: float | None = None
         self._nan_count = 0
         self._inf_count = 0
@@ -108,7 +149,8 @@ class StatsAccumulator:
         """The stats of every value taken in (those of an empty gradient if none)."""
         if self._max_abs is None:
             return dict(_ZERO_STATS)
-        return _stats_dict(self._sum_squares, self._max_abs, self._nan_count, self._inf_count)
+        norm = self._sum_squares.norm()
+        return _stats_dict(norm, self._max_abs, self._nan_count, self._inf_count)
 
 
 def gradient_stats(array: np.ndarray) -> dict:
@@ -173,11 +215,15 @@ def packed_stats(
             max_abs[positions] = np.maximum(highs, -lows)
     columns: dict[str, list] = {
         "l2_norm": np.sqrt(sum_squares).tolist(),
-        "max_abs": max_abs.tolist(),
+        "max_abs": (max_abs + 0.0).tolist(),  # -0.0 is written 0.0
         "nan_count": [0] * count,
         "inf_count": [0] * count,
     }
-    for index in np.flatnonzero(~(np.isfinite(sum_squares) & np.isfinite(max_abs))).tolist():
+    # NaN or Inf, or values whose float64 squares may leave its range: one at a time
+    careful = ~(np.isfinite(sum_squares) & np.isfinite(max_abs)) | (
+        (max_abs > 0) & (max_abs < SCALED_BELOW)
+    )
+    for index in np.flatnonzero(careful).tolist():
         dtype = np.dtype(dtypes[index]).newbyteorder("<")
         array = np.frombuffer(
             buffer, dtype, count=sizes[index] // dtype.itemsize, offset=offsets[index]

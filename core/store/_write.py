@@ -214,6 +214,9 @@ class SnapshotWrite:
         self.failed = False
         #: writes still in flight once their arrays' checksums and stats are known
         self._in_flight: list[asyncio.Future[None]] = []
+        #: each array's ``zarr.json`` document by array name, for the group's
+        #: consolidated metadata
+        self._array_documents: dict[str, dict[str, Any]] = {}
 
     async def run(
         self,
@@ -280,7 +283,9 @@ class SnapshotWrite:
                 own_arrays=dict(zip(own_positions, results, strict=False)),
                 shard=None if shard is None else (shard.rank, shard.world_size),
             )
-            group_document = await self._threads.run(_manifest_document, manifest)
+            group_document = await self._threads.run(
+                _manifest_document, manifest, self._array_documents
+            )
             await asyncio.gather(*self._in_flight)
             if shard is None:
                 await writer.commit(group_document)
@@ -324,6 +329,7 @@ class SnapshotWrite:
         document = array_metadata(
             entry.shape, entry.dtype, chunk_shape, self._compression, attributes
         )
+        self._array_documents[str(entry.param_id)] = document
         await writer.write_array(str(entry.param_id), dump_json(document), iter(chunks))
         return {
             "array": str(entry.param_id),
@@ -342,6 +348,7 @@ class SnapshotWrite:
         document = array_metadata(
             entry.shape, entry.dtype, chunk_shape, self._compression, attributes
         )
+        self._array_documents[str(entry.param_id)] = document
         async with rings.lend(max((span.length for span in spans), default=1)) as ring:
             chunks = _StreamedChunks(entry, spans, self._compression, self, ring, device)
             stream = iter(chunks)
@@ -379,6 +386,7 @@ class SnapshotWrite:
         document = array_metadata(
             (packed.length,), "uint8", (packed.chunk_bytes,), self._compression
         )
+        self._array_documents[PACKED_ARRAY] = document
         self._in_flight.append(
             asyncio.ensure_future(
                 writer.write_array(PACKED_ARRAY, dump_json(document), iter(chunks))
@@ -415,6 +423,7 @@ def _packed_columns(
     return packed_checksums(small), stats
 
 
-def _manifest_document(manifest: dict[str, Any]) -> bytes:
-    """The snapshot group's ``zarr.json``: the manifest in its attributes."""
-    return dump_json(group_metadata({"gradvault": manifest}), compact=True)
+def _manifest_document(manifest: dict[str, Any], arrays: dict[str, dict[str, Any]]) -> bytes:
+    """The snapshot group's ``zarr.json``: the manifest in its attributes, and every array's
+    ``zarr.json`` (``arrays``, by name) as its consolidated metadata."""
+    return dump_json(group_metadata({"gradvault": manifest}, arrays), compact=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -90,9 +91,31 @@ def array_metadata(
     }
 
 
-def group_metadata(attributes: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``zarr.json`` zarr-python writes for a group with these attributes."""
-    return {"attributes": attributes or {}, "zarr_format": 3, "node_type": "group"}
+def group_metadata(
+    attributes: dict[str, Any] | None = None, members: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The ``zarr.json`` zarr-python writes for a group with these attributes.
+
+    With ``members`` (each node under the group, by its path relative to the group, to
+    that node's own ``zarr.json`` document), the group carries them as Zarr v3
+    consolidated metadata, as ``zarr.consolidate_metadata`` writes it (members ordered by
+    depth, then by name), so that a reader lists the group's nodes from this one document
+    instead of listing the store, which HTTP cannot do.
+    """
+    document: dict[str, Any] = {"attributes": attributes or {}, "zarr_format": 3}
+    if members is not None:
+        document["consolidated_metadata"] = {
+            "kind": "inline",
+            "must_understand": False,
+            "metadata": {path: members[path] for path in sorted(members, key=_member_order)},
+        }
+    document["node_type"] = "group"
+    return document
+
+
+def _member_order(path: str) -> tuple[int, str]:
+    """zarr-python's order of consolidated members: by depth, then by folded name."""
+    return path.count("/"), unicodedata.normalize("NFKC", path).casefold()
 
 
 def dump_json(document: dict[str, Any], *, compact: bool = False) -> bytes:

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from math import ceil
 
-import crc32c
 import numpy as np
 
 from ..errors import (
@@ -37,6 +36,7 @@ from ._backend import (
     StoreBackend,
     UnexpectedObjectError,
 )
+from ._checksums import crc32c
 from ._codecs import encoded_size_bounds, split_crc
 from ._ids import is_snapshot_id
 from ._manifest import Manifest
@@ -245,7 +245,7 @@ class ZarrView:
             body, stored = split_crc(data)
         except ValueError as error:
             raise ChecksumMismatchError(self._chunk_problem(found, str(error))) from None
-        computed = crc32c.crc32c(body)
+        computed = crc32c(body)
         if computed != stored:
             raise ChecksumMismatchError(
                 self._chunk_problem(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -160,13 +160,24 @@ def run_series(run: str, snapshots: list[SnapshotStats], max_points: int) -> dic
     each point shows the largest norm of each layer over its bucket, at the bucket's last
     step, so a spike is never averaged away. Steps with NaN or Inf (or an overflowed
     norm) are listed one by one in ``nonfinite`` whatever the bucketing (up to
-    ``MAX_NONFINITE_LISTED``). A layer is a gradient name; one a snapshot lacks is null.
+    ``MAX_NONFINITE_LISTED``). A layer is a gradient, one series per ParamId (two
+    gradients may share a name), labelled by its name (the first the run gives it), or by
+    ``"<name> (<param_id>)"`` where other gradients of the run have that name too; one a
+    snapshot lacks is null.
     """
     ordered = sorted(snapshots, key=lambda stats: (stats.step, stats.id))
     layer_of: dict[str, int] = {}
+    first_names: list[str] = []
     for stats in ordered:
-        for name in stats.names:
-            layer_of.setdefault(name, len(layer_of))
+        for param_id, name in zip(stats.param_ids, stats.names, strict=True):
+            if param_id not in layer_of:
+                layer_of[param_id] = len(layer_of)
+                first_names.append(name)
+    shared = {name for name, count in Counter(first_names).items() if count > 1}
+    labels = [
+        f"{name} ({param_id})" if name in shared else name
+        for param_id, name in zip(layer_of, first_names, strict=True)
+    ]
     bucket_size = max(1, math.ceil(len(ordered) / max_points))
     steps: list[int] = []
     ids: list[str] = []
@@ -175,9 +186,9 @@ def run_series(run: str, snapshots: list[SnapshotStats], max_points: int) -> dic
         bucket = ordered[start : start + bucket_size]
         largest: list[float | None] = [None] * len(layer_of)
         for stats in bucket:
-            for name, norm in zip(stats.names, stats.l2_norms, strict=True):
+            for param_id, norm in zip(stats.param_ids, stats.l2_norms, strict=True):
                 value = _drawable(norm)
-                position = layer_of[name]
+                position = layer_of[param_id]
                 if value is not None and (largest[position] is None or value > largest[position]):
                     largest[position] = value
         steps.append(bucket[-1].step)
@@ -191,9 +202,13 @@ def run_series(run: str, snapshots: list[SnapshotStats], max_points: int) -> dic
             "nan_count": stats.nan_count,
             "inf_count": stats.inf_count,
             "layers": [
-                name
-                for name, nans, infs, norm in zip(
-                    stats.names, stats.nan_counts, stats.inf_counts, stats.l2_norms, strict=True
+                labels[layer_of[param_id]]
+                for param_id, nans, infs, norm in zip(
+                    stats.param_ids,
+                    stats.nan_counts,
+                    stats.inf_counts,
+                    stats.l2_norms,
+                    strict=True,
                 )
                 if nans or infs or not math.isfinite(norm)
             ],
@@ -205,7 +220,8 @@ def run_series(run: str, snapshots: list[SnapshotStats], max_points: int) -> dic
         "run": run,
         "snapshots": len(ordered),
         "bucket_size": bucket_size,
-        "layers": list(layer_of),
+        "layers": labels,
+        "param_ids": list(layer_of),
         "steps": steps,
         "ids": ids,
         "l2_norm": norms,

@@ -9,7 +9,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import crc32c
+import google_crc32c
 import httpx
 import pytest
 
@@ -167,7 +167,7 @@ async def test_a_404_is_snapshot_not_found_and_not_retried(kind: str) -> None:
 
 
 def _crc(data: memoryview) -> str:
-    return f"crc32c:{crc32c.crc32c(data):08x}"
+    return f"crc32c:{google_crc32c.value(bytes(data)):08x}"
 
 
 class DroppedBody(httpx.SyncByteStream, httpx.AsyncByteStream):

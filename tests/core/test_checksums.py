@@ -1,24 +1,28 @@
-"""crc32c combination (core/store/_checksums.py): a gradient's checksum from its chunks'.
+"""crc32c (core/store/_checksums.py): running checksums, and a gradient's from its chunks'.
 
 Writes and reads never checksum a gradient's bytes twice: its checksum is combined from
 the crc32c of each chunk's data. These check the combination against a direct crc32c of
-the whole buffer, for random sizes and random ways of cutting it.
+the whole buffer, for random sizes and random ways of cutting it; and the running crc32c
+the store takes over every kind of buffer it holds against google_crc32c over bytes.
 """
 
 from __future__ import annotations
 
+import mmap
 import random
 
-import crc32c
+import google_crc32c
+import ml_dtypes
+import numpy as np
 import pytest
 
-from gradvault.core.store._checksums import crc32c_combine
+from gradvault.core.store._checksums import crc32c, crc32c_combine
 
 
 def combined(pieces: list[bytes]) -> int:
     value = 0
     for piece in pieces:
-        value = crc32c_combine(value, crc32c.crc32c(piece), len(piece))
+        value = crc32c_combine(value, google_crc32c.value(bytes(piece)), len(piece))
     return value
 
 
@@ -36,20 +40,23 @@ def test_combining_random_cuts_gives_the_crc32c_of_the_whole(seed: int) -> None:
     for count in (1, 2, 3, rng.randrange(4, 40)):
         pieces = cut(data, rng, count)
         assert b"".join(pieces) == data
-        assert combined(pieces) == crc32c.crc32c(data), (len(data), [len(p) for p in pieces])
+        assert combined(pieces) == google_crc32c.value(bytes(data)), (
+            len(data),
+            [len(p) for p in pieces],
+        )
 
 
 def test_equal_chunks_and_a_short_last_one_as_a_chunked_gradient_is_read() -> None:
     rng = random.Random(1)
     data = rng.randbytes(5 * 65536 + 123)
     pieces = [data[start : start + 65536] for start in range(0, len(data), 65536)]
-    assert combined(pieces) == crc32c.crc32c(data)
+    assert combined(pieces) == google_crc32c.value(bytes(data))
 
 
 def test_a_flipped_byte_in_any_piece_changes_the_combination() -> None:
     rng = random.Random(2)
     data = bytearray(rng.randbytes(10_000))
-    good = crc32c.crc32c(bytes(data))
+    good = google_crc32c.value(bytes(data))
     for position in (0, 4999, 5000, 9999):
         damaged = bytearray(data)
         damaged[position] ^= 0x01
@@ -58,7 +65,7 @@ def test_a_flipped_byte_in_any_piece_changes_the_combination() -> None:
 
 
 def test_an_empty_side_leaves_the_other_crc() -> None:
-    crc = crc32c.crc32c(b"gradient bytes")
+    crc = google_crc32c.value(b"gradient bytes")
     assert crc32c_combine(crc, 0, 0) == crc  # nothing appended
     assert crc32c_combine(0, crc, 14) == crc  # appended to nothing
 
@@ -73,3 +80,42 @@ def test_combination_is_associative_for_lengths_no_buffer_could_hold() -> None:
         left = crc32c_combine(crc32c_combine(a, b, length_b), c, length_c)
         right = crc32c_combine(a, crc32c_combine(b, c, length_c), length_b + length_c)
         assert left == right
+
+
+def buffers_of(data: bytes) -> dict[str, object]:
+    """``data`` as each kind of buffer the store checksums: its own and the libraries'."""
+    mapped = mmap.mmap(-1, max(len(data), 1))
+    mapped[: len(data)] = data
+    return {
+        "bytes": data,
+        "bytearray": bytearray(data),
+        "writable memoryview": memoryview(bytearray(data)),
+        "read-only memoryview": memoryview(data),
+        "memoryview slice": memoryview(b"xx" + data + b"yy")[2 : 2 + len(data)],
+        "mmap": memoryview(mapped)[: len(data)],
+        "uint8 array": np.frombuffer(data, np.uint8).copy(),
+    }
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 4096, (1 << 20) + 3])
+def test_running_crc32c_over_every_kind_of_buffer(size: int) -> None:
+    data = random.Random(size).randbytes(size)
+    want = google_crc32c.value(data)
+    for kind, buffer in buffers_of(data).items():
+        assert crc32c(buffer) == want, kind
+        # continued piece after piece from the crc32c of the bytes before each
+        half = size // 2
+        view = memoryview(buffer).cast("B")
+        assert crc32c(view[half:], crc32c(view[:half])) == want, kind
+
+
+def test_running_crc32c_of_typed_arrays_is_that_of_their_bytes() -> None:
+    values = np.linspace(-3, 3, 1001, dtype=np.float32)
+    for array in (values, values.astype(np.float64), values.astype(ml_dtypes.bfloat16)):
+        assert crc32c(array) == google_crc32c.value(array.tobytes()), array.dtype
+    assert crc32c(np.float32(1.5)) == google_crc32c.value(np.float32(1.5).tobytes())
+
+
+def test_running_crc32c_refuses_a_strided_buffer() -> None:
+    with pytest.raises(ValueError, match="contiguous"):
+        crc32c(np.arange(10.0)[::2])

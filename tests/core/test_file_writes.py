@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import crc32c
+import google_crc32c
 import numpy as np
 import pytest
 
@@ -56,7 +56,7 @@ def chunk_parts(data: bytes, padding: int = 0) -> tuple[list[object], Crc32cTrai
 
 def expected_file(data: bytes, padding: int = 0) -> bytes:
     body = data + bytes(padding)
-    return body + crc32c.crc32c(body).to_bytes(4, "little")
+    return body + google_crc32c.value(bytes(body)).to_bytes(4, "little")
 
 
 def direct_writes_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:

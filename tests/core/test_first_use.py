@@ -231,3 +231,57 @@ def test_the_readme_benchmark_table_marks_every_missed_target() -> None:
             assert met == "MISSED", f"{name}: {ratio} misses <= {target} but says {met!r}"
         else:
             assert met == "met", f"{name}: {ratio} meets <= {target} but says {met!r}"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"keep_last": -1}, "keep_last"),
+        ({"keep_last": True}, "keep_last"),
+        ({"keep_last": 2.0}, "keep_last"),
+        ({"keep_every": 0}, "keep_every"),
+        ({"keep_every": "10"}, "keep_every"),
+        ({"max_pending_bytes": -1}, "max_pending_bytes"),
+        ({"pack_threshold": -1}, "pack_threshold"),
+        ({"pack_threshold": True}, "pack_threshold"),
+        ({"chunk_bytes": 0}, "chunk_bytes"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"max_concurrency": 2.5}, "max_concurrency"),
+    ],
+)
+def test_every_bad_recorder_value_is_an_argument_error(
+    tmp_path: Path, arguments: dict[str, object], named: str
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=named) as raised:
+        Recorder(tmp_path / "store", **arguments)  # type: ignore[arg-type]
+    assert isinstance(raised.value, ValueError)
+    assert repr(next(iter(arguments.values()))) in str(raised.value)  # what was found
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize(
+    ("store", "options", "error", "named"),
+    [
+        ("", {}, InvalidArgumentError, "empty"),
+        ("file://host/x", {}, InvalidArgumentError, "file:///"),
+        ("ftp://host/x", {}, InvalidArgumentError, "s3://"),
+        ("s3://Bad_Bucket/x", {}, InvalidArgumentError, "Bad_Bucket"),
+        ("s3://bucket/../x", {}, InvalidArgumentError, "'..'"),
+        (
+            "s3://bucket/x",
+            {"endpoit": "http://127.0.0.1:1"},
+            gv.InvalidArgumentTypeError,
+            "endpoit",
+        ),
+        ("LOCAL", {"endpoint": "http://127.0.0.1:1"}, gv.InvalidArgumentTypeError, "endpoint"),
+        (42, {}, gv.InvalidArgumentTypeError, "int 42"),
+    ],
+)
+def test_every_bad_store_is_an_argument_error(
+    tmp_path: Path, store: object, options: dict[str, object], error: type, named: str
+) -> None:
+    location = str(tmp_path / "store") if store == "LOCAL" else store
+    for make in (Recorder, gv.open_store):
+        with pytest.raises(error, match=re.escape(named)):
+            make(location, **options)  # type: ignore[arg-type]
+    assert not (tmp_path / "store").exists()

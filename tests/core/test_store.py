@@ -261,14 +261,14 @@ async def test_manifest_has_stats_checksums_and_run_fields(store: SnapshotStore)
         "inf_count": 1,
     }
     assert by_name["count"]["stats"]["max_abs"] == 4.0
-    import crc32c
+    import google_crc32c
 
     for entry in record:
         gradient = by_name[entry.name]
         assert gradient["param_id"] == str(entry.param_id)
         assert gradient["shape"] == list(entry.shape) and gradient["dtype"] == entry.dtype
         assert gradient["nbytes"] == entry.nbytes
-        assert gradient["checksum"] == f"crc32c:{crc32c.crc32c(entry.data):08x}"
+        assert gradient["checksum"] == f"crc32c:{google_crc32c.value(bytes(entry.data)):08x}"
 
 
 @settings(

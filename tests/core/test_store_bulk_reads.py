@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import crc32c
+import google_crc32c
 import numpy as np
 import pytest
 
@@ -94,7 +94,7 @@ async def test_read_many_into_checked_fills_the_buffers_and_gives_running_crcs(
         assert b"".join(bytes(b) for b in buffers) == expected, key
         running, crc = [], 0
         for buffer in buffers:
-            crc = crc32c.crc32c(bytes(buffer), value=crc)
+            crc = google_crc32c.extend(crc, bytes(buffer))
             running.append(crc)
         assert outcome == running, key
     assert isinstance(outcomes[-2], Exception) and "expected" in str(outcomes[-2])

@@ -71,6 +71,27 @@ def test_layers_a_snapshot_lacks_are_gaps_and_zero_norms_cannot_be_drawn() -> No
     assert [bad["layers"] for bad in series["nonfinite"]] == [["new"]]
 
 
+def _manifest_of(step: int, rows: list[tuple[str, str, float]]) -> dict[str, Any]:
+    """A manifest with ``rows`` of (param_id, name, l2_norm)."""
+    manifest = _manifest(step, [(name, norm, 0, 0) for _, name, norm in rows])
+    manifest["gradients"]["param_id"] = [param_id for param_id, _, _ in rows]
+    return manifest
+
+
+def test_gradients_with_the_same_name_are_separate_series() -> None:
+    a, b, c = (f"{i:016x}" for i in (0xA, 0xB, 0xC))
+    first = SnapshotStats.of_manifest(_manifest_of(0, [(a, "w", 1.0), (b, "w", 100.0)]))
+    second = SnapshotStats.of_manifest(
+        _manifest_of(1, [(a, "w", 2.0), (b, "w", 200.0), (c, "bias", 3.0)])
+    )
+    series = run_series("r", [first, second], max_points=10)
+    assert series["l2_norm"] == [[1.0, 2.0], [100.0, 200.0], [None, 3.0]]
+    assert series["layers"] == [f"w ({a})", f"w ({b})", "bias"]  # unique labels
+    assert series["param_ids"] == [a, b, c]
+    # bucketed, each series keeps its own largest norm
+    assert run_series("r", [first, second], max_points=1)["l2_norm"] == [[2.0], [200.0], [3.0]]
+
+
 def test_an_empty_run_has_no_points() -> None:
     series = run_series("r", [], max_points=10)
     assert (series["steps"], series["layers"], series["snapshots"]) == ([], [], 0)

@@ -1,0 +1,104 @@
+"""zarr-python lists a snapshot over HTTP (``/v1/zarr``) from its group document alone.
+
+HTTP has no listing, so ``members()``, ``array_keys()`` and ``tree()`` of a group opened
+by URL work only from the consolidated metadata of the snapshot's ``zarr.json``. Every
+way a snapshot reaches the store is covered: written by the store (local and S3), uploaded
+through the service, and one rank's shard of a sharded snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import ml_dtypes
+import numpy as np
+import pytest
+import zarr
+
+import gradvault.zarr_dtypes  # noqa: F401 - registers bfloat16 with zarr-python
+from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId
+from gradvault.core.safetensors_file import safetensors_chunks
+from gradvault.core.store import new_snapshot_id
+
+#: three own arrays (64 KiB and more, the default pack threshold) and two packed gradients
+ARRAYS = {
+    "fc1.weight": np.arange(200 * 100, dtype=np.float32).reshape(200, 100) / 7,
+    "fc1.bias": np.linspace(-1, 1, 5, dtype=np.float32),
+    "emb": (np.arange(300 * 120, dtype=np.float32).reshape(300, 120) / 3).astype(
+        ml_dtypes.bfloat16
+    ),
+    "counts": np.arange(-4000, 5000, dtype=np.int64),
+    "scalar": np.asarray(2.5, dtype=np.float64),  # 0-d
+}
+
+
+def record() -> GradientsParamsRecord:
+    return GradientsParamsRecord(
+        [GradientRecordEntry.from_array(ParamId(), n, a) for n, a in ARRAYS.items()]
+    )
+
+
+@pytest.fixture
+def serving() -> str:
+    return "uvicorn"  # zarr-python reaches the service through fsspec's HTTP filesystem
+
+
+def list_and_read(url: str) -> tuple[list[str], list[str], str, dict[str, np.ndarray]]:
+    """members(), array_keys() and tree() of the group at ``url``; its gradients by name."""
+    group = zarr.open_group(url, mode="r")
+    members = sorted(name for name, _ in group.members())
+    array_keys = sorted(group.array_keys())
+    tree = str(group.tree())
+    table = group.attrs["gradvault"]["gradients"]
+    packed = group["packed"][...]
+    found = {}
+    for i, name in enumerate(table["name"]):
+        if table["array"][i] == "packed":
+            start, size = table["offset"][i], table["nbytes"][i]
+            raw = packed[start : start + size].tobytes()
+            dtype = np.dtype(table["dtype"][i])
+            found[name] = np.frombuffer(raw, dtype).reshape(tuple(table["shape"][i]))
+        else:
+            found[name] = group[table["array"][i]][...]
+    return members, array_keys, tree, found
+
+
+async def check_listed(base_url: str, path: str) -> None:
+    members, array_keys, tree, found = await asyncio.to_thread(
+        list_and_read, f"{base_url}/v1/zarr/{path}"
+    )
+    assert array_keys == members
+    assert "packed" in members and len(members) == 4  # 3 own arrays and the packed one
+    for name in members:
+        assert name in tree
+    assert set(found) == set(ARRAYS)
+    for name, array in ARRAYS.items():
+        assert found[name].dtype == array.dtype, name
+        assert found[name].tobytes() == array.tobytes(), name
+
+
+async def test_a_stored_snapshot_lists_over_http(service, direct_store) -> None:
+    info = await direct_store.write_snapshot(record(), run="r", step=1)
+    await check_listed(service.base_url, f"snapshots/{info.id}")
+
+
+async def test_an_uploaded_snapshot_lists_over_http(service) -> None:
+    body = b"".join(bytes(piece) for piece in safetensors_chunks(record()))
+    async with service.client() as client:
+        response = await client.post(
+            "/v1/snapshots",
+            params={"run": "r", "step": 2},
+            content=body,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+    assert response.status_code == 201, response.text
+    await check_listed(service.base_url, f"snapshots/{response.json()['id']}")
+
+
+async def test_a_shard_lists_over_http(service, direct_store) -> None:
+    snapshot_id = new_snapshot_id()
+    for rank in range(2):
+        await direct_store.write_shard(
+            record(), snapshot_id=snapshot_id, rank=rank, world_size=2, run="r", step=3
+        )
+    await check_listed(service.base_url, f"snapshots/{snapshot_id}/ranks/1")
