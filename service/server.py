@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import uvicorn
 
 from .access_log import access_log
 from .app import create_app
+from .protocol import protocol_with_timeout
 from .settings import Settings, check_binding
+
+#: how long requests in flight may finish once the service is told to stop
+GRACEFUL_SHUTDOWN_SECONDS = 5
+#: the longest request line and headers taken (h11's default, named here): 400 beyond
+MAX_HEAD_BYTES = 16 * 1024
 
 
 def _configure_logging(level: str) -> None:
@@ -20,6 +27,23 @@ def _configure_logging(level: str) -> None:
     access_log.addHandler(handler)
     access_log.setLevel(logging.INFO)
     access_log.propagate = False
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """``uvicorn.run`` / ``uvicorn.Config`` options that apply the service's connection limits.
+
+    From ``settings`` (docs/SERVICE.md, "Limits"): a deadline for each request's head (the
+    service's own h11 protocol, :mod:`.protocol`, since uvicorn has none), the keep-alive
+    idle time, and the number of connections and requests beyond which uvicorn answers 503.
+    """
+    return {
+        "http": protocol_with_timeout(settings.header_timeout_seconds),
+        "timeout_keep_alive": settings.keep_alive_seconds,
+        "limit_concurrency": settings.limit_concurrency,
+        "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
+        "access_log": False,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_SECONDS,
+    }
 
 
 def serve(settings: Settings | None = None, *, log_level: str = "info") -> None:
@@ -33,4 +57,10 @@ def serve(settings: Settings | None = None, *, log_level: str = "info") -> None:
     check_binding(settings)
     _configure_logging(log_level)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        **uvicorn_options(settings),
+    )

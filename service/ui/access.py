@@ -85,7 +85,7 @@ async def read_login_form(request: Request) -> LoginForm:
     try:
         fields = parse_qs(text, max_num_fields=MAX_LOGIN_FIELDS)
     except ValueError:
-        found = text.count("&") + text.count(";") + 1
+        found = text.count("&") + 1
         raise InvalidFormError(
             f"the login form has the fields token and next (at most {MAX_LOGIN_FIELDS} "
             f"fields); got {found}"
