@@ -33,8 +33,8 @@ def _document_refusals(app: FastAPI) -> None:
     """Add to the schema the answers every route may give through the app's own guards.
 
     The guards are the app's dependencies (a write from another site: 403; a body of
-    another media type: 415) and :class:`RequestLimits` (408, and 413 for a body read
-    whole); the routes do not repeat them.
+    another media type: 415) and :class:`RequestLimits` (a body that stops arriving: 408);
+    the routes do not repeat them.
     """
     build = app.openapi
 

@@ -1,5 +1,8 @@
 """HeaderTimeoutProtocol: uvicorn's HTTP/1.1 protocol with a deadline for a request's head.
 
+It also answers a request that cannot be parsed with the service's JSON error body,
+where uvicorn answers in plain text.
+
 uvicorn bounds the idle time between two requests of a kept-alive connection
 (``timeout_keep_alive``) but not the time a client takes to send a request line and its
 headers: a connection that sends half a request line is held for ever, and enough of them
@@ -32,6 +35,12 @@ REQUEST_TIMEOUT_RESPONSE = (
 REQUEST_TIMEOUT_BODY = (
     b'{"detail":"the request line and headers did not arrive within '
     b'header_timeout_seconds","error":"RequestTimeoutError"}'
+)
+
+#: uvicorn answers a request it cannot parse in plain text; the service's errors are JSON
+INVALID_REQUEST_BODY = (
+    b'{"detail":"the request is not valid HTTP/1.1, or its line and headers are over '
+    b'16 KiB","error":"RemoteProtocolError"}'
 )
 
 
@@ -84,6 +93,22 @@ class HeaderTimeoutProtocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_deadline()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """Answer a request h11 cannot parse (or a head over 16 KiB) with the JSON error body."""
+        body = INVALID_REQUEST_BODY
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event) or b"")
+        self.transport.close()
 
     def _head_deadline_passed(self) -> None:
         self._head_deadline = None

@@ -15,7 +15,8 @@ from .settings import Settings, check_binding
 
 #: how long requests in flight may finish once the service is told to stop
 GRACEFUL_SHUTDOWN_SECONDS = 5
-#: the longest request line and headers taken (h11's default, named here): 400 beyond
+#: the most of a request's line and headers buffered while incomplete (h11's default,
+#: named here): 400 beyond
 MAX_HEAD_BYTES = 16 * 1024
 
 

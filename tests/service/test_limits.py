@@ -229,3 +229,20 @@ def test_keep_alive_comes_from_the_settings(make_served):
         connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert read_response(connection)[0] == 200
         assert read_until_closed(connection) == b""  # closed once idle
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        # 40 KiB of a head that never ends: cut at 16 KiB, not buffered to the deadline
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"x" * (40 << 10),
+    ],
+    ids=["garbage", "unfinished-head-over-16KiB"],
+)
+def test_an_unparsable_request_gets_the_json_error_body(strict_service, request_head):
+    with connect(_port(strict_service)) as connection:
+        connection.sendall(request_head)
+        status, headers, body = read_response(connection)
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert json.loads(body)["error"] == "RemoteProtocolError"
