@@ -28,8 +28,6 @@ from .main import EXIT_OK
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 STARTUP_DEADLINE_SECONDS = 60
-#: how long requests in flight may finish once the service is told to stop
-GRACEFUL_SHUTDOWN_SECONDS = 5
 #: the signals that stop a service the command keeps running
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -96,6 +94,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
 def settings_from(args: argparse.Namespace) -> Any:
     """The Settings the flags name (environment and defaults for the others)."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     settings = _settings_class()
     given = {
@@ -107,15 +106,26 @@ def settings_from(args: argparse.Namespace) -> Any:
         return settings(**given)
     except ValidationError as error:
         raise UsageError(_explain(error, settings), prog="gradvault serve") from None
+    except SettingsError as error:  # a variable that is not valid JSON: it names no value
+        raise UsageError(str(error), prog="gradvault serve") from None
+
+
+#: settings whose values are secrets, or may hold some (S3 keys in store_options)
+SECRET_SETTINGS = frozenset({"tokens", "store_options"})
 
 
 def _explain(error: Any, settings: Any) -> str:
+    """One line per refused setting; the value given is echoed only for a known, public one.
+
+    A name that is not a setting (a misspelt ``GRADVAULT_TOKEN``) may carry a secret too.
+    """
     prefix = settings.model_config.get("env_prefix", "")
     problems = []
     for problem in error.errors():
         name = str(problem["loc"][0]) if problem["loc"] else "settings"
         where = f"{_flag(name)} ({prefix}{name.upper()})"
-        found = "" if name == "tokens" else f", got {problem.get('input')!r}"
+        public = name in settings.model_fields and name not in SECRET_SETTINGS
+        found = f", got {problem.get('input')!r}" if public else ""
         problems.append(f"{where}: {problem['msg']}{found}")
     return "; ".join(problems)
 
@@ -186,6 +196,7 @@ class BackgroundService:
         import uvicorn
 
         from gradvault.service import create_app
+        from gradvault.service.server import uvicorn_options
 
         self._socket = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -198,12 +209,10 @@ class BackgroundService:
                 f"cannot listen on {settings.host}:{settings.port}: {error.strerror}",
             ) from None
         self.host, self.port = settings.host, self._socket.getsockname()[1]
-        # a connection still open at Ctrl-C gets a few seconds, never holds the stop forever
+        # the service's connection limits; a connection still open at Ctrl-C gets a few
+        # seconds, never holds the stop for ever
         config = uvicorn.Config(
-            create_app(settings),
-            log_level=log_level,
-            access_log=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+            create_app(settings), log_level=log_level, **uvicorn_options(settings)
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

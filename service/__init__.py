@@ -8,11 +8,15 @@ routes, authentication and errors.
 from .app import create_app
 from .errors import (
     AuthenticationError,
+    CrossSiteRequestError,
     InsufficientStorageError,
     InvalidCursorError,
+    InvalidFormError,
     OpenBindingError,
     PermissionDeniedError,
     RangeNotSatisfiableError,
+    RequestTimeoutError,
+    UnsupportedMediaTypeError,
     UploadTooLargeError,
 )
 from .server import serve
@@ -20,13 +24,17 @@ from .settings import Scope, Settings
 
 __all__ = [
     "AuthenticationError",
+    "CrossSiteRequestError",
     "InsufficientStorageError",
     "InvalidCursorError",
+    "InvalidFormError",
     "OpenBindingError",
     "PermissionDeniedError",
     "RangeNotSatisfiableError",
+    "RequestTimeoutError",
     "Scope",
     "Settings",
+    "UnsupportedMediaTypeError",
     "UploadTooLargeError",
     "create_app",
     "serve",

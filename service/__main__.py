@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from gradvault.core import StoreUnavailableError
 
@@ -28,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings(**{key: value for key, value in given.items() if value is not None})
         serve(settings, log_level=args.log_level)
-    except (OpenBindingError, ValidationError, StoreUnavailableError) as error:
+    except (OpenBindingError, ValidationError, SettingsError, StoreUnavailableError) as error:
+        # the errors never hold a setting's value (Settings hides inputs in its errors)
         print(f"gradvault.service: {error}", file=sys.stderr)
         return 2
     return 0

@@ -19,6 +19,19 @@ access_log = logging.getLogger("gradvault.access")
 
 #: the route label of a request that matched no route (never its path: unbounded labels)
 UNMATCHED = "unmatched"
+#: the method label of a method HTTP does not define (never the method as sent: a client
+#: may send any token there, and every new label value is a new series kept for ever)
+OTHER_METHOD = "other"
+#: the methods labelled as themselves (RFC 9110's, and PATCH)
+KNOWN_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+)
+
+
+def method_label(scope: Scope) -> str:
+    """The request's method if HTTP defines it, else ``other``."""
+    method = scope["method"]
+    return method if method in KNOWN_METHODS else OTHER_METHOD
 
 
 def route_template(scope: Scope) -> str:
@@ -69,7 +82,7 @@ class RequestTelemetry:
     ) -> None:
         elapsed = time.perf_counter() - started
         route = route_template(scope)
-        method = scope["method"]
+        method = method_label(scope)
         metrics = self.metrics
         metrics.requests.labels(method, route, str(status)).inc()
         metrics.latency.labels(method, route).observe(elapsed)

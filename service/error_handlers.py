@@ -44,6 +44,8 @@ from .errors import (
     InvalidCursorError,
     PermissionDeniedError,
     RangeNotSatisfiableError,
+    RequestTimeoutError,
+    UnsupportedMediaTypeError,
     UploadTooLargeError,
 )
 from .schemas import ErrorBody
@@ -67,7 +69,9 @@ STATUS_BY_ERROR: list[tuple[type[BaseException] | tuple[type[BaseException], ...
     ),
     # a whole-snapshot read of a sharded snapshot: the snapshot's state, not the request's form
     ((SnapshotBusyError, ShardedSnapshotError), 409),
+    (RequestTimeoutError, 408),
     (UploadTooLargeError, 413),
+    (UnsupportedMediaTypeError, 415),
     (RangeNotSatisfiableError, 416),
     (InsufficientStorageError, 507),
     (StoreUnavailableError, 503),
@@ -232,7 +236,9 @@ def error_responses(
         403: "The token's scope does not allow this",
         404: "No such snapshot, gradient or key",
         409: "The store is busy with this snapshot",
+        408: "The request body stopped arriving (body_timeout_seconds)",
         413: "The upload is larger than max_upload_bytes",
+        415: "The body's Content-Type is not one this route documents",
         416: "The Range misses the resource",
         422: "A parameter or field the service or the store refuses",
         500: "Stored data is damaged or of another format version",

@@ -7,8 +7,13 @@ Routes and dependencies raise these or the core's errors; one handler
     ├── OpenBindingError (ValueError)         no tokens, and a host other machines reach
     ├── AuthenticationError                   401: no bearer token, or an unknown one
     ├── PermissionDeniedError                 403: a read token on a write route
+    │   └── CrossSiteRequestError             403: a write whose Origin is another site
     ├── InvalidCursorError (ValueError)       400: a listing cursor this service did not make
-    ├── UploadTooLargeError (ValueError)      413: a body over max_upload_bytes
+    ├── RequestTimeoutError                   408: a request body that stopped arriving
+    ├── UploadTooLargeError (ValueError)      413: a body over its limit (max_upload_bytes,
+    │                                              max_body_bytes)
+    ├── UnsupportedMediaTypeError (ValueError) 415: a body of a Content-Type not documented
+    ├── InvalidFormError (ValueError)         422: a login form that is not the page's form
     ├── RangeNotSatisfiableError (ValueError) 416: a Range that misses the resource
     └── InsufficientStorageError (OSError)    507: no room to spool an upload
 """
@@ -30,12 +35,31 @@ class PermissionDeniedError(GradvaultError):
     """The request's token does not have the scope the route needs."""
 
 
+class CrossSiteRequestError(PermissionDeniedError):
+    """A write (POST, DELETE) from a page of another site, by its ``Origin`` header."""
+
+
+class RequestTimeoutError(GradvaultError):
+    """The client stopped sending a request body (``body_timeout_seconds``)."""
+
+
+class UnsupportedMediaTypeError(GradvaultError, ValueError):
+    """A request body whose ``Content-Type`` is not one its route documents."""
+
+
+class InvalidFormError(GradvaultError, ValueError):
+    """A form body that is not the form its page sends (too many fields, say)."""
+
+
 class InvalidCursorError(GradvaultError, ValueError):
     """A listing cursor that this service did not hand out."""
 
 
 class UploadTooLargeError(GradvaultError, ValueError):
-    """An upload over ``max_upload_bytes``, by its Content-Length or by what arrived."""
+    """A body over its limit, by its Content-Length or by what arrived.
+
+    Uploads have ``max_upload_bytes``; every other body, read whole, ``max_body_bytes``.
+    """
 
 
 class RangeNotSatisfiableError(GradvaultError, ValueError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from typing import Any
 
 import uvicorn
 
@@ -12,7 +13,14 @@ from gradvault.core import open_store
 
 from .access_log import access_log
 from .app import create_app
+from .protocol import protocol_with_timeout
 from .settings import Settings, check_binding
+
+#: how long requests in flight may finish once the service is told to stop
+GRACEFUL_SHUTDOWN_SECONDS = 5
+#: the most of a request's line and headers buffered while incomplete (h11's default,
+#: named here): 400 beyond
+MAX_HEAD_BYTES = 16 * 1024
 
 
 def _configure_logging(level: str) -> None:
@@ -42,6 +50,23 @@ def check_store(settings: Settings) -> None:
     asyncio.run(check())
 
 
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """``uvicorn.run`` / ``uvicorn.Config`` options that apply the service's connection limits.
+
+    From ``settings`` (docs/SERVICE.md, "Limits"): a deadline for each request's head (the
+    service's own h11 protocol, :mod:`.protocol`, since uvicorn has none), the keep-alive
+    idle time, and the number of connections and requests beyond which uvicorn answers 503.
+    """
+    return {
+        "http": protocol_with_timeout(settings.header_timeout_seconds),
+        "timeout_keep_alive": settings.keep_alive_seconds,
+        "limit_concurrency": settings.limit_concurrency,
+        "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
+        "access_log": False,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_SECONDS,
+    }
+
+
 def serve(settings: Settings | None = None, *, log_level: str = "info") -> None:
     """Serve until interrupted; OpenBindingError if tokens are missing off loopback,
     StoreUnavailableError if the store cannot be listed (:func:`check_store`).
@@ -55,4 +80,10 @@ def serve(settings: Settings | None = None, *, log_level: str = "info") -> None:
     check_store(settings)
     _configure_logging(log_level)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        **uvicorn_options(settings),
+    )

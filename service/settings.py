@@ -50,6 +50,21 @@ def _redact(token: str) -> str:
     return token[:3] + "..." if len(token) > 6 else "..."
 
 
+def parse_origin(text: str) -> str:
+    """``"HTTPS://Example.org:8443"`` as ``"https://example.org:8443"``; ValueError otherwise.
+
+    An origin is what browsers send in ``Origin``: a scheme, a host and maybe a port, no
+    path. Default ports are dropped, as browsers drop them.
+    """
+    scheme, separator, rest = text.strip().lower().partition("://")
+    if scheme not in ("http", "https") or not separator or not rest or "/" in rest:
+        raise ValueError(
+            f"an allowed origin is scheme://host[:port] (http or https, no path); got {text!r}"
+        )
+    default_port = {"http": ":80", "https": ":443"}[scheme]
+    return f"{scheme}://{rest.removesuffix(default_port)}"
+
+
 def is_loopback(host: str) -> bool:
     """Whether binding ``host`` keeps the service reachable from this machine only."""
     if host == "localhost":
@@ -63,7 +78,11 @@ def is_loopback(host: str) -> bool:
 class Settings(BaseSettings):
     """Everything the service is configured with (docs/SERVICE.md lists each setting)."""
 
-    model_config = SettingsConfigDict(env_prefix="GRADVAULT_", extra="forbid")
+    # hide_input_in_errors: a validation error never echoes what was given, so a malformed
+    # GRADVAULT_TOKENS (or store_options holding S3 keys) is never printed or logged
+    model_config = SettingsConfigDict(
+        env_prefix="GRADVAULT_", extra="forbid", hide_input_in_errors=True
+    )
 
     store: str = Field(".gradvault/store", description="folder path, file:// or s3:// URL")
     store_options: dict[str, Any] = Field(
@@ -84,12 +103,40 @@ class Settings(BaseSettings):
     )
     index_refresh_seconds: float = Field(1.0, ge=0, description="how old the listing index may be")
     spool_dir: str | None = Field(None, description="where uploads are spooled (system temp)")
+    max_body_bytes: int = Field(
+        4096, ge=1, description="largest body a route reads whole, the login form (413 beyond)"
+    )
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, description="time a connection has to send a request's line and headers"
+    )
+    body_timeout_seconds: float = Field(
+        60.0, gt=0, description="longest wait for the next part of a request body (408 beyond)"
+    )
+    keep_alive_seconds: int = Field(
+        5, ge=1, description="how long an idle kept-alive connection stays open"
+    )
+    limit_concurrency: int = Field(
+        1000, ge=1, description="open connections or requests in progress beyond which 503"
+    )
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated origins whose pages may write, besides the service's own",
+    )
 
     @field_validator("tokens", mode="before")
     @classmethod
     def _parse_tokens(cls, value: object) -> object:
         if isinstance(value, str):
             return parse_tokens(value)
+        return value
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _parse_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [item.strip() for item in value.split(",") if item.strip()]
+        if isinstance(value, list):
+            return [parse_origin(item) if isinstance(item, str) else item for item in value]
         return value
 
     @property

@@ -8,8 +8,9 @@ is honoured by the ``/ui`` routes only; the ``/v1`` API still wants ``Authorizat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote
 
 from fastapi import Depends, Request
 from fastapi.responses import RedirectResponse
@@ -17,11 +18,13 @@ from fastapi.responses import RedirectResponse
 from gradvault.core import GradvaultError
 
 from ..deps import SettingsDep, token_scope
-from ..errors import AuthenticationError
+from ..errors import AuthenticationError, InvalidFormError
 from ..settings import Settings
 
 TOKEN_COOKIE = "gradvault_ui_token"
 UI_PREFIX = "/ui"
+#: the login form sends ``token`` and ``next``; a few more (a password manager's) are ignored
+MAX_LOGIN_FIELDS = 4
 
 
 class LoginRequiredError(GradvaultError):
@@ -62,6 +65,33 @@ def safe_next(path: str | None) -> str:
     ):
         return path
     return UI_PREFIX
+
+
+@dataclass(frozen=True)
+class LoginForm:
+    """What the login form sent: the token, and the page to go to (only a page of /ui)."""
+
+    token: str
+    next_path: str
+
+
+async def read_login_form(request: Request) -> LoginForm:
+    """The login form's fields; InvalidFormError (422) for a body that is not that form.
+
+    The body is at most ``max_body_bytes`` (RequestLimits refuses a larger one, 413,
+    before reading it).
+    """
+    text = (await request.body()).decode("utf-8", "replace")
+    try:
+        fields = parse_qs(text, max_num_fields=MAX_LOGIN_FIELDS)
+    except ValueError:
+        found = text.count("&") + 1
+        raise InvalidFormError(
+            f"the login form has the fields token and next (at most {MAX_LOGIN_FIELDS} "
+            f"fields); got {found}"
+        ) from None
+    token = (fields.get("token") or [""])[0].strip()
+    return LoginForm(token=token, next_path=safe_next((fields.get("next") or [None])[0]))
 
 
 def _here(request: Request) -> str:

@@ -11,7 +11,7 @@ import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import urlencode
 
 import orjson
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -25,14 +25,12 @@ from ..routes import gradients
 from ..routes.gradients import ParamIdPath
 from ..routes.snapshots import MAX_STEP, SNAPSHOT_ID_PATTERN, SnapshotIdPath
 from ..schemas import SnapshotDetail
-from .access import TOKEN_COOKIE, UI_PREFIX, DataReader, PageReader, safe_next
+from .access import TOKEN_COOKIE, UI_PREFIX, DataReader, PageReader, read_login_form, safe_next
 from .bars import norm_chart, ratio_length
 from .stats import SnapshotStats, SnapshotStatsCache, run_series
 
 #: snapshots per page of a listing
 PAGE_SIZE = 50
-#: largest login form body read (a token is short)
-MAX_LOGIN_BODY = 4096
 
 router = APIRouter(prefix=UI_PREFIX, include_in_schema=False)
 root_router = APIRouter(include_in_schema=False)
@@ -417,15 +415,11 @@ async def login_form(request: Request, settings: SettingsDep, next: str | None =
 @router.post("/login")
 async def login(request: Request, settings: SettingsDep) -> Response:
     """Check the token from the form; keep it in an HttpOnly cookie and go to the page."""
-    body = await request.body()
-    fields = parse_qs(body[:MAX_LOGIN_BODY].decode("utf-8", "replace"), max_num_fields=4)
-    token = (fields.get("token") or [""])[0].strip()
-    next_path = safe_next((fields.get("next") or [None])[0])
+    form = await read_login_form(request)
+    token, next_path = form.token, form.next_path
     if settings.is_open:
         return RedirectResponse(next_path, status_code=303)
-    if len(body) > MAX_LOGIN_BODY:
-        problem = f"the form is larger than {MAX_LOGIN_BODY} bytes"
-    elif not token:
+    if not token:
         problem = "enter a token"
     elif token_scope(settings, token) is None:
         problem = "that token is not one this service knows"

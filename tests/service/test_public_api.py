@@ -8,13 +8,17 @@ import gradvault.service
 def test_the_exported_names():
     assert sorted(gradvault.service.__all__) == [
         "AuthenticationError",
+        "CrossSiteRequestError",
         "InsufficientStorageError",
         "InvalidCursorError",
+        "InvalidFormError",
         "OpenBindingError",
         "PermissionDeniedError",
         "RangeNotSatisfiableError",
+        "RequestTimeoutError",
         "Scope",
         "Settings",
+        "UnsupportedMediaTypeError",
         "UploadTooLargeError",
         "create_app",
         "serve",
