@@ -8,6 +8,7 @@ Routes and dependencies raise these or the core's errors; one handler
     ├── AuthenticationError                   401: no bearer token, or an unknown one
     ├── PermissionDeniedError                 403: a read token on a write route
     ├── InvalidCursorError (ValueError)       400: a listing cursor this service did not make
+    ├── PageOutOfRangeError (ValueError)      422: a page past the last of a snapshot's table
     ├── UploadTooLargeError (ValueError)      413: a body over max_upload_bytes
     ├── RangeNotSatisfiableError (ValueError) 416: a Range that misses the resource
     └── InsufficientStorageError (OSError)    507: no room to spool an upload
@@ -32,6 +33,10 @@ class PermissionDeniedError(GradvaultError):
 
 class InvalidCursorError(GradvaultError, ValueError):
     """A listing cursor that this service did not hand out."""
+
+
+class PageOutOfRangeError(GradvaultError, ValueError):
+    """A page number past the last page of a snapshot's gradient table (``/ui``)."""
 
 
 class UploadTooLargeError(GradvaultError, ValueError):
