@@ -32,6 +32,7 @@ from .record_rules import (
     DTYPE_NAMES,
     NAME_EXPECTED,
     SUPPORTED_DTYPES,
+    check_array_shape,
     check_metadata,
     check_name,
     check_shape,
@@ -132,7 +133,9 @@ class GradientRecordEntry:
         """An entry from raw bytes; raises when dtype, shape and byte count disagree.
 
         Every dim must be an int >= 0 (a float or a bool is refused, never truncated);
-        sizes are computed with Python ints, so no shape overflows.
+        sizes are computed with Python ints, so no shape overflows, and a shape NumPy
+        cannot hold (over 64 dims, or dims whose product overflows, empty arrays
+        included) is a ShapeMismatchError.
         """
         pid = as_param_id(param_id)
         name = check_name(name, pid)
@@ -150,6 +153,7 @@ class GradientRecordEntry:
                 f"gradient for param {pid} ({name!r}) has {found} bytes; "
                 f"{dtype} x {shape} needs {expected}"
             )
+        check_array_shape(shape, np_dtype.itemsize, pid, name)  # an empty one may still be
         array = np.frombuffer(data, dtype=np_dtype).reshape(shape)
         array.flags.writeable = False
         return cls(pid, name, dtype, shape, array)

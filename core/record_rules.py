@@ -62,6 +62,12 @@ DTYPE_EXPECTED = f"one of {', '.join(SUPPORTED_DTYPES)}"
 SHAPE_EXPECTED = "a list of ints >= 0"
 METADATA_EXPECTED = "an object of JSON values (str keys; finite numbers; ints within 64 bits)"
 
+#: the most dimensions an array may have (NumPy's own limit)
+MAX_DIMS = 64
+#: the most bytes an array's item size times its non-zero dimensions may come to (NumPy
+#: sizes arrays in signed 64-bit ints; it checks an empty array's other dimensions too)
+MAX_ARRAY_BYTES = 2**63 - 1
+
 _JSON_INT_MIN, _JSON_INT_MAX = -(2**63), 2**64 - 1  # what the manifest's JSON encoder writes
 
 
@@ -109,6 +115,27 @@ def is_dtype_name(value: object) -> bool:
 def is_shape(value: object) -> bool:
     """Whether ``value`` is a shape as a record holds it: a tuple or list of ints >= 0."""
     return isinstance(value, tuple | list) and all(type(n) is int and n >= 0 for n in value)
+
+
+def array_shape_problem(shape: Sequence[int], itemsize: int) -> str | None:
+    """Why NumPy could not hold an array of ``shape`` (ints >= 0) and ``itemsize``, or None.
+
+    Checked before any array is made: NumPy's own refusal is a plain ValueError, and a
+    shape such as ``[0, 2**62]`` holds no bytes, so no byte count would catch it.
+    """
+    if len(shape) > MAX_DIMS:
+        return f"{len(shape)} dimensions; expected at most {MAX_DIMS} (NumPy's limit)"
+    extent = itemsize
+    for n in shape:
+        if n:
+            extent *= n
+            if extent > MAX_ARRAY_BYTES:
+                return (
+                    f"its non-zero dimensions times its item size ({itemsize} bytes) come to "
+                    f"more than {MAX_ARRAY_BYTES} bytes; expected at most {MAX_ARRAY_BYTES} "
+                    "(NumPy's limit, which an empty array's dimensions must meet too)"
+                )
+    return None
 
 
 def json_problem(value: object, where: str = "metadata", depth: int = 0) -> str | None:
@@ -185,6 +212,20 @@ def check_shape(shape: object, param_id: object, name: object) -> tuple[int, ...
             "a sequence of ints >= 0"
         )
     return dims
+
+
+def check_array_shape(
+    shape: tuple[int, ...], itemsize: int, param_id: object, name: object
+) -> tuple[int, ...]:
+    """``shape`` if NumPy can hold it (:func:`array_shape_problem`), else ShapeMismatchError."""
+    problem = array_shape_problem(shape, itemsize)
+    if problem is not None:
+        shown = repr(shape)  # cut short: a shape of thousands of dims may come from a file
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ShapeMismatchError(
+            f"gradient for param {param_id} ({name!r}) has shape {shown}: {problem}"
+        )
+    return shape
 
 
 def check_snapshot_fields(

@@ -47,6 +47,7 @@ from .record_rules import (
     METADATA_EXPECTED,
     NAME_EXPECTED,
     SHAPE_EXPECTED,
+    array_shape_problem,
     check_shape,
     is_name,
     is_shape,
@@ -524,8 +525,11 @@ def _tensor_info(key: str, info: object) -> tuple[str, tuple[int, ...], int, int
     if end - begin != needed:
         raise _refuse(
             f"tensor {_show(key)} has data_offsets [{begin}, {end}] ({end - begin} bytes); "
-            f"{code} x {shape} needs {needed} bytes"
+            f"{code} x {_show(shape)} needs {needed} bytes"
         )
+    problem = array_shape_problem(shape, _ITEMSIZE[dtype])  # an empty one may still be
+    if problem is not None:
+        raise _refuse(f"tensor {_show(key)} of dtype {code} has shape {_show(shape)}: {problem}")
     return dtype, tuple(shape), begin, end
 
 

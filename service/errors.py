@@ -13,6 +13,7 @@ Routes and dependencies raise these or the core's errors; one handler
     ├── UploadTooLargeError (ValueError)      413: a body over its limit (max_upload_bytes,
     │                                              max_body_bytes)
     ├── UnsupportedMediaTypeError (ValueError) 415: a body of a Content-Type not documented
+    ├── PageOutOfRangeError (ValueError)      422: a page past the last of a snapshot's table
     ├── InvalidFormError (ValueError)         422: a login form that is not the page's form
     ├── RangeNotSatisfiableError (ValueError) 416: a Range that misses the resource
     └── InsufficientStorageError (OSError)    507: no room to spool an upload
@@ -53,6 +54,10 @@ class InvalidFormError(GradvaultError, ValueError):
 
 class InvalidCursorError(GradvaultError, ValueError):
     """A listing cursor that this service did not hand out."""
+
+
+class PageOutOfRangeError(GradvaultError, ValueError):
+    """A page number past the last page of a snapshot's gradient table (``/ui``)."""
 
 
 class UploadTooLargeError(GradvaultError, ValueError):

@@ -9,6 +9,9 @@ and removed whatever happens; the record read from it maps the file (no copy) an
 written to the store before the file goes. The store's write lets each slice of the
 mapping go from the service's memory once it has read and written it, so a commit holds
 a slice or so of the file per array in flight, not the file.
+
+The header is checked, and the record read, on a worker thread: a header of 100,000
+tensors takes seconds of CPU, which on the event loop would hold up every other request.
 """
 
 from __future__ import annotations
@@ -95,8 +98,12 @@ async def receive_safetensors(
         prefix, max_header_bytes=max_header_bytes, body_bytes=content_length
     )
     prefix = await body.read_ahead(_LENGTH_BYTES + length)
-    header = SafetensorsHeader.parse(
-        prefix, max_header_bytes=max_header_bytes, body_bytes=content_length
+    # a header of 100,000 tensors takes seconds to check: off the event loop
+    header = await asyncio.to_thread(
+        SafetensorsHeader.parse,
+        prefix,
+        max_header_bytes=max_header_bytes,
+        body_bytes=content_length,
     )
     expected = header.file_length
     if expected > max_upload_bytes:

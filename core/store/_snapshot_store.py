@@ -60,6 +60,8 @@ _THREAD_DECODE_BYTES = 256 * 1024
 _MANIFEST_CACHE_SIZE = 8
 #: Safetensors headers of more gradients than this are encoded in a thread.
 _THREAD_HEADER_COUNT = 1000
+#: Manifests of more gradients than this are copied for ``info`` in a thread.
+_THREAD_COPY_COUNT = 1000
 
 
 class SnapshotStore:
@@ -602,8 +604,13 @@ class SnapshotStore:
         if remembered and not await self._backend.is_committed(snapshot_id):
             self._forget(snapshot_id)
         if rank is None:
-            return copy.deepcopy((await self._load_top(snapshot_id)).document)
-        return copy.deepcopy((await self._load_manifest(snapshot_id, rank)).document)
+            manifest = await self._load_top(snapshot_id)
+        else:
+            manifest = await self._load_manifest(snapshot_id, rank)
+        if isinstance(manifest, Manifest) and manifest.count > _THREAD_COPY_COUNT:
+            # a copy of 100,000 gradients' columns takes most of a second: not on the loop
+            return await self._threads.run(copy.deepcopy, manifest.document)
+        return copy.deepcopy(manifest.document)
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete a committed snapshot; SnapshotNotFoundError if there is none."""

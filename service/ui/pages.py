@@ -7,6 +7,7 @@ from this package), from ``/ui/api/run-stats``, which is built from manifests al
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from fastapi.templating import Jinja2Templates
 from gradvault.core.store import parse_snapshot_id
 
 from ..deps import IndexDep, MetricsDep, SettingsDep, StoreDep, token_scope
+from ..errors import PageOutOfRangeError
 from ..routes import gradients
 from ..routes.gradients import ParamIdPath
 from ..routes.snapshots import MAX_STEP, SNAPSHOT_ID_PATTERN, SnapshotIdPath
@@ -202,20 +204,42 @@ SortColumn = Literal[
 ]
 SortOrder = Literal["asc", "desc"]
 
-_SORT_KEYS = {
-    "name": lambda row: row["name"],
-    "param_id": lambda row: row["param_id"],
-    "shape": lambda row: (math.prod(row["shape"]), row["shape"]),
-    "dtype": lambda row: row["dtype"],
-    "l2_norm": lambda row: row["l2_norm"],
-    "max_abs": lambda row: row["max_abs"],
-    "nan_count": lambda row: row["nan_count"],
-    "inf_count": lambda row: row["inf_count"],
-}
+#: gradients per page of a snapshot's table (a page of 100,000 would be ~60 MB of HTML)
+GRADIENTS_PER_PAGE = 500
+PageQuery = Annotated[
+    int, Query(ge=1, le=2**31, description=f"page of {GRADIENTS_PER_PAGE} gradients, from 1")
+]
+
+_COLUMNS = [
+    ("position", "#"),
+    ("name", "name"),
+    ("param_id", "ParamId"),
+    ("shape", "shape"),
+    ("dtype", "dtype"),
+    ("l2_norm", "L2 norm"),
+    ("max_abs", "max |g|"),
+    ("nan_count", "NaN"),
+    ("inf_count", "Inf"),
+]
+_NO_GRADIENTS = {key: [] for key in ("param_id", "name", "dtype", "shape", "nbytes")}
+_NO_STATS = {key: [] for key in ("l2_norm", "max_abs", "nan_count", "inf_count")}
 
 
 def _as_number(value: float | str) -> float:
     return math.inf if value == "Infinity" else float(value)
+
+
+def _sort_key(table: dict[str, Any], column: SortColumn) -> Any:
+    """The key that orders gradient positions by ``column`` of the manifest's table."""
+    if column == "shape":
+        shapes = table["shape"]
+        return lambda i: (math.prod(shapes[i]), shapes[i])
+    if column in ("l2_norm", "max_abs"):
+        numbers = [_as_number(value) for value in table["stats"][column]]
+        return numbers.__getitem__
+    if column in ("nan_count", "inf_count"):
+        return table["stats"][column].__getitem__
+    return table[column].__getitem__
 
 
 @router.get("/snapshots/{snapshot_id}", dependencies=[PageReader])
@@ -225,47 +249,57 @@ async def snapshot_page(
     store: StoreDep,
     sort: SortColumn = "position",
     order: SortOrder = "asc",
+    page: PageQuery = 1,
 ) -> HTMLResponse:
-    """One snapshot: a sortable table of its gradients, a bar chart of their norms."""
+    """One snapshot: a sortable table of its gradients, a page at a time, and their norms."""
     snapshot_id = parse_snapshot_id(snapshot_id)
     manifest = await store.info(snapshot_id)
-    detail = SnapshotDetail.of_manifest(manifest)
+    # sorting 100,000 gradients and rendering a page take CPU: off the event loop
+    return await asyncio.to_thread(_snapshot_page, request, manifest, sort, order, page)
+
+
+def _snapshot_page(
+    request: Request, manifest: dict[str, Any], sort: SortColumn, order: SortOrder, page: int
+) -> HTMLResponse:
+    snapshot_id = manifest["id"]
+    table = manifest.get("gradients") or {**_NO_GRADIENTS, "stats": _NO_STATS}
+    count = len(table["param_id"])
+    pages = max(1, -(-count // GRADIENTS_PER_PAGE))
+    if page > pages:
+        raise PageOutOfRangeError(
+            f"snapshot {snapshot_id} has {count} gradients, {pages} page(s) of "
+            f"{GRADIENTS_PER_PAGE}; page {page} is past the last"
+        )
+    positions = list(range(count))
+    if sort != "position":
+        positions.sort(key=_sort_key(table, sort))
+    if order == "desc":
+        positions.reverse()
+    first = (page - 1) * GRADIENTS_PER_PAGE
+    shown = positions[first : first + GRADIENTS_PER_PAGE]
+    stats = table["stats"]
     rows = [
         {
-            "position": position,
-            "param_id": gradient.param_id,
-            "name": gradient.name,
-            "shape": gradient.shape,
-            "dtype": gradient.dtype,
-            "nbytes": gradient.nbytes,
-            "l2_norm": _as_number(gradient.stats.l2_norm),
-            "max_abs": _as_number(gradient.stats.max_abs),
-            "nan_count": gradient.stats.nan_count,
-            "inf_count": gradient.stats.inf_count,
-            "npy_link": _link(f"/snapshots/{snapshot_id}/grads/{gradient.param_id}.npy"),
+            "position": i,
+            "param_id": table["param_id"][i],
+            "name": table["name"][i],
+            "shape": table["shape"][i],
+            "dtype": table["dtype"][i],
+            "nbytes": table["nbytes"][i],
+            "l2_norm": _as_number(stats["l2_norm"][i]),
+            "max_abs": _as_number(stats["max_abs"][i]),
+            "nan_count": stats["nan_count"][i],
+            "inf_count": stats["inf_count"][i],
+            "npy_link": _link(f"/snapshots/{snapshot_id}/grads/{table['param_id'][i]}.npy"),
         }
-        for position, gradient in enumerate(detail.gradients)
+        for i in shown
     ]
+    charted = sorted(rows, key=lambda row: row["position"])  # the page's gradients, in order
     chart = norm_chart(
-        [row["name"] for row in rows],
-        [row["l2_norm"] for row in rows],
-        [bool(row["nan_count"] or row["inf_count"]) for row in rows],
+        [row["name"] for row in charted],
+        [row["l2_norm"] for row in charted],
+        [bool(row["nan_count"] or row["inf_count"]) for row in charted],
     )
-    if sort != "position":
-        rows.sort(key=_SORT_KEYS[sort])
-    if order == "desc":
-        rows.reverse()
-    columns = [
-        ("position", "#"),
-        ("name", "name"),
-        ("param_id", "ParamId"),
-        ("shape", "shape"),
-        ("dtype", "dtype"),
-        ("l2_norm", "L2 norm"),
-        ("max_abs", "max |g|"),
-        ("nan_count", "NaN"),
-        ("inf_count", "Inf"),
-    ]
     headers = [
         {
             "key": key,
@@ -277,18 +311,41 @@ async def snapshot_page(
                 order="desc" if key == sort and order == "asc" else "asc",
             ),
         }
-        for key, label in columns
+        for key, label in _COLUMNS
     ]
-    stats = SnapshotStats.of_manifest(manifest)
+
+    def page_link(number: int) -> str | None:
+        if not 1 <= number <= pages or number == page:
+            return None
+        default = sort == "position" and order == "asc"
+        return _link(
+            f"/snapshots/{snapshot_id}",
+            sort=None if default else sort,
+            order=None if default else order,
+            page=number if number > 1 else None,
+        )
+
+    detail = SnapshotDetail.of_manifest({**manifest, "gradients": None})  # its summary only
     return _render(
         request,
         "snapshot.html",
         {
             "detail": detail,
-            "stats": stats,
+            "stats": SnapshotStats.of_manifest(manifest),
             "rows": rows,
             "headers": headers,
             "chart": chart,
+            "pager": {
+                "page": page,
+                "pages": pages,
+                "first_shown": first + 1 if rows else 0,
+                "last_shown": first + len(rows),
+                "count": count,
+                "first": page_link(1),
+                "previous": page_link(page - 1),
+                "next": page_link(page + 1),
+                "last": page_link(pages),
+            },
             "run_link": _run_link(detail.run),
             "safetensors_link": _link(f"/snapshots/{snapshot_id}/safetensors"),
         },

@@ -170,6 +170,51 @@ def long_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     yield from serve_store(path)
 
 
+#: gradients in the wide snapshot: two full pages of the table and part of a third
+WIDE_GRADIENTS = 1234
+#: the position of its one gradient with a NaN
+WIDE_NAN_POSITION = 700
+
+
+@dataclass(frozen=True)
+class WideSnapshot:
+    """A service over one snapshot of more gradients than a page of its table holds.
+
+    Gradient ``i`` is ``layer{i:04d}.weight``, four values of ``i + 1`` (L2 norm
+    ``2 * (i + 1)``) and ParamId ``i + 1``; the one at ``WIDE_NAN_POSITION`` has a NaN.
+    """
+
+    served: Served
+    snapshot_id: str
+
+
+@pytest.fixture(scope="module")
+def wide_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WideSnapshot]:
+    path = tmp_path_factory.mktemp("wide") / "store"
+    entries = []
+    for i in range(WIDE_GRADIENTS):
+        values = np.full(4, i + 1, np.float32)
+        if i == WIDE_NAN_POSITION:
+            values[2] = np.nan
+        entries.append(
+            GradientRecordEntry.from_array(ParamId(i + 1), f"layer{i:04d}.weight", values)
+        )
+
+    async def fill() -> str:
+        store = open_store(path)
+        try:
+            info = await store.write_snapshot(GradientsParamsRecord(entries), run="wide", step=0)
+        finally:
+            await store.close()
+        return info.id
+
+    # in a thread of its own: a browser's event loop may already run in this one
+    with ThreadPoolExecutor(1) as thread:
+        snapshot_id = thread.submit(asyncio.run, fill()).result()
+    for served in serve_store(path):
+        yield WideSnapshot(served, snapshot_id)
+
+
 def _chromium_missing_reason() -> str | None:
     if not CHROMIUM.exists():
         how = "run `make browser` as root" if shutil.which("apt-get") else "no apt-get here"

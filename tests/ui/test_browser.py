@@ -11,7 +11,16 @@ from typing import Any
 
 import httpx
 
-from .conftest import NAN_STEP, READ_TOKEN, RUN, PageWatch, Served, TrainedStore
+from .conftest import (
+    NAN_STEP,
+    READ_TOKEN,
+    RUN,
+    WIDE_GRADIENTS,
+    PageWatch,
+    Served,
+    TrainedStore,
+    WideSnapshot,
+)
 
 
 def _no_problems(watch: PageWatch) -> None:
@@ -260,4 +269,38 @@ def test_zooming_a_downsampled_chart_fetches_the_range_in_full(
     page.page.wait_for_function(
         "() => document.getElementById('run-chart-note').textContent.startsWith('30 snapshots')"
     )
+    _no_problems(page)
+
+
+def test_a_wide_snapshot_pages_through_its_gradients(
+    page: PageWatch, wide_snapshot: WideSnapshot
+) -> None:
+    base = f"{wide_snapshot.served.base_url}/ui/snapshots/{wide_snapshot.snapshot_id}"
+    page.page.goto(base)
+    rows = page.page.locator("table.gradients tbody tr")
+    assert rows.count() == 500
+    assert page.page.locator(".bars .bar-track").count() == 500
+    pager = page.page.locator(".gradient-pager").first
+    assert f"gradients 1–500 of {WIDE_GRADIENTS} · page 1 of 3" in pager.inner_text()
+    pager.get_by_role("link", name="next ›").click()
+    page.page.wait_for_url(re.compile(r"page=2$"))
+    assert _column(page.page, 1)[0] == "500"
+    assert page.page.locator("table.gradients tbody tr.unhealthy").count() == 1
+    page.page.locator(".gradient-pager").first.get_by_role("link", name="last »").click()
+    page.page.wait_for_url(re.compile(r"page=3$"))
+    assert rows.count() == WIDE_GRADIENTS - 1000
+    # sorting is over the whole snapshot, and starts again from its first page
+    page.page.locator("th a[data-sort=l2_norm]").click()
+    page.page.wait_for_url(re.compile(r"sort=l2_norm&order=asc$"))
+    assert _column(page.page, 1)[:3] == ["0", "1", "2"]
+    page.page.locator("th a[data-sort=l2_norm]").click()
+    page.page.wait_for_url(re.compile(r"sort=l2_norm&order=desc$"))
+    assert _column(page.page, 1)[:3] == [str(WIDE_GRADIENTS - 1 - i) for i in range(3)]
+    page.page.locator(".gradient-pager").first.get_by_role("link", name="next ›").click()
+    page.page.wait_for_url(re.compile(r"sort=l2_norm&order=desc&page=2$"))
+    norms = [float(text) for text in _column(page.page, 6)]
+    assert norms == sorted(norms, reverse=True) and len(norms) == 500
+    page.page.locator(".gradient-pager").first.get_by_role("link", name="‹ previous").click()
+    page.page.wait_for_url(re.compile(r"sort=l2_norm&order=desc$"))
+    page.screenshot("snapshot-wide")
     _no_problems(page)

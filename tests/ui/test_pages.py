@@ -6,6 +6,8 @@ built from manifests alone) and every bad input answered with a clear error.
 
 from __future__ import annotations
 
+import html
+import re
 import shutil
 from pathlib import Path
 
@@ -17,9 +19,11 @@ from .conftest import (
     ODD_RUN,
     READ_TOKEN,
     RUN,
+    WIDE_GRADIENTS,
     WRITE_TOKEN,
     Served,
     TrainedStore,
+    WideSnapshot,
     serve_store,
 )
 
@@ -279,3 +283,105 @@ def test_a_diff_orders_layers_by_how_much_they_changed(long_run: Served) -> None
     assert ">18<" in page  # B / A of a.weight
     assert flipped.index(">a.weight<") < flipped.index(">b.weight<")  # 1/18: as big a change
     assert page.count('class="unhealthy"') == 1
+
+
+#: gradients a page of a snapshot's table shows (docs/SERVICE.md, The pages)
+GRADIENTS_PER_PAGE = 500
+
+
+def _rows(page: str) -> list[tuple[int, str]]:
+    """(position, name) of each row of a snapshot page's gradient table, in page order."""
+    table = page[page.index('<table class="gradients') :]
+    return [
+        (int(position), name)
+        for position, name in re.findall(r'<td class="num">(\d+)</td>\s*<td>([^<]*)</td>', table)
+    ]
+
+
+def _links(page: str) -> dict[str, str]:
+    """The gradient pager's links by their text (the first pager of the page)."""
+    pager = page[page.index('<p class="pager gradient-pager">') :]
+    pager = pager[: pager.index("</p>")]
+    return {
+        text: html.unescape(href)
+        for href, text in re.findall(r'<a[^>]* href="([^"]+)">([^<]+)</a>', pager)
+    }
+
+
+def test_a_wide_snapshot_is_shown_a_page_of_gradients_at_a_time(
+    wide_snapshot: WideSnapshot,
+) -> None:
+    base = f"/ui/snapshots/{wide_snapshot.snapshot_id}"
+    with _client(wide_snapshot.served) as client:
+        first = client.get(base)
+        assert first.status_code == 200
+        rows = _rows(first.text)
+        assert rows == [(i, f"layer{i:04d}.weight") for i in range(GRADIENTS_PER_PAGE)]
+        assert first.text.count('class="bar-track"') == GRADIENTS_PER_PAGE  # this page's bars
+        assert f"gradients 1–500 of {WIDE_GRADIENTS} · page 1 of 3" in first.text
+        assert first.text.count('class="pager gradient-pager"') == 2  # above and below
+        assert f"in {WIDE_GRADIENTS} gradients" in first.text  # the facts are the snapshot's
+        links = _links(first.text)
+        assert links == {"next ›": f"{base}?page=2", "last »": f"{base}?page=3"}
+
+        second = client.get(links["next ›"])
+        assert _rows(second.text)[0] == (500, "layer0500.weight")
+        assert len(_rows(second.text)) == GRADIENTS_PER_PAGE
+        assert _links(second.text) == {
+            "« first": base,
+            "‹ previous": base,
+            "next ›": f"{base}?page=3",
+            "last »": f"{base}?page=3",
+        }
+        assert second.text.count('class="unhealthy"') == 1  # the NaN at position 700
+        last = client.get(links["last »"])
+        assert [position for position, _ in _rows(last.text)] == list(range(1000, WIDE_GRADIENTS))
+        assert f"gradients 1001–{WIDE_GRADIENTS} of {WIDE_GRADIENTS} · page 3 of 3" in last.text
+        assert set(_links(last.text)) == {"« first", "‹ previous"}
+
+
+def test_a_wide_snapshot_sorts_over_every_page(wide_snapshot: WideSnapshot) -> None:
+    base = f"/ui/snapshots/{wide_snapshot.snapshot_id}"
+    with _client(wide_snapshot.served) as client:
+        first = client.get(base, params={"sort": "l2_norm", "order": "desc"})
+        # the largest norms of the whole snapshot, not of the first page's gradients
+        assert [p for p, _ in _rows(first.text)] == list(range(WIDE_GRADIENTS - 1, 733, -1))
+        links = _links(first.text)
+        assert links["next ›"] == f"{base}?sort=l2_norm&order=desc&page=2"
+        # the chart shows this page's gradients in the snapshot's order
+        labels = re.findall(r'<div class="bar-label" title="([^"]*)"', first.text)
+        assert labels == [f"layer{i:04d}.weight" for i in range(734, WIDE_GRADIENTS)]
+        third = client.get(links["last »"])
+        assert [p for p, _ in _rows(third.text)] == list(range(233, -1, -1))
+        # a column header sorts from the first page again
+        header = re.search(r'<a href="([^"]+)" data-sort="name">', third.text)
+        assert header is not None and "page=" not in html.unescape(header.group(1))
+
+
+@pytest.mark.parametrize(
+    ("page", "status", "words"),
+    [
+        ("4", 422, "has 1234 gradients, 3 page(s) of 500; page 4 is past the last"),
+        ("0", 422, "page"),
+        ("two", 422, "page"),
+        (str(2**40), 422, "page"),
+    ],
+)
+def test_a_page_past_the_last_is_refused(
+    wide_snapshot: WideSnapshot, page: str, status: int, words: str
+) -> None:
+    with _client(wide_snapshot.served) as client:
+        response = client.get(f"/ui/snapshots/{wide_snapshot.snapshot_id}", params={"page": page})
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    assert words in response.json()["detail"]
+
+
+def test_a_small_snapshot_has_one_page_and_no_pager(
+    open_service: Served, trained_store: TrainedStore
+) -> None:
+    with _client(open_service) as client:
+        page = client.get(f"/ui/snapshots/{trained_store.nan_snapshot.id}")
+    assert page.status_code == 200
+    assert "gradient-pager" not in page.text
+    assert [name for _, name in _rows(page.text)] == trained_store.layer_names
