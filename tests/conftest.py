@@ -1,11 +1,11 @@
 """Fixtures shared by every test package: an S3 server (SeaweedFS) on loopback, store locations.
 
-One SeaweedFS process serves the whole test session (``s3_server``, started at the first
-test that needs it, stopped at the end); tests keep apart by a fresh prefix each in
-``S3_BUCKET``. No test needs an S3 mock's fault injection (moto is gone): faults are
-injected into the store's backend (tests/core/test_store_races.py patches its requests),
-objects are damaged through ``boto3`` on the real server, and an unreachable endpoint is a
-closed port.
+One SeaweedFS process serves the whole test session of each pytest-xdist worker
+(``s3_server``, started at the first test that needs it, stopped at the end); tests keep
+apart by a fresh prefix each in ``S3_BUCKET``. No test needs an S3 mock's fault injection
+(moto is gone): faults are injected into the store's backend
+(tests/core/test_store_races.py patches its requests), objects are damaged through
+``boto3`` on the real server, and an unreachable endpoint is a closed port.
 """
 
 from __future__ import annotations
