@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..bfloat16 import is_floating
+from ..bfloat16 import bfloat16, is_floating
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..function import Function
 from ..graph import Context
@@ -287,6 +287,10 @@ def _category(dtype: np.dtype) -> int:
     return 2 if is_floating(dtype) else _CATEGORY.get(dtype.kind, -1)  # bfloat16 is kind "V"
 
 
+_FLOAT16 = np.dtype(np.float16)
+_FLOAT32 = np.dtype(np.float32)
+
+
 def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
     """PyTorch's ``torch.promote_types``: the smallest dtype both operands fit in.
 
@@ -299,6 +303,9 @@ def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
         return a
     if _category(b) == 2 and a.kind in "biu":
         return b
+    if {a, b} == {bfloat16, _FLOAT16}:
+        # neither holds the other; said here because ml_dtypes before 0.7 has no such rule
+        return _FLOAT32
     return np.promote_types(a, b)
 
 
