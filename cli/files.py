@@ -26,6 +26,7 @@ from gradvault.core import (
     GradvaultError,
     InvalidUploadError,
 )
+from gradvault.core.file_mode import new_file_mode
 from gradvault.core.safetensors_file import record_from_safetensors
 
 from .errors import UsageError
@@ -111,25 +112,7 @@ def partial_file(path: Path) -> Iterator[Path]:
     part = Path(name)
     try:
         yield part
-        os.chmod(part, 0o666 & ~current_umask())
+        os.chmod(part, new_file_mode())
         os.replace(part, path)
     finally:
         part.unlink(missing_ok=True)
-
-
-def current_umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (``/proc``).
-
-    Elsewhere it is set and put back at once: ``os.umask`` has no way only to read it.
-    (The client has the same reader; the command imports no client module for store work.)
-    """
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask

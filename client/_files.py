@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from gradvault.core import GradientsParamsRecord, bfloat16
+from gradvault.core.file_mode import new_file_mode
 
 
 def part_beside(path: Path) -> Path:
@@ -61,25 +62,8 @@ def save_npz(path: Path, record: GradientsParamsRecord) -> None:
 
 def rename_into_place(part: Path, path: Path) -> None:
     """Give the whole file ``part`` the umask's mode for a new file, then rename it to ``path``."""
-    os.chmod(part, 0o666 & ~current_umask())
+    os.chmod(part, new_file_mode())
     os.replace(part, path)
-
-
-def current_umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (``/proc``).
-
-    Elsewhere it is set and put back at once: ``os.umask`` has no way only to read it.
-    """
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _savable(array: np.ndarray) -> np.ndarray:

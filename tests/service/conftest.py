@@ -12,7 +12,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -22,6 +22,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from gradvault.cli.serve import BackgroundService
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId, open_store
 from gradvault.core.store import SnapshotStore
 from gradvault.service import Settings, create_app
@@ -171,3 +172,21 @@ async def store_keys(store_url: str, connection_options: dict[str, object]) -> l
         return [info.id for info in await store.list()]
     finally:
         await store.close()
+
+
+@pytest.fixture
+def make_served(tmp_path) -> Iterator[Callable[..., BackgroundService]]:
+    """Start services in this process under uvicorn with the service's own options
+    (``gradvault serve``'s way: the connection limits apply), each on a store of its own;
+    keyword arguments are settings. All are stopped after the test."""
+    started: list[BackgroundService] = []
+
+    def start(**settings: object) -> BackgroundService:
+        base = {"store": str(tmp_path / f"store{len(started)}"), "port": 0}
+        service = BackgroundService(Settings(**(base | settings))).start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()

@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from gradvault.cli.serve import BackgroundService
-from gradvault.service import Settings
 
 from .processes import ServiceProcess
 from .safetensors_bodies import good_file
@@ -26,19 +25,9 @@ TOKEN = "limits-write-token"
 
 
 @pytest.fixture
-def make_served(tmp_path) -> Iterator:
-    """Start the service in this process (uvicorn with the service's own options)."""
-    started: list[BackgroundService] = []
-
-    def start(**settings: object) -> BackgroundService:
-        base = {"store": str(tmp_path / "store"), "port": 0, "tokens": f"{TOKEN}:write"}
-        service = BackgroundService(Settings(**(base | settings))).start()
-        started.append(service)
-        return service
-
-    yield start
-    for service in started:
-        service.stop()
+def make_served(make_served) -> Callable[..., BackgroundService]:
+    """The shared ``make_served``, every service with a write token unless told otherwise."""
+    return lambda **settings: make_served(**({"tokens": f"{TOKEN}:write"} | settings))
 
 
 def connect(port: int) -> socket.socket:

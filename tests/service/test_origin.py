@@ -7,8 +7,6 @@ origin in ``Origin``. These tests send what such a browser sends, to a real uvic
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
@@ -19,21 +17,6 @@ from .safetensors_bodies import good_file
 
 TOKEN = "origin-write-token"
 UPLOAD = "/v1/snapshots?run=r&step=1"
-
-
-@pytest.fixture
-def make_served(tmp_path) -> Iterator:
-    started: list[BackgroundService] = []
-
-    def start(**settings: object) -> BackgroundService:
-        base = {"store": str(tmp_path / f"store{len(started)}"), "port": 0}
-        service = BackgroundService(Settings(**(base | settings))).start()
-        started.append(service)
-        return service
-
-    yield start
-    for service in started:
-        service.stop()
 
 
 @pytest.fixture
