@@ -220,10 +220,9 @@ def check_array_shape(
     """``shape`` if NumPy can hold it (:func:`array_shape_problem`), else ShapeMismatchError."""
     problem = array_shape_problem(shape, itemsize)
     if problem is not None:
-        shown = repr(shape)  # cut short: a shape of thousands of dims may come from a file
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        # cut short: a shape of thousands of dims may come from a file
         raise ShapeMismatchError(
-            f"gradient for param {param_id} ({name!r}) has shape {shown}: {problem}"
+            f"gradient for param {param_id} ({name!r}) has shape {shown(shape)}: {problem}"
         )
     return shape
 

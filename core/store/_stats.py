@@ -111,7 +111,9 @@ def _piece_stats(array: np.ndarray) -> tuple[SumOfSquares, float, int, int]:
     high, low = flat.max(), flat.min()
     if flat.dtype.kind == "f":
         max_abs = max(float(high), -float(low))
-        if not SCALED_BELOW <= max_abs < math.inf:  # NaN and 0.0 too (0.0 costs nothing)
+        if max_abs == 0.0:  # every value is +-0 (max and min would be NaN beside a NaN)
+            return SumOfSquares(1.0, 0.0), 0.0, 0, 0
+        if not SCALED_BELOW <= max_abs < math.inf:  # NaN, tiny or huge values
             return _careful_stats(flat)
         sum_squares = _sum_squares(flat)
         if not math.isfinite(sum_squares):

@@ -212,12 +212,7 @@ class GradvaultCallback(TrainerCallback):
             if stop:
                 self._stop(control)
             return
-        due = (
-            self.every is not None
-            and (state.global_step * args.gradient_accumulation_steps + micro_step) % self.every
-            == 0
-        )
-        if stop or due:
+        if stop or self._due(args, state, micro_step):
             trainer._gradvault_snapshot(self)
         if stop:
             self.wait()
@@ -229,10 +224,16 @@ class GradvaultCallback(TrainerCallback):
         if self._signal_received.is_set():
             control.should_save = True  # the step finished: a normal checkpoint-N
             self._stop(control)
-        elif self.every is not None and (
-            state.global_step * args.gradient_accumulation_steps % self.every == 0
-        ):
+        elif self._due(args, state, 0):
             control.should_save = True  # the N-th micro-batch ended a window: checkpoint-N
+
+    def _due(self, args: TrainingArguments, state: TrainerState, micro_step: int) -> bool:
+        """Whether the micro-batch ``micro_step`` of the window after ``state.global_step``
+        steps is an ``every``-th one (counted over the run: docs/INTEGRATIONS.md)."""
+        if self.every is None:
+            return False
+        micro_batches = state.global_step * args.gradient_accumulation_steps + micro_step
+        return micro_batches % self.every == 0
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -101,20 +101,14 @@ def detail_json(manifest: dict[str, Any]) -> bytes:
                 zip(*columns, strict=True), zip(*stats, strict=True), strict=True
             )
         ]
+    # the model's fields in its order: a field added to SnapshotDetail is served here too
     document = {
-        "id": manifest["id"],
-        "run": manifest["run"],
-        "step": manifest["step"],
-        "created_at": manifest["created_at"],
-        "nbytes": manifest["nbytes"],
-        "num_params": manifest["num_params"],
-        "device": manifest["device"],
-        "backend": manifest.get("backend"),
-        "tags": manifest["tags"],
-        "metadata": manifest.get("metadata"),
-        "compression": manifest.get("compression"),
-        "gradients": gradients,
-        "world_size": manifest.get("world_size"),
+        name: gradients
+        if name == "gradients"
+        else manifest[name]
+        if field.is_required()
+        else manifest.get(name)
+        for name, field in SnapshotDetail.model_fields.items()
     }
     return orjson.dumps(document)
 
