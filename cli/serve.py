@@ -134,8 +134,8 @@ def serve_command(args: argparse.Namespace) -> int:
     """Run the service in the foreground until Ctrl-C or SIGTERM."""
     settings = settings_from(args)
     from gradvault.core import StoreUnavailableError
-    from gradvault.service import OpenBindingError, serve
-    from gradvault.service.server import check_store
+    from gradvault.service import OpenBindingError
+    from gradvault.service.server import check_store, serve_checked
     from gradvault.service.settings import check_binding
 
     try:
@@ -155,7 +155,7 @@ def serve_command(args: argparse.Namespace) -> int:
         )
     try:
         with sigterm_as_interrupt():
-            serve(settings, log_level=args.log_level)
+            serve_checked(settings, log_level=args.log_level)
     except KeyboardInterrupt:
         pass  # uvicorn has shut down cleanly, then passed the signal on
     except SystemExit as stop:  # uvicorn's way to give up, a port in use for one

@@ -78,6 +78,13 @@ def serve(settings: Settings | None = None, *, log_level: str = "info") -> None:
         settings = Settings()
     check_binding(settings)
     check_store(settings)
+    serve_checked(settings, log_level=log_level)
+
+
+def serve_checked(settings: Settings, *, log_level: str = "info") -> None:
+    """:func:`serve` for a caller that has run :func:`check_binding` and :func:`check_store`
+    itself (``gradvault serve``, to refuse before it says it serves): the store is not
+    listed a second time."""
     _configure_logging(log_level)
     app = create_app(settings)
     uvicorn.run(
