@@ -29,10 +29,9 @@ COPY pyproject.toml README.md /tmp/gradvault-src/
 COPY core /tmp/gradvault-src/core
 COPY client /tmp/gradvault-src/client
 COPY service /tmp/gradvault-src/service
-COPY cli /tmp/gradvault-src/cli
-COPY gradvault /tmp/gradvault-src/gradvault
 COPY integrations /tmp/gradvault-src/integrations
-COPY zarr_dtypes /tmp/gradvault-src/zarr_dtypes
+# the package's root: its part folders are links to the four folders above
+COPY src /tmp/gradvault-src/src
 RUN python3 -m venv /opt/gradvault \
     && pip install --no-cache-dir "/tmp/gradvault-src[service]" \
     && rm -rf /tmp/gradvault-src

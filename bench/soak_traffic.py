@@ -22,7 +22,7 @@ import numpy as np
 
 import gradvault.core as gv
 from gradvault.client import Client
-from gradvault.core.safetensors_file import safetensors_chunks
+from gradvault.core.records.safetensors_file import safetensors_chunks
 
 HOST = "127.0.0.1"
 MIB = 1 << 20

@@ -12,16 +12,9 @@ from typing import Any, BinaryIO
 import httpx
 
 from gradvault.core import GradientsParams, GradientsParamsRecord
-from gradvault.core.safetensors_file import record_from_safetensors
+from gradvault.core.records.safetensors_file import record_from_safetensors
 
-from ._base import (
-    BaseClient,
-    ProgressCallback,
-    Resumption,
-    SnapshotSummary,
-    TransferMeter,
-    Upload,
-)
+from ._base import BaseClient, ProgressCallback, Resumption, SnapshotSummary, TransferMeter, Upload
 from ._files import part_beside, place
 
 

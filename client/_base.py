@@ -27,9 +27,9 @@ from gradvault.core import (
     ParamIdMismatchError,
     SnapshotNotFoundError,
 )
-from gradvault.core.safetensors_file import record_header, safetensors_chunks
+from gradvault.core.autodiff.torch_adapter import is_torch_module
+from gradvault.core.records.safetensors_file import record_header, safetensors_chunks
 from gradvault.core.store import SnapshotInfo
-from gradvault.core.torch_adapter import is_torch_module
 
 #: Statuses worth another try: the service or a proxy in front of it is briefly unable.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})

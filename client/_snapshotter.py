@@ -24,9 +24,9 @@ from gradvault.core import (
     InvalidFieldError,
     Recorder,
 )
-from gradvault.core.record_rules import check_snapshot_fields
+from gradvault.core.autodiff.torch_adapter import is_torch_module
+from gradvault.core.records.record_rules import check_snapshot_fields
 from gradvault.core.store import SnapshotInfo, SnapshotStore
-from gradvault.core.torch_adapter import is_torch_module
 
 from ._async import AsyncClient
 from ._sync import Client

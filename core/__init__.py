@@ -2,10 +2,44 @@
 
 from __future__ import annotations
 
-from . import autograd, backend, ops, record_rules
-from .accumulator import GradientsAccumulator
-from .autograd import Gradients, enable_grad, inference_mode, no_grad, set_grad_enabled
-from .backend import Device, cuda_available, device
+from .autodiff import autograd, backend, ops
+from .autodiff.accumulator import GradientsAccumulator
+from .autodiff.autograd import Gradients, enable_grad, inference_mode, no_grad, set_grad_enabled
+from .autodiff.backend import Device, cuda_available, device
+from .autodiff.factories import (
+    arange,
+    from_dlpack,
+    full,
+    full_like,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randn,
+    randn_like,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from .autodiff.gradients_params import GradientsCapture, GradientsParams
+from .autodiff.nn import (
+    GELU,
+    MLP,
+    Dropout,
+    Embedding,
+    LayerNorm,
+    Linear,
+    Module,
+    ModuleRecord,
+    Param,
+    ReLU,
+    Sequential,
+    Tanh,
+)
+from .autodiff.op_table import op_table
+from .autodiff.optim import SGD, Adam, AdamW, Optimizer, OptimizerRecord
+from .autodiff.tensor import Tensor, bfloat16, bool_, float16, float32, float64, int32, int64
 from .errors import (
     AuthError,
     AutogradError,
@@ -45,46 +79,13 @@ from .errors import (
     UnsupportedOptionError,
     UnsupportedSetupError,
 )
-from .factories import (
-    arange,
-    from_dlpack,
-    full,
-    full_like,
-    manual_seed,
-    ones,
-    ones_like,
-    rand,
-    rand_like,
-    randn,
-    randn_like,
-    tensor,
-    zeros,
-    zeros_like,
-)
-from .grads import GradientsCapture, GradientsParams
-from .nn import (
-    GELU,
-    MLP,
-    Dropout,
-    Embedding,
-    LayerNorm,
-    Linear,
-    Module,
-    ModuleRecord,
-    Param,
-    ReLU,
-    Sequential,
-    Tanh,
-)
-from .op_table import op_table
-from .optim import SGD, Adam, AdamW, Optimizer, OptimizerRecord
-from .param_id import ParamId
-from .record import GradientRecordEntry, GradientsParamsRecord
-from .recorder import Recorder, SnapshotHandle, SyncRecorder
+from .records import record_rules
+from .records.param_id import ParamId
+from .records.record import GradientRecordEntry, GradientsParamsRecord
 from .store import ShardInfo, SnapshotInfo, SnapshotStore, new_snapshot_id, open_store
-from .tensor import Tensor, bfloat16, bool_, float16, float32, float64, int32, int64
+from .store.recorder import Recorder, SnapshotHandle, SyncRecorder
 
-# the ops registered with export="core" (core/op_table.py): exp, matmul, cross_entropy, ...
+# the ops registered with export="core" (core/autodiff/op_table.py): exp, matmul, cross_entropy, ...
 _exported_ops = {name: getattr(ops, name) for name in op_table.exports("core")}
 globals().update(_exported_ops)
 

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import uvicorn
 
+from gradvault.client.cli.demo_task import train
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, Recorder
-from gradvault.core.demo import train
 from gradvault.service import Settings, create_app
 
 CHROMIUM = "/usr/bin/chromium"

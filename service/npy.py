@@ -13,7 +13,7 @@ import io
 import numpy as np
 from numpy.lib import format as npy_format
 
-from gradvault.core.bfloat16 import BFLOAT16_NAME
+from gradvault.core.records.dtypes import BFLOAT16_NAME
 
 
 def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:

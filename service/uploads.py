@@ -25,7 +25,7 @@ import aiofiles
 import aiofiles.os
 
 from gradvault.core import GradientsParamsRecord, InvalidUploadError
-from gradvault.core.safetensors_file import SafetensorsHeader, record_from_safetensors
+from gradvault.core.records.safetensors_file import SafetensorsHeader, record_from_safetensors
 
 from .errors import InsufficientStorageError, UploadTooLargeError
 from .spool import spool_locks

@@ -4,7 +4,7 @@ One SeaweedFS process serves the whole test session of each pytest-xdist worker
 (``s3_server``, started at the first test that needs it, stopped at the end); tests keep
 apart by a fresh prefix each in ``S3_BUCKET``. No test needs an S3 mock's fault injection
 (moto is gone): faults are injected into the store's backend
-(tests/core/test_store_races.py patches its requests), objects are damaged through
+(tests/core/store/test_store_races.py patches its requests), objects are damaged through
 ``boto3`` on the real server, and an unreachable endpoint is a closed port.
 """
 

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import DtypeMismatchError, DuplicateParamError
-from ..param_id import ParamId, as_param_id
-from ..record import GradientRecordEntry
-from ..record_rules import DTYPE_NAMES, check_metadata, check_name
+from ..records.param_id import ParamId, as_param_id
+from ..records.record import GradientRecordEntry
+from ..records.record_rules import DTYPE_NAMES, check_metadata, check_name
 from ._device_stream import RingPool
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..mapped_file import release_pages
+from ..records.mapped_file import release_pages
 from ._checksums import SLICE_BYTES, Crc32cTrailer, crc32c
 
 _log = logging.getLogger("gradvault.store")

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ChecksumMismatchError, FormatVersionError, ManifestError
-from ..param_id import ParamId
-from ..record import SUPPORTED_DTYPES, GradientRecordEntry, GradientsParamsRecord
+from ..records.param_id import ParamId
+from ..records.record import SUPPORTED_DTYPES, GradientRecordEntry, GradientsParamsRecord
 from ._backend import shard_prefix, snapshot_key
 from ._checksums import crc32c, format_checksum, format_checksums, parse_checksum
 from ._ids import iso_utc, snapshot_id_time_ms

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ChecksumMismatchError, ManifestError
-from ..record import GradientRecordEntry
+from ..records.record import GradientRecordEntry
 from ._backend import (
     MANIFEST_NAME,
     ManyRead,

@@ -22,14 +22,14 @@ listing may show a manifest that the writer then withdraws.
 Every request the backend makes goes through a public method of :class:`S3Backend`
 (``read``, ``read_into`` and ``size`` of the StoreBackend, and the primitives ``put``,
 ``head``, ``list_objects``, ``folder_names`` and ``delete_keys``), so that a test can
-wrap one on the store's instance to pause or fail it (tests/core/test_store_races.py).
+wrap one on the store's instance to pause or fail it (tests/core/store/test_store_races.py).
 
 Requests are made with obstore's blocking functions, each in one of the backend's request
 threads (as many as ``max_concurrency``), not with its coroutines. A coroutine of obstore
 hands its result to Python from a thread of obstore's own runtime; one still doing so
 while the process exits (Python finalizing) makes that thread take the GIL, which Python
 refuses by ending the thread, and the process aborts (SIGABRT) after its work was done:
-about one rank process in a hundred of tests/core/test_store_shards.py did. A blocking
+about one rank process in a hundred of tests/core/store/test_store_shards.py did. A blocking
 call returns in the thread that made it, so no thread of obstore's runtime ever enters
 Python. A caller cancelled while its request runs waits for the request to end, so no
 request of a cancelled write lands after the write has cleaned up.

@@ -24,10 +24,10 @@ from ..errors import (
     ShardedSnapshotError,
     SnapshotNotFoundError,
 )
-from ..param_id import ParamId, as_param_id
-from ..record import GradientRecordEntry, GradientsParamsRecord, paused_gc
-from ..record_rules import check_metadata, check_snapshot_fields
-from ..safetensors_file import data_order, encode_header, gradvault_metadata
+from ..records.param_id import ParamId, as_param_id
+from ..records.record import GradientRecordEntry, GradientsParamsRecord, paused_gc
+from ..records.record_rules import check_metadata, check_snapshot_fields
+from ..records.safetensors_file import data_order, encode_header, gradvault_metadata
 from ._backend import (
     MANIFEST_NAME,
     MissingKeyError,
@@ -45,12 +45,7 @@ from ._reader import SnapshotReader
 from ._retention import RetentionPass, RetentionRules
 from ._shards import ShardedManifest, ShardedSet, ShardInfo, check_rank, manifest_in
 from ._write import SnapshotWrite
-from ._zarr_format import (
-    PACKED_ARRAY,
-    STORE_FORMAT_VERSION,
-    Compression,
-    parse_compression,
-)
+from ._zarr_format import PACKED_ARRAY, STORE_FORMAT_VERSION, Compression, parse_compression
 from ._zarr_view import ZarrView, checked_range
 
 _log = logging.getLogger("gradvault.store")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..bfloat16 import COMPUTE_DTYPE, bfloat16
+from ..records.dtypes import COMPUTE_DTYPE, bfloat16
 
 
 def _json_float(value: float) -> float | str:

@@ -20,9 +20,9 @@ import numpy as np
 import orjson
 
 from ..errors import ManifestError
-from ..param_id import ParamId
-from ..record import SUPPORTED_DTYPES
-from ..record_rules import (
+from ..records.param_id import ParamId
+from ..records.record import SUPPORTED_DTYPES
+from ..records.record_rules import (
     DTYPE_EXPECTED,
     NAME_EXPECTED,
     SHAPE_EXPECTED,

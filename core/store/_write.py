@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DeviceError, StoreUnavailableError
-from ..mapped_file import release_pages
-from ..record import GradientRecordEntry, GradientsParamsRecord
+from ..records.mapped_file import release_pages
+from ..records.record import GradientRecordEntry, GradientsParamsRecord
 from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, ThreadRunner
 from ._checksums import SLICE_BYTES, crc32c_combine, format_checksum
 from ._codecs import encode_chunk

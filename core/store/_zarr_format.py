@@ -3,7 +3,7 @@
 Pure computation (no I/O), shared by the local and the S3 backends. zarr-python is not
 used on the write path (creating one array through it costs ~3 ms); instead this module
 writes the same ``zarr.json`` documents zarr-python writes. docs/FORMAT.md describes the
-result; tests/core/test_store.py pins it against zarr-python itself.
+result; tests/core/store/test_store.py pins it against zarr-python itself.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..bfloat16 import BFLOAT16_NAME
+from ..records.dtypes import BFLOAT16_NAME
 
 #: Version of the snapshot layout and manifest (``attributes["gradvault"]["format_version"]``).
 STORE_FORMAT_VERSION = 1

@@ -16,7 +16,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from gradvault.core import GradientsParamsRecord
 from gradvault.core.errors import UnsupportedSetupError
-from gradvault.core.record_rules import check_snapshot_fields
+from gradvault.core.records.record_rules import check_snapshot_fields
 
 from ._folder import WindowState, prune_older
 from ._target import SnapshotTarget

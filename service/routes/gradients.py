@@ -9,7 +9,7 @@ import crc32c
 from fastapi import APIRouter, Header, Path, Query, Response
 
 from gradvault.core import MissingGradientError, ParamId, ShardedSnapshotError
-from gradvault.core.safetensors_file import data_order
+from gradvault.core.records.safetensors_file import data_order
 from gradvault.core.store import SnapshotStore, parse_snapshot_id
 
 from ..deps import MetricsDep, ReadAccess, StoreDep

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.requests import ClientDisconnect
 
 from gradvault.core import InvalidFieldError, InvalidUploadError
-from gradvault.core.record_rules import check_snapshot_fields
+from gradvault.core.records.record_rules import check_snapshot_fields
 from gradvault.core.store import parse_snapshot_id
 
 from ..deps import IndexDep, MetricsDep, ReadAccess, SettingsDep, StoreDep, WriteAccess

@@ -10,8 +10,8 @@ import pytest
 
 import gradvault.core as gv
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId
-from gradvault.core.safetensors_file import record_from_safetensors
-from gradvault.core.torch_adapter import param_id_of
+from gradvault.core.autodiff.torch_adapter import param_id_of
+from gradvault.core.records.safetensors_file import record_from_safetensors
 from tests.core.bf16_values import same_bits, special_values
 
 from .conftest import ClientUnderTest

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gradvault.core import GradientsParamsRecord
-from tests.cli.conftest import make_record
+from tests.client.cli.conftest import make_record
 
 from .conftest import ClientUnderTest
 

@@ -22,7 +22,7 @@ from gradvault.core import (
     GradientsParamsRecord,
     ParamId,
 )
-from gradvault.core.safetensors_file import record_from_safetensors
+from gradvault.core.records.safetensors_file import record_from_safetensors
 from tests.service.processes import ServiceProcess
 
 from .conftest import WRITE_TOKEN, ClientUnderTest

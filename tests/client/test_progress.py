@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gradvault.core.safetensors_file import record_header
+from gradvault.core.records.safetensors_file import record_header
 from tests.service.conftest import make_record
 
 from .conftest import ClientUnderTest

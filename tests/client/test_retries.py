@@ -21,7 +21,7 @@ from gradvault.core import (
     GradientsParamsRecord,
     SnapshotNotFoundError,
 )
-from gradvault.core.safetensors_file import safetensors_chunks
+from gradvault.core.records.safetensors_file import safetensors_chunks
 from tests.service.conftest import make_record
 
 SNAPSHOT_ID = "01JBZ7Q5W6X8Y9Z0A1B2C3D4E5"

@@ -15,7 +15,7 @@ from gradvault.core import (
     GradientsParams,
     SnapshotNotFoundError,
 )
-from gradvault.core.safetensors_file import record_from_safetensors
+from gradvault.core.records.safetensors_file import record_from_safetensors
 from tests.service.conftest import make_record
 
 from .conftest import READ_TOKEN, ClientUnderTest

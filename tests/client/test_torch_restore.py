@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gradvault.core import GradientsParams, ParamIdMismatchError
-from gradvault.core.torch_adapter import param_id_of
-from tests.core.test_torch_adapter import Net, bits_of, special_grads
+from gradvault.core.autodiff.torch_adapter import param_id_of
+from tests.core.autodiff.test_torch_adapter import Net, bits_of, special_grads
 
 from .conftest import ClientUnderTest
 

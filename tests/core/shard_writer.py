@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import gradvault.core as gv
-from gradvault.core.record import GradientRecordEntry, GradientsParamsRecord
+from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import ShardWriter, SnapshotStore
 
 #: Store options of every rank: 4 KiB chunks, gradients of 1 KiB or more in arrays of their own.

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 import gradvault.core as gv
-from gradvault.core.tensor import wrap
+from gradvault.core.autodiff.tensor import wrap
 
 SHAPES = [(256, 1024), (1024,), (64, 64), (3,)]
 

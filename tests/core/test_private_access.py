@@ -139,7 +139,7 @@ def test_the_scan_sees_each_kind_of_private_use() -> None:
 import gradvault.core.store._s3
 from gradvault.core.store import _local
 from gradvault.core.store._write import encode_chunk
-from gradvault.core.recorder import _capture
+from gradvault.core.store.recorder import _capture
 from .conftest import S3_BUCKET
 store._backend.read = spy
 self._threads.run(f)
@@ -154,7 +154,7 @@ value.__class__
         "gradvault.core.store._s3",
         "gradvault.core.store._local",
         "gradvault.core.store._write",
-        "gradvault.core.recorder._capture",
+        "gradvault.core.store.recorder._capture",
         "_backend",
         "_put",
     }

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 import gradvault.core as gv
-from gradvault.core.op_table import op_table
+from gradvault.core.autodiff.op_table import op_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -214,7 +214,7 @@ OPS_EXPORTED_NAMES = [
     "where",
 ]
 
-#: the Tensor methods and operators that op registrations give (core/op_table.py)
+#: the Tensor methods and operators that op registrations give (core/autodiff/op_table.py)
 TENSOR_OP_METHODS = [
     "__add__",
     "__and__",
@@ -306,7 +306,7 @@ def test_ops_names_and_tensor_op_methods_are_pinned() -> None:
 
 
 def test_autograd_subpackage_names() -> None:
-    from gradvault.core.autograd import functional, grad, gradcheck
+    from gradvault.core.autodiff.autograd import functional, grad, gradcheck
 
     assert callable(grad) and callable(gradcheck)
     for name in ("vjp", "jvp", "jacobian", "hessian", "hvp", "vhp"):

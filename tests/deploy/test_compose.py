@@ -161,9 +161,15 @@ def test_the_compose_file_validates(tmp_path: Path) -> None:
 
 
 def test_the_image_gets_every_package_folder_of_the_project() -> None:
-    """A package folder that the Dockerfile leaves out breaks `pip install` inside the build."""
+    """A package folder that the Dockerfile leaves out breaks `pip install` inside the build:
+    the package root (pyproject's `where`) and every folder one of its links points to."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    folders = set(project["tool"]["setuptools"]["package-dir"].values())
+    (where,) = project["tool"]["setuptools"]["packages"]["find"]["where"]
+    folders = {where}
+    for entry in (ROOT / where / "gradvault").iterdir():
+        if entry.is_symlink():
+            folders.add(str(entry.resolve().relative_to(ROOT)))
+    assert {"src", "core", "service", "client", "integrations"} <= folders, folders
     dockerfile = (ROOT / "Dockerfile").read_text()
     copied = set(re.findall(r"^COPY (\S+) /tmp/gradvault-src/\1$", dockerfile, re.M))
     assert folders <= copied, f"the Dockerfile does not copy {sorted(folders - copied)}"

@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from gradvault.cli.serve import BackgroundService
+from gradvault.client.cli.serve import BackgroundService
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId, open_store
 from gradvault.core.store import SnapshotStore
 from gradvault.service import Settings, create_app

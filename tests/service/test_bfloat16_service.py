@@ -10,7 +10,7 @@ import pytest
 
 import gradvault.core as gv
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId
-from gradvault.core.safetensors_file import record_from_safetensors
+from gradvault.core.records.safetensors_file import record_from_safetensors
 from tests.core.bf16_values import special_values
 
 OWN = ParamId(0xBF0)  # 3 x 1000 bf16: 6000 bytes, two of the test store's 4 KiB chunks

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gradvault.cli import main as gradvault_main
+from gradvault.client.cli import main as gradvault_main
 from gradvault.service.__main__ import main as service_main
 
 GOOD_TOKEN = "tok-kept-secret-1234:write"

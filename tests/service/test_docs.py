@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gradvault.cli.serve import BackgroundService
+from gradvault.client.cli.serve import BackgroundService
 from gradvault.service import Settings
 
 READ_TOKEN = "docs-read-token"

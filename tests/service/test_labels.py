@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from gradvault.cli.serve import BackgroundService
+from gradvault.client.cli.serve import BackgroundService
 from gradvault.service import Settings
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gradvault.cli.serve import BackgroundService
+from gradvault.client.cli.serve import BackgroundService
 
 from .processes import ServiceProcess
 from .safetensors_bodies import good_file

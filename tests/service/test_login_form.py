@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gradvault.cli.serve import BackgroundService
+from gradvault.client.cli.serve import BackgroundService
 from gradvault.service import Settings
 
 TOKEN = "form-read-token"

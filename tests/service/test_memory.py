@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId, open_store
-from gradvault.core.safetensors_file import record_header, safetensors_chunks
+from gradvault.core.records.safetensors_file import record_header, safetensors_chunks
 
 from .processes import ServiceProcess
 

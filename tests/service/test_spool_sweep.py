@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId
-from gradvault.core.safetensors_file import safetensors_chunks
+from gradvault.core.records.safetensors_file import safetensors_chunks
 from gradvault.service.spool import SPOOL_PREFIX, SPOOL_SUFFIX, spool_locks, sweep_spool
 
 from .processes import ServiceProcess

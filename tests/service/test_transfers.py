@@ -19,7 +19,7 @@ from gradvault.core import (
     ParamId,
     Recorder,
 )
-from gradvault.core.safetensors_file import SafetensorsHeader
+from gradvault.core.records.safetensors_file import SafetensorsHeader
 from gradvault.service.streaming import TransferAborted
 
 SHAPES = {

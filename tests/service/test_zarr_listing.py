@@ -17,7 +17,7 @@ import zarr
 
 import gradvault.zarr_dtypes  # noqa: F401 - registers bfloat16 with zarr-python
 from gradvault.core import GradientRecordEntry, GradientsParamsRecord, ParamId
-from gradvault.core.safetensors_file import safetensors_chunks
+from gradvault.core.records.safetensors_file import safetensors_chunks
 from gradvault.core.store import new_snapshot_id
 
 #: three own arrays (64 KiB and more, the default pack threshold) and two packed gradients

@@ -1,0 +1,139 @@
+"""The one seam that picks the array module: NumPy for ``cpu``, CuPy for ``cuda:N``."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..errors import DeviceError
+from ..records.dtypes import check_device
+
+
+@dataclass(frozen=True, order=True)
+class Device:
+    """A device: ``cpu`` or ``cuda:N``."""
+
+    type: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __repr__(self) -> str:
+        return f"device({str(self)!r})"
+
+    @property
+    def backend(self) -> str:
+        """``"numpy"`` or ``"cupy"``: the array library that holds this device's data."""
+        return "numpy" if self.type == "cpu" else "cupy"
+
+
+CPU = Device("cpu")
+
+
+def device(spec: Device | str | None) -> Device:
+    """Parse ``spec`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a Device or None for cpu)."""
+    if spec is None:
+        return CPU
+    if isinstance(spec, Device):
+        return spec
+    if not isinstance(spec, str):
+        raise DeviceError(f"device must be a string such as 'cpu' or 'cuda:0'; got {spec!r}")
+    text = spec.strip().lower()
+    if text == "cpu":
+        return CPU
+    if text == "cuda":
+        return Device("cuda", 0)
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return Device("cuda", int(text[5:]))
+    raise DeviceError(f"unknown device {spec!r}; expected 'cpu', 'cuda' or 'cuda:N'")
+
+
+class _CupyGate:
+    """CuPy, imported when a cuda device is first asked for and checked for a usable device.
+
+    CuPy imports without a driver; its first call then raises its own CUDARuntimeError.
+    The gate asks for the device count once per CuPy module and turns any failure into
+    DeviceError.
+    """
+
+    def __init__(self) -> None:
+        self.checked: ModuleType | None = None
+
+    def module(self) -> ModuleType:
+        try:
+            import cupy  # optional: imported only when a cuda device is asked for
+        except ImportError as exc:  # pragma: no cover - depends on the machine
+            raise DeviceError(
+                "a cuda device needs CuPy; install the extra: pip install 'gradvault[cuda]'"
+            ) from exc
+        if cupy is self.checked:
+            return cupy
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # CuPy's CUDARuntimeError, whatever the driver says
+            raise DeviceError(
+                f"CuPy is installed but there is no usable CUDA device: {type(exc).__name__}: {exc}"
+            ) from exc
+        if count < 1:
+            raise DeviceError("CuPy is installed but there is no usable CUDA device (0 found)")
+        self.checked = cupy
+        return cupy
+
+
+_cupy = _CupyGate().module
+
+
+def cuda_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        _cupy()
+    except DeviceError:
+        return False
+    return True
+
+
+def array_module(dev: Device) -> ModuleType:
+    """The array module (numpy or cupy) for ``dev``."""
+    return np if dev.type == "cpu" else _cupy()
+
+
+def device_of(array: Any) -> Device:
+    """The device an array lives on."""
+    if isinstance(array, np.ndarray | np.generic):
+        return CPU
+    index = getattr(getattr(array, "device", None), "id", 0)
+    return Device("cuda", int(index))
+
+
+def to_device(array: Any, dev: Device) -> Any:
+    """``array`` on ``dev``: the same object when it is already there."""
+    if device_of(array) == dev:
+        return array
+    if dev.type == "cpu":
+        return array.get()
+    check_device(array.dtype, dev)  # CuPy has no bfloat16
+    cp = _cupy()
+    with cp.cuda.Device(dev.index or 0):
+        return cp.asarray(array)
+
+
+def to_host(array: Any) -> np.ndarray:
+    """A NumPy array with the contents of ``array`` (no copy for a NumPy array)."""
+    return array if isinstance(array, np.ndarray) else array.get()
+
+
+def use_device(dev: Device) -> Any:
+    """A context manager that makes ``dev`` current for the array module (no-op on cpu)."""
+    if dev.type == "cpu":
+        return contextlib.nullcontext()
+    return _cupy().cuda.Device(dev.index or 0)
+
+
+def xp_of(array: Any) -> ModuleType:
+    """The array module that owns ``array``."""
+    return np if isinstance(array, np.ndarray | np.generic) else _cupy()

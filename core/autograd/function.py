@@ -1,7 +1,0 @@
-"""``gradvault.core.autograd.function``: the names PyTorch's ``torch.autograd.function``
-users reach for, defined in ``core/function.py`` and ``core/graph.py``."""
-
-from ..function import Function
-from ..graph import AccumulateGrad, Context, Hook, Node, RemovableHandle
-
-__all__ = ["AccumulateGrad", "Context", "Function", "Hook", "Node", "RemovableHandle"]

@@ -1,0 +1,208 @@
+"""The local store's file writes: O_DIRECT from an aligned buffer, and every way back to the
+page cache (the file system refuses the flag, or accepts it and refuses the write), each
+giving the same bytes and the same crc32c trailer as the buffered write."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import pytest
+
+import gradvault.core.store._file_writes as file_writes
+from gradvault.core import ParamId
+from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
+from gradvault.core.store import open_store
+from gradvault.core.store._checksums import Crc32cTrailer
+from gradvault.core.store._file_writes import (
+    DIRECT_ALIGNMENT,
+    DIRECT_BUFFER_BYTES,
+    DIRECT_MIN_BYTES,
+    O_DIRECT,
+    DirectWrites,
+    write_file,
+)
+
+needs_o_direct = pytest.mark.skipif(not O_DIRECT, reason="no O_DIRECT on this platform")
+
+SIZES = [
+    DIRECT_MIN_BYTES,
+    DIRECT_MIN_BYTES + 1,
+    DIRECT_BUFFER_BYTES - 4,  # with the trailer, exactly one buffer
+    DIRECT_BUFFER_BYTES,
+    DIRECT_BUFFER_BYTES + DIRECT_ALIGNMENT - 3,
+    2 * DIRECT_BUFFER_BYTES + 12345,
+]
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def chunk_parts(data: bytes, padding: int = 0) -> tuple[list[object], Crc32cTrailer]:
+    trailer = Crc32cTrailer()
+    parts: list[object] = [memoryview(data)]
+    if padding:
+        parts.append(memoryview(bytes(padding)))
+    return [*parts, trailer], trailer
+
+
+def expected_file(data: bytes, padding: int = 0) -> bytes:
+    body = data + bytes(padding)
+    return body + google_crc32c.value(bytes(body)).to_bytes(4, "little")
+
+
+def direct_writes_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the length of every os.write made while O_DIRECT is set on the descriptor."""
+    seen: list[int] = []
+    real_write = os.write
+
+    def spying_write(fd: int, data) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT:
+            seen.append(len(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", spying_write)
+    return seen
+
+
+@needs_o_direct
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("padding", [0, 100])
+def test_direct_and_buffered_writes_give_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, padding: int
+) -> None:
+    data = payload(size, seed=size)
+    direct = DirectWrites()
+    seen = direct_writes_seen(monkeypatch)
+    parts, trailer = chunk_parts(data, padding)
+    write_file(str(tmp_path / "direct"), parts, direct)
+    buffered_parts, buffered_trailer = chunk_parts(data, padding)
+    write_file(str(tmp_path / "buffered"), buffered_parts)
+    assert (tmp_path / "direct").read_bytes() == expected_file(data, padding)
+    assert (tmp_path / "buffered").read_bytes() == expected_file(data, padding)
+    assert trailer.running == buffered_trailer.running  # the chunk's crc32c after each part
+    if direct.enabled:  # this file system takes O_DIRECT: it was used
+        assert seen and all(n % DIRECT_ALIGNMENT == 0 for n in seen)
+        assert sum(seen) == (size + padding + 4) // DIRECT_ALIGNMENT * DIRECT_ALIGNMENT
+
+
+def test_small_files_and_files_without_a_trailer_are_written_whole(tmp_path: Path) -> None:
+    direct = DirectWrites()
+    small = payload(1000)
+    write_file(str(tmp_path / "small"), [memoryview(small)], direct)
+    assert (tmp_path / "small").read_bytes() == small
+    large = payload(DIRECT_MIN_BYTES * 3 + 7, seed=2)
+    write_file(str(tmp_path / "large"), [large[:5], memoryview(large)[5:]], direct)
+    assert (tmp_path / "large").read_bytes() == large
+    write_file(str(tmp_path / "empty"), [], direct)
+    assert (tmp_path / "empty").read_bytes() == b""
+    with pytest.raises(FileExistsError):  # files are created, never overwritten
+        write_file(str(tmp_path / "large"), [large], direct)
+
+
+@needs_o_direct
+def test_a_file_system_refusing_the_flag_gets_a_buffered_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As tmpfs does: setting O_DIRECT fails with EINVAL."""
+    real_fcntl = fcntl.fcntl
+    refused = []
+
+    def refusing_fcntl(fd: int, command: int, argument: int = 0) -> int:
+        if command == fcntl.F_SETFL and argument & O_DIRECT:
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument (injected)")
+        return real_fcntl(fd, command, argument)
+
+    monkeypatch.setattr(file_writes.fcntl, "fcntl", refusing_fcntl)
+    direct = DirectWrites()
+    data = payload(DIRECT_BUFFER_BYTES + 5)
+    parts, _ = chunk_parts(data)
+    write_file(str(tmp_path / "a"), parts, direct)
+    assert refused and not direct.enabled
+    assert (tmp_path / "a").read_bytes() == expected_file(data)
+    parts, _ = chunk_parts(data)
+    write_file(str(tmp_path / "b"), parts, direct)  # not tried again
+    assert len(refused) == 1
+    assert (tmp_path / "b").read_bytes() == expected_file(data)
+
+
+@needs_o_direct
+@pytest.mark.parametrize("refused_at", [0, 1])
+def test_a_file_system_refusing_the_write_gets_the_same_bytes_buffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_at: int
+) -> None:
+    """The flag is taken but a direct write fails with EINVAL (nothing written): the
+    same bytes go through the page cache, from the write that was refused on."""
+    real_write = os.write
+    direct_calls = []
+
+    def refusing_write(fd: int, data) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT:
+            direct_calls.append(len(data))
+            if len(direct_calls) > refused_at:
+                raise OSError(errno.EINVAL, "Invalid argument (injected)")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", refusing_write)
+    direct = DirectWrites()
+    data = payload(3 * DIRECT_BUFFER_BYTES + 99, seed=5)
+    parts, trailer = chunk_parts(data, padding=8)
+    write_file(str(tmp_path / "chunk"), parts, direct)
+    assert len(direct_calls) == refused_at + 1
+    assert not direct.enabled
+    assert (tmp_path / "chunk").read_bytes() == expected_file(data, padding=8)
+    assert trailer.value() == expected_file(data, padding=8)[-4:]
+
+
+def takes_o_direct(folder: Path) -> bool:
+    """Whether the file system at ``folder`` lets a file be opened with O_DIRECT."""
+    probe = folder / ".probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | O_DIRECT, 0o644)
+    except OSError as error:
+        assert error.errno == errno.EINVAL
+        return False
+    finally:
+        if probe.exists():
+            probe.unlink()
+    os.close(fd)
+    return True
+
+
+@pytest.fixture
+def folders(tmp_path: Path) -> Iterator[list[Path]]:
+    """tmp_path, and a folder on tmpfs (/dev/shm) where there is one."""
+    found = [tmp_path / "disk"]
+    if Path("/dev/shm").is_dir():
+        found.append(Path(tempfile.mkdtemp(prefix="gv-test-", dir="/dev/shm")))
+    found[0].mkdir()
+    yield found
+    for folder in found[1:]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_o_direct
+async def test_a_store_writes_and_reads_back_with_or_without_o_direct(folders) -> None:
+    """On a disk (O_DIRECT) and on tmpfs (refused before Linux 6.6), bit for bit."""
+    sizes = [(1 << 18) + 3, 1 << 19, 10]
+    arrays = [
+        np.random.default_rng(i).standard_normal(n).astype(np.float32) for i, n in enumerate(sizes)
+    ]
+    record = GradientsParamsRecord(
+        [GradientRecordEntry.from_array(ParamId(), f"g{i}", a) for i, a in enumerate(arrays)]
+    )
+    for folder in folders:
+        async with open_store(folder / "store", chunk_bytes=1 << 20) as store:
+            info = await store.write_snapshot(record, run="r", step=0)
+            restored = await store.read_snapshot(info.id)
+            assert [e.array.tobytes() for e in restored] == [a.tobytes() for a in arrays]
+            assert store.backend.direct.enabled == takes_o_direct(folder), folder

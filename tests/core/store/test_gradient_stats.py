@@ -1,0 +1,80 @@
+"""The manifest's stats of values at the edges of the float range: zeros, tiny, huge.
+
+``max_abs`` is never ``-0.0``, and ``l2_norm`` is non-zero whenever any value is and
+finite whenever ``max_abs`` is: the norm is taken of the values scaled by ``max_abs``
+where their squares would under- or overflow. Both ways a gradient is stored are covered:
+its own array (chunk by chunk) and the packed one.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gradvault.core.records.param_id import ParamId
+from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
+from gradvault.core.store import open_store
+
+TINY64 = np.float64(5e-324)  # the smallest float64 subnormal
+TINY32 = np.float32(1e-45)  # the smallest float32 subnormal
+
+
+def exact_norm(array: np.ndarray) -> float:
+    """The L2 norm of the finite values, exactly up to the last rounding (fractions, scaled
+    by the largest magnitude so that the float conversions neither under- nor overflow)."""
+    values = [Fraction(float(v)) for v in array.astype(np.float64).ravel() if math.isfinite(v)]
+    largest = max((abs(v) for v in values), default=Fraction(0))
+    if not largest:
+        return 0.0
+    scaled = sum(((v / largest) ** 2 for v in values), Fraction(0))
+    return float(largest) * math.sqrt(scaled)
+
+
+CASES = {
+    "zeros": np.zeros((40, 50), np.float32),
+    "negative zeros": -np.zeros((40, 50), np.float32),
+    "negative zeros f64": -np.zeros(700, np.float64),
+    "f64 subnormals": np.full(700, TINY64) * np.arange(1, 701),
+    "f32 subnormals": np.full(3000, TINY32, np.float32),
+    "f32 tiny normals": np.full(3000, 1e-30, np.float32),  # squares underflow float32
+    "bf16 subnormals": np.full(1000, 1e-40, np.float32).astype(ml_dtypes.bfloat16),
+    "f16 subnormal": np.full(900, 6e-8, np.float16),
+    "f64 huge": np.full(700, 1e300),  # squares overflow float64
+    "f64 tiny with a NaN": np.concatenate([np.full(699, TINY64 * 3), [np.nan]]),
+}
+
+
+def record(arrays: dict[str, np.ndarray]) -> GradientsParamsRecord:
+    return GradientsParamsRecord(
+        [GradientRecordEntry.from_array(ParamId(), n, a) for n, a in arrays.items()]
+    )
+
+
+@pytest.mark.parametrize("own_array", [True, False], ids=["own array", "packed"])
+async def test_stats_at_the_edges_of_the_float_range(tmp_path: Path, own_array: bool) -> None:
+    # stats are taken before the backend writes: one kind of store is enough. Own arrays
+    # in chunks of 512 bytes (many chunks per gradient), or every gradient packed.
+    threshold = 0 if own_array else 1 << 20
+    async with open_store(tmp_path, chunk_bytes=512, pack_threshold=threshold) as store:
+        info = await store.write_snapshot(record(CASES), run="r", step=1)
+        manifest = await store.info(info.id)
+    table = manifest["gradients"]
+    assert set(table["array"]) == ({"packed"} if not own_array else set(table["param_id"]))
+    for i, name in enumerate(table["name"]):
+        array = CASES[name]
+        stats = {key: column[i] for key, column in table["stats"].items()}
+        max_abs = stats["max_abs"]
+        assert math.copysign(1.0, max_abs) == 1.0, (name, stats)  # never -0.0
+        finite = array.astype(np.float64)[np.isfinite(array.astype(np.float64))]
+        assert max_abs == float(np.abs(finite).max()), (name, stats)
+        norm = stats["l2_norm"]
+        assert (norm > 0) == (max_abs > 0), (name, stats)
+        assert norm != "Infinity" and math.isfinite(norm), (name, stats)
+        assert norm >= max_abs, (name, stats)
+        want = exact_norm(array)
+        assert norm == pytest.approx(want, rel=1e-6, abs=1e-323), (name, stats)

@@ -1,0 +1,395 @@
+"""A damaged snapshot manifest is refused with ManifestError, never read through.
+
+Each case writes a real snapshot to a local store, rewrites the manifest in its
+``zarr.json`` with one kind of damage, and opens the store afresh (no cached manifest).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gradvault.core.errors import (
+    FormatVersionError,
+    InvalidParamIdError,
+    ManifestError,
+    RecorderError,
+)
+from gradvault.core.records.param_id import ParamId
+from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
+from gradvault.core.store import SnapshotStore, open_store
+
+OPTIONS = {"chunk_bytes": 4096, "pack_threshold": 512}
+
+
+def make_record(seed: int = 0) -> GradientsParamsRecord:
+    """Packed (small) and own (large, multi-chunk) gradients of several dtypes and ranks."""
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "fc1.weight": rng.standard_normal((64, 33)).astype(np.float32),  # own, 3 chunks
+        "fc1.bias": rng.standard_normal(33).astype(np.float32),  # packed
+        "fc2.weight": rng.standard_normal((8, 100)).astype(np.float64),  # own
+        "scalar": np.array(3.25, dtype=np.float32),  # packed, 0-d
+        "empty": np.zeros((0, 4), dtype=np.float32),  # packed, 0 bytes
+        "flags": rng.integers(0, 2, (13,)).astype(bool),  # packed
+    }
+    return GradientsParamsRecord(
+        [GradientRecordEntry.from_array(ParamId(), name, array) for name, array in arrays.items()]
+    )
+
+
+def manifest_path(root: Path, snapshot_id: str) -> Path:
+    return root / "snapshots" / snapshot_id / "zarr.json"
+
+
+def rewrite_manifest(root: Path, snapshot_id: str, damage: Callable[[dict], None]) -> None:
+    path = manifest_path(root, snapshot_id)
+    document = json.loads(path.read_text())
+    damage(document["attributes"]["gradvault"])
+    path.write_text(json.dumps(document))
+
+
+def position(manifest: dict, name: str) -> int:
+    return manifest["gradients"]["name"].index(name)
+
+
+def set_column(column: str, name: str, value: Any) -> Callable[[dict], None]:
+    def damage(manifest: dict) -> None:
+        manifest["gradients"][column][position(manifest, name)] = value
+
+    return damage
+
+
+def set_field(key: str, value: Any) -> Callable[[dict], None]:
+    def damage(manifest: dict) -> None:
+        manifest[key] = value
+
+    return damage
+
+
+def drop_field(*keys: str) -> Callable[[dict], None]:
+    def damage(manifest: dict) -> None:
+        target = manifest
+        for key in keys[:-1]:
+            target = target[key]
+        del target[keys[-1]]
+
+    return damage
+
+
+def shorten_column(column: str) -> Callable[[dict], None]:
+    def damage(manifest: dict) -> None:
+        manifest["gradients"][column].pop()
+
+    return damage
+
+
+def shorten_stats_column(manifest: dict) -> None:
+    manifest["gradients"]["stats"]["max_abs"].pop()
+
+
+def duplicate_param_id(manifest: dict) -> None:
+    ids = manifest["gradients"]["param_id"]
+    ids[position(manifest, "fc1.bias")] = ids[position(manifest, "fc1.weight")]
+
+
+def shift_packed_length(delta: int) -> Callable[[dict], None]:
+    def damage(manifest: dict) -> None:
+        manifest["packed"]["nbytes"] += delta
+
+    return damage
+
+
+def claim_more_bytes_than_addressable(manifest: dict) -> None:
+    """A consistent claim (shape, nbytes, total) of 2**63 bytes: more than any process holds."""
+    i = position(manifest, "fc1.weight")
+    table = manifest["gradients"]
+    table["shape"][i], table["chunk_shape"][i] = [2**61], [2**61]
+    manifest["nbytes"] += 2**63 - table["nbytes"][i]
+    table["nbytes"][i] = 2**63
+
+
+def change_shape_keep_nbytes(manifest: dict) -> None:
+    manifest["gradients"]["shape"][position(manifest, "fc1.bias")] = [34]
+
+
+# (case id, damage, field named in the message, gradient named in the message or None)
+CASES: list[tuple[str, Callable[[dict], None], str, str | None]] = [
+    ("missing-gradients", drop_field("gradients"), "'gradients'", None),
+    ("gradients-not-object", set_field("gradients", []), "'gradients'", None),
+    ("missing-run", drop_field("run"), "'run'", None),
+    ("run-not-str", set_field("run", 7), "'run'", None),
+    ("id-of-another-snapshot", set_field("id", "01ARZ3NDEKTSV4RRFFQ69G5FAV"), "'id'", None),
+    ("step-negative", set_field("step", -1), "'step'", None),
+    ("step-str", set_field("step", "3"), "'step'", None),
+    ("step-bool", set_field("step", True), "'step'", None),
+    ("missing-created-at", drop_field("created_at"), "'created_at'", None),
+    ("device-not-str", set_field("device", 0), "'device'", None),
+    ("tags-not-str", set_field("tags", {"a": 1}), "'tags'", None),
+    ("tags-list", set_field("tags", ["a"]), "'tags'", None),
+    ("metadata-list", set_field("metadata", [1, 2]), "'metadata'", None),
+    ("unknown-compression", set_field("compression", "lz4"), "'compression'", None),
+    ("compression-int", set_field("compression", 3), "'compression'", None),
+    ("num-params", set_field("num_params", 99), "'num_params'", None),
+    ("total-nbytes", set_field("nbytes", 1), "'nbytes'", None),
+    ("short-dtype-column", shorten_column("dtype"), "'gradients.dtype'", None),
+    ("short-array-column", shorten_column("array"), "'gradients.array'", None),
+    ("missing-checksum-column", drop_field("gradients", "checksum"), "'gradients.checksum'", None),
+    ("missing-stats", drop_field("gradients", "stats"), "'gradients.stats'", None),
+    ("short-stats-column", shorten_stats_column, "'gradients.stats.max_abs'", None),
+    (
+        "missing-stats-column",
+        drop_field("gradients", "stats", "l2_norm"),
+        "'gradients.stats.l2_norm'",
+        None,
+    ),
+    ("bad-param-id", set_column("param_id", "fc1.bias", "zz"), "'gradients.param_id'", None),
+    (
+        "path-param-id",
+        set_column("param_id", "fc1.weight", "../../../../etc"),
+        "'gradients.param_id'",
+        None,
+    ),
+    ("duplicate-param-id", duplicate_param_id, "'gradients.param_id'", "fc1.weight"),
+    ("name-not-str", set_column("name", "fc1.bias", None), "'gradients.name'", None),
+    (
+        "unsupported-dtype",
+        set_column("dtype", "fc1.bias", "complex64"),
+        "'gradients.dtype'",
+        "fc1.bias",
+    ),
+    (
+        "shape-negative",
+        set_column("shape", "fc1.weight", [-64, -33]),
+        "'gradients.shape'",
+        "fc1.weight",
+    ),
+    ("shape-not-list", set_column("shape", "fc1.bias", 33), "'gradients.shape'", "fc1.bias"),
+    ("shape-disagrees-with-nbytes", change_shape_keep_nbytes, "'gradients.nbytes'", "fc1.bias"),
+    ("nbytes-float", set_column("nbytes", "fc1.bias", 132.0), "'gradients.nbytes'", "fc1.bias"),
+    (
+        "nbytes-beyond-address-space",
+        claim_more_bytes_than_addressable,
+        "'gradients.nbytes'",
+        "fc1.weight",
+    ),
+    (
+        "bad-checksum-text",
+        set_column("checksum", "fc1.bias", "crc32c:zzzzzzzz"),
+        "'gradients.checksum'",
+        "fc1.bias",
+    ),
+    (
+        "checksum-wrong-algorithm",
+        set_column("checksum", "fc1.weight", "md5:0123456789"),
+        "'gradients.checksum'",
+        "fc1.weight",
+    ),
+    (
+        "array-escapes-store",
+        set_column("array", "fc1.weight", "../../../../etc"),
+        "'gradients.array'",
+        "fc1.weight",
+    ),
+    (
+        "packed-array-escapes-store",
+        set_column("array", "fc1.bias", "../../../../etc"),
+        "'gradients.array'",
+        "fc1.bias",
+    ),
+    (
+        "array-of-another-gradient",
+        set_column("array", "fc1.weight", "0123456789abcdef"),
+        "'gradients.array'",
+        "fc1.weight",
+    ),
+    ("packed-length-short", shift_packed_length(-8), "'packed.nbytes'", None),
+    ("packed-length-long", shift_packed_length(+8), "'packed.nbytes'", None),
+    ("packed-null-with-packed-rows", set_field("packed", None), "'packed'", "fc1.bias"),
+    (
+        "packed-chunk-bytes-zero",
+        lambda m: m["packed"].update(chunk_bytes=0),
+        "'packed.chunk_bytes'",
+        None,
+    ),
+    (
+        "offset-outside-packed",
+        set_column("offset", "fc1.bias", 10**9),
+        "'gradients.offset'",
+        "fc1.bias",
+    ),
+    ("offset-negative", set_column("offset", "fc1.bias", -8), "'gradients.offset'", "fc1.bias"),
+    ("offset-null", set_column("offset", "fc1.bias", None), "'gradients.offset'", "fc1.bias"),
+    (
+        "chunk-shape-zero",
+        set_column("chunk_shape", "fc1.weight", [0, 33]),
+        "'gradients.chunk_shape'",
+        "fc1.weight",
+    ),
+    (
+        "chunk-shape-rank",
+        set_column("chunk_shape", "fc1.weight", [24]),
+        "'gradients.chunk_shape'",
+        "fc1.weight",
+    ),
+    (
+        "chunk-shape-not-contiguous",
+        set_column("chunk_shape", "fc1.weight", [24, 11]),
+        "'gradients.chunk_shape'",
+        "fc1.weight",
+    ),
+    (
+        "chunk-shape-null",
+        set_column("chunk_shape", "fc1.weight", None),
+        "'gradients.chunk_shape'",
+        "fc1.weight",
+    ),
+    ("manifest-not-object", None, "manifest", None),
+]
+
+
+@pytest.fixture
+async def three_snapshots(tmp_path: Path):
+    """A local store root, three committed snapshots (ids oldest first) and their records."""
+    root = tmp_path / "store"
+    records = [make_record(seed) for seed in range(3)]
+    async with open_store(root, **OPTIONS) as store:
+        infos = [await store.write_snapshot(r, run="train", step=i) for i, r in enumerate(records)]
+    return root, [info.id for info in infos], records
+
+
+def assert_same(found: GradientsParamsRecord, expected: GradientsParamsRecord) -> None:
+    assert [e.param_id for e in found] == [e.param_id for e in expected]
+    for got, want in zip(found, expected, strict=True):
+        assert (got.name, got.dtype, got.shape) == (want.name, want.dtype, want.shape)
+        assert got.array.tobytes() == want.array.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("damage", "field", "gradient"),
+    [pytest.param(damage, field, gradient, id=case) for case, damage, field, gradient in CASES],
+)
+async def test_a_damaged_manifest_is_refused_clearly_and_skipped_by_list(
+    three_snapshots, damage: Callable[[dict], None] | None, field: str, gradient: str | None
+) -> None:
+    root, ids, records = three_snapshots
+    victim = ids[1]
+    original = json.loads(manifest_path(root, victim).read_text())["attributes"]["gradvault"]
+    if damage is None:  # the manifest is not an object at all
+        path = manifest_path(root, victim)
+        document = json.loads(path.read_text())
+        document["attributes"]["gradvault"] = ["not", "a", "manifest"]
+        path.write_text(json.dumps(document))
+    else:
+        rewrite_manifest(root, victim, damage)
+
+    async with open_store(root, **OPTIONS) as store:
+        keys_read: list[str] = []
+        real_read = store.backend.read
+
+        async def spy(key: str, *args: object):
+            keys_read.append(key)
+            return await real_read(key, *args)
+
+        store.backend.read = spy  # type: ignore[method-assign]
+
+        some_param = original["gradients"]["param_id"][0]
+        for call in (
+            lambda: store.info(victim),
+            lambda: store.read_snapshot(victim),
+            lambda: store.read_gradient(victim, some_param),
+        ):
+            with pytest.raises(ManifestError) as caught:
+                await call()
+            message = str(caught.value)
+            assert isinstance(caught.value, RecorderError) and isinstance(caught.value, ValueError)
+            assert victim in message and field in message, message
+            if gradient is not None:
+                row = original["gradients"]["name"].index(gradient)
+                assert original["gradients"]["param_id"][row] in message, message
+                assert repr(gradient) in message, message
+        # only the manifest was ever read: no key was built from the damaged table
+        assert set(keys_read) == {f"snapshots/{victim}/zarr.json"}
+
+        listed = await store.list()
+        assert [info.id for info in listed] == [ids[2], ids[0]]
+        for snapshot_id, record in ((ids[0], records[0]), (ids[2], records[2])):
+            assert_same(await store.read_snapshot(snapshot_id), record)
+        with pytest.raises(ManifestError):  # still refused after list()
+            await store.info(victim)
+
+
+async def test_list_skips_a_manifest_of_another_format_version(three_snapshots) -> None:
+    root, ids, records = three_snapshots
+    rewrite_manifest(root, ids[0], set_field("format_version", 2))
+    rewrite_manifest(root, ids[2], drop_field("gradients"))
+    async with open_store(root, **OPTIONS) as store:
+        assert [info.id for info in await store.list()] == [ids[1]]
+        assert [info.id for info in await store.list(run="train")] == [ids[1]]
+        assert_same(await store.read_snapshot(ids[1]), records[1])
+        with pytest.raises(FormatVersionError, match="format version 2"):
+            await store.read_snapshot(ids[0])
+
+
+async def test_packed_section_without_packed_gradients_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    rng = np.random.default_rng(1)
+    record = GradientsParamsRecord(
+        [
+            GradientRecordEntry.from_array(
+                ParamId(), "big", rng.standard_normal((32, 32)).astype(np.float32)
+            )
+        ]
+    )
+    async with open_store(root, **OPTIONS) as store:
+        info = await store.write_snapshot(record, run="r", step=0)
+    bogus = {"array": "packed", "nbytes": 8, "chunk_bytes": 8, "alignment": 8}
+    rewrite_manifest(root, info.id, set_field("packed", bogus))
+    async with open_store(root, **OPTIONS) as store:
+        with pytest.raises(FormatVersionError, match="'packed'.*no gradient is packed"):
+            await store.info(info.id)
+        assert await store.list() == []
+
+
+async def test_an_undamaged_manifest_still_reads(three_snapshots) -> None:
+    root, ids, records = three_snapshots
+    rewrite_manifest(root, ids[0], lambda manifest: None)  # re-encoded, not changed
+    async with open_store(root, **OPTIONS) as store:
+        assert [info.id for info in await store.list()] == ids[::-1]
+        for snapshot_id, record in zip(ids, records, strict=True):
+            assert_same(await store.read_snapshot(snapshot_id), record)
+            for entry in record:
+                got = await store.read_gradient(snapshot_id, entry.param_id)
+                assert got.array.tobytes() == entry.array.tobytes()
+
+
+async def test_read_gradient_rejects_a_malformed_param_id_before_any_io(tmp_path: Path) -> None:
+    root = tmp_path / "never-created"
+    store: SnapshotStore = open_store(root)
+
+    async def no_io(key: str) -> None:
+        raise AssertionError(f"read {key} before checking the param id")
+
+    store.backend.read = no_io  # type: ignore[method-assign]
+    for bad in ("zz", "../x", "0123456789ABCDEF", "0123456789abcdef0"):
+        with pytest.raises(InvalidParamIdError, match="16 lowercase hex digits"):
+            await store.read_gradient("01ARZ3NDEKTSV4RRFFQ69G5FAV", bad)
+    assert not root.exists()
+    await store.close()
+
+
+def test_param_id_parse_raises_invalid_param_id_error() -> None:
+    with pytest.raises(InvalidParamIdError) as caught:
+        ParamId.parse("../x")
+    assert isinstance(caught.value, ValueError)
+    assert "'../x'" in str(caught.value) and "16 lowercase hex digits" in str(caught.value)
+    for bad_value in (-1, 2**64, 1.5, True, "12"):
+        with pytest.raises(InvalidParamIdError):
+            ParamId(bad_value)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # existing callers catching ValueError keep working
+        ParamId.parse("zz")
