@@ -24,21 +24,21 @@ ALLOWED = {
         "a unit test of the client's own retry loop: it replaces the client's sleep to "
         "record the backoff delays instead of waiting them out"
     ),
-    ("core/test_device_stream.py", "gradvault.core.store._device_stream"): (
+    ("core/store/test_device_stream.py", "gradvault.core.store._device_stream"): (
         "unit tests of core/store/_device_stream.py's internals (RingStreamer) with a fake device"
     ),
-    ("core/test_checksums.py", "gradvault.core.store._checksums"): (
+    ("core/store/test_checksums.py", "gradvault.core.store._checksums"): (
         "unit tests of core/store/_checksums.py's crc32c combination against a direct "
         "crc32c of the whole buffer: no public call exposes it alone"
     ),
-    ("core/test_file_writes.py", "gradvault.core.store._file_writes"): (
+    ("core/store/test_file_writes.py", "gradvault.core.store._file_writes"): (
         "unit tests of core/store/_file_writes.py: O_DIRECT writes and their fallbacks to "
         "the page cache, refusals injected on fcntl and os.write"
     ),
-    ("core/test_file_writes.py", "gradvault.core.store._checksums"): (
+    ("core/store/test_file_writes.py", "gradvault.core.store._checksums"): (
         "the crc32c trailer those writes fill (Crc32cTrailer), compared across both ways"
     ),
-    ("core/test_gpu_stream.py", "gradvault.core.store._device_stream"): (
+    ("core/store/test_gpu_stream.py", "gradvault.core.store._device_stream"): (
         "tests of core/store/_device_stream.py's internals (RingStreamer, CupyCopier) on "
         "a real CUDA device"
     ),
