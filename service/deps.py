@@ -1,4 +1,5 @@
-"""What routes depend on, as ``Annotated`` aliases: settings, the store, the index, access.
+"""What routes depend on, as ``Annotated`` aliases: settings, the store, the index, access,
+a request's range and validators.
 
 Two dependencies guard every route of the app (``create_app`` gives them to the app
 itself, so no route can miss them): :func:`require_same_site` refuses a write from a page
@@ -7,22 +8,19 @@ of another site, :func:`require_documented_body` a body of a type the route does
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gradvault.core import SnapshotStore
 
-from .errors import (
-    AuthenticationError,
-    CrossSiteRequestError,
-    PermissionDeniedError,
-    UnsupportedMediaTypeError,
-)
+from .auth import access_refusal
+from .auth import token_scope as token_scope  # re-exported: known from here
+from .errors import CrossSiteRequestError, UnsupportedMediaTypeError
 from .index import SnapshotIndex
 from .metrics import ServiceMetrics
+from .ranges import Conditions
 from .settings import Scope, Settings, is_loopback, parse_origin
 
 
@@ -52,35 +50,14 @@ MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 _bearer = HTTPBearer(auto_error=False, description="a token from GRADVAULT_TOKENS")
 
 
-def token_scope(settings: Settings, token: str) -> Scope | None:
-    """The scope of ``token``, comparing it with every configured token in constant time."""
-    given = token.encode()
-    found: Scope | None = None
-    for known, scope in settings.tokens.items():
-        # no early exit: the time taken does not say which token, or how much of one, matched
-        if hmac.compare_digest(known.encode(), given):
-            found = scope
-    return found
-
-
-def _authorize(
+def _check(
     settings: Settings, credentials: HTTPAuthorizationCredentials | None, needed: Scope
 ) -> None:
-    if settings.is_open:
-        return
-    if credentials is None:
-        if needed is Scope.READ and settings.public_read:
-            return
-        raise AuthenticationError(
-            f"this route needs a bearer token with {needed} scope (Authorization: Bearer <token>)"
-        )
-    scope = token_scope(settings, credentials.credentials)
-    if scope is None:
-        raise AuthenticationError("the bearer token is not one this service knows")
-    if not scope.allows(needed):
-        raise PermissionDeniedError(
-            f"this route needs a token with {needed} scope; yours is {scope}"
-        )
+    """The access policy on the ``Authorization: Bearer`` token alone (the API's rule)."""
+    token = None if credentials is None else credentials.credentials
+    refusal = access_refusal(settings, token, needed)
+    if refusal is not None:
+        raise refusal.api_error()
 
 
 def require_read(
@@ -88,7 +65,7 @@ def require_read(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """Lets a request through if it may read (a read or write token, or public reads)."""
-    _authorize(settings, credentials, Scope.READ)
+    _check(settings, credentials, Scope.READ)
 
 
 def require_write(
@@ -96,7 +73,7 @@ def require_write(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """Lets a request through if it carries a write token (or the service is open)."""
-    _authorize(settings, credentials, Scope.WRITE)
+    _check(settings, credentials, Scope.WRITE)
 
 
 ReadAccess = Depends(require_read)
@@ -185,3 +162,16 @@ async def require_documented_body(request: Request) -> None:
 
 SameSiteWrites = Depends(require_same_site)
 DocumentedBody = Depends(require_documented_body)
+
+
+def get_conditions(
+    request: Request,
+    range_header: Annotated[str | None, Header(alias="Range")] = None,
+    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
+    if_range: Annotated[str | None, Header(alias="If-Range")] = None,
+) -> Conditions:
+    """The request's method and the headers a byte resource's answer depends on."""
+    return Conditions(request.method, range_header, if_none_match, if_range)
+
+
+ConditionsDep = Annotated[Conditions, Depends(get_conditions)]

@@ -7,7 +7,7 @@ import json
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from starlette.requests import ClientDisconnect
 
 from gradvault.core import InvalidFieldError, InvalidUploadError
@@ -16,21 +16,13 @@ from gradvault.core.store import parse_snapshot_id
 
 from ..deps import IndexDep, MetricsDep, ReadAccess, SettingsDep, StoreDep, WriteAccess
 from ..error_handlers import error_responses
+from ..params import MAX_STEP, SNAPSHOT_ID_PATTERN, SnapshotIdPath
+from ..queries import snapshot_manifest
 from ..schemas import GradientStats, SnapshotDetail, SnapshotPage, SnapshotSummary
 from ..uploads import receive_safetensors, remove_spool
 
 router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
 
-SNAPSHOT_ID_PATTERN = r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$"
-MAX_STEP = 2**63 - 1
-
-SnapshotIdPath = Annotated[
-    str,
-    Path(
-        description="a snapshot id: 26 uppercase Crockford base32 characters",
-        json_schema_extra={"pattern": SNAPSHOT_ID_PATTERN},
-    ),
-]
 _AUTH_ERRORS = (401, 403)
 
 
@@ -71,7 +63,7 @@ async def list_snapshots(
 )
 async def get_snapshot(snapshot_id: SnapshotIdPath, store: StoreDep) -> Response:
     """The snapshot's manifest: summary, tags, metadata and every gradient with its stats."""
-    manifest = await store.info(parse_snapshot_id(snapshot_id))
+    manifest = await snapshot_manifest(store, snapshot_id)
     # 100,000 gradients are ~20 MB of JSON: encoded off the event loop, without a model each
     body = await asyncio.to_thread(detail_json, manifest)
     return Response(body, media_type="application/json")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import APIRouter, Path, Response
 
-from ..deps import ReadAccess, StoreDep
+from ..deps import ConditionsDep, MetricsDep, ReadAccess, StoreDep
 from ..error_handlers import error_responses
-from ..ranges import select_range
+from ..queries import open_store_key
+from ..ranges import ranged_response
 
 router = APIRouter(prefix="/v1/zarr", tags=["zarr"])
 
-_METADATA_NAME = "zarr.json"
 #: What a readable key looks like (names without a leading dot, single slashes); the
 #: store checks every path itself before any I/O, this documents the shape
 STORE_PATH_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
@@ -35,6 +35,7 @@ _KEY_ROUTE: dict = {
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
             },
         },
+        304: {"description": "If-None-Match is *: the key exists (keys have no ETag)"},
         **error_responses(400, 401, 403, 404, 416, 422, 503, binary_route=True),
     },
 }
@@ -43,7 +44,6 @@ _KEY_ROUTE: dict = {
 @router.head("/{path:path}", operation_id="head_store_key", **_KEY_ROUTE)
 @router.get("/{path:path}", operation_id="get_store_key", **_KEY_ROUTE)
 async def get_key(
-    request: Request,
     path: Annotated[
         str,
         Path(
@@ -52,24 +52,9 @@ async def get_key(
         ),
     ],
     store: StoreDep,
-    range_header: Annotated[str | None, Header(alias="Range")] = None,
+    metrics: MetricsDep,
+    conditions: ConditionsDep,
 ) -> Response:
     """One key of the store (``zarr.json`` or a chunk), read-only; one Range honoured."""
-    size = await store.key_size(path)  # InvalidStorePathError before any I/O
-    media_type = (
-        "application/json"
-        if path.rpartition("/")[2] == _METADATA_NAME
-        else "application/octet-stream"
-    )
-    chosen = select_range(range_header, size)
-    headers = {"Accept-Ranges": "bytes"}
-    if request.method == "HEAD":
-        headers["Content-Length"] = str(size)
-        return Response(status_code=200, headers=headers, media_type=media_type)
-    if chosen is None:
-        return Response(bytes(await store.read_key(path)), media_type=media_type, headers=headers)
-    data = await store.read_key(path, start=chosen.start, end=chosen.stop)
-    headers["Content-Range"] = chosen.content_range
-    return Response(
-        bytes(data), status_code=206, media_type="application/octet-stream", headers=headers
-    )
+    key = await open_store_key(store, path)  # InvalidStorePathError before any I/O
+    return await ranged_response(conditions, key, metrics)

@@ -1,4 +1,4 @@
-"""Who may see the pages: the service's own token settings, a token kept in a cookie.
+"""Who may see the pages: the service's access policy, with a token kept in a cookie.
 
 A browser cannot add ``Authorization`` to a link, so the pages take a token once, in a
 form (``POST /ui/login``, never in a URL), and keep it in an HttpOnly, SameSite=Strict
@@ -17,9 +17,10 @@ from fastapi.responses import RedirectResponse
 
 from gradvault.core import GradvaultError
 
-from ..deps import SettingsDep, token_scope
+from ..auth import Refusal, access_refusal
+from ..deps import SettingsDep
 from ..errors import AuthenticationError, InvalidFormError
-from ..settings import Settings
+from ..settings import Scope, Settings
 
 TOKEN_COOKIE = "gradvault_ui_token"
 UI_PREFIX = "/ui"
@@ -43,15 +44,9 @@ def request_token(request: Request) -> str | None:
     return request.cookies.get(TOKEN_COOKIE) or None
 
 
-def read_problem(settings: Settings, token: str | None) -> str | None:
-    """Why a request with ``token`` may not read, or None when it may."""
-    if settings.is_open:
-        return None
-    if token is None:
-        return None if settings.public_read else "this service needs a read token"
-    if token_scope(settings, token) is None:
-        return "the token is not one this service knows"
-    return None
+def read_refusal(request: Request, settings: Settings) -> Refusal | None:
+    """Why ``request`` may not read (by its bearer token or the pages' cookie), or None."""
+    return access_refusal(settings, request_token(request), Scope.READ)
 
 
 def safe_next(path: str | None) -> str:
@@ -101,17 +96,18 @@ def _here(request: Request) -> str:
 
 def require_page_reader(request: Request, settings: SettingsDep) -> None:
     """Lets a page through if its request may read; else LoginRequiredError (to the form)."""
-    problem = read_problem(settings, request_token(request))
-    if problem is not None:
-        raise LoginRequiredError(problem, _here(request))
+    refusal = read_refusal(request, settings)
+    if refusal is not None:
+        raise LoginRequiredError(refusal.page_reason, _here(request))
 
 
 def require_data_reader(request: Request, settings: SettingsDep) -> None:
     """Lets a JSON or download request through if it may read; else AuthenticationError (401)."""
-    problem = read_problem(settings, request_token(request))
-    if problem is not None:
+    refusal = read_refusal(request, settings)
+    if refusal is not None:
         raise AuthenticationError(
-            f"{problem}: log in at {UI_PREFIX}/login or send Authorization: Bearer <token>"
+            f"{refusal.page_reason}: log in at {UI_PREFIX}/login or send "
+            "Authorization: Bearer <token>"
         )
 
 

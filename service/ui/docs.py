@@ -19,7 +19,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from ..deps import ReadAccess, SettingsDep
-from .access import UI_PREFIX, DataReader, read_problem, request_token
+from .access import UI_PREFIX, DataReader, read_refusal
 
 #: the schema as the documentation pages fetch it (under /ui, where the cookie goes)
 PAGE_SCHEMA_URL = f"{UI_PREFIX}/openapi.json"
@@ -60,7 +60,7 @@ async def openapi_document_for_pages(request: Request) -> Response:
 
 def _page_or_login(request: Request, settings: SettingsDep, page: str) -> Response | None:
     """None if the request may read; else the redirect to the login form, back to ``page``."""
-    if read_problem(settings, request_token(request)) is None:
+    if read_refusal(request, settings) is None:
         return None
     return RedirectResponse(f"{UI_PREFIX}/login?next={UI_PREFIX}/{page}", status_code=303)
 

@@ -15,18 +15,18 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 import orjson
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
-from gradvault.core.store import parse_snapshot_id
-
-from ..deps import IndexDep, MetricsDep, SettingsDep, StoreDep, token_scope
+from ..auth import access_refusal
+from ..deps import ConditionsDep, IndexDep, MetricsDep, SettingsDep, StoreDep
 from ..errors import PageOutOfRangeError
-from ..routes import gradients
-from ..routes.gradients import ParamIdPath
-from ..routes.snapshots import MAX_STEP, SNAPSHOT_ID_PATTERN, SnapshotIdPath
+from ..params import MAX_STEP, SNAPSHOT_ID_PATTERN, ParamIdPath, SnapshotIdPath
+from ..queries import open_gradient, open_safetensors, snapshot_manifest
+from ..ranges import ranged_response
 from ..schemas import SnapshotDetail
+from ..settings import Scope
 from .access import TOKEN_COOKIE, UI_PREFIX, DataReader, PageReader, read_login_form, safe_next
 from .bars import norm_chart, ratio_length
 from .stats import SnapshotStats, SnapshotStatsCache, run_series
@@ -252,8 +252,7 @@ async def snapshot_page(
     page: PageQuery = 1,
 ) -> HTMLResponse:
     """One snapshot: a sortable table of its gradients, a page at a time, and their norms."""
-    snapshot_id = parse_snapshot_id(snapshot_id)
-    manifest = await store.info(snapshot_id)
+    manifest = await snapshot_manifest(store, snapshot_id)
     # sorting 100,000 gradients and rendering a page take CPU: off the event loop
     return await asyncio.to_thread(_snapshot_page, request, manifest, sort, order, page)
 
@@ -362,7 +361,7 @@ async def diff_page(
 ) -> HTMLResponse:
     """Two snapshots side by side: each layer's norm in both and their ratio (b / a)."""
     first, second = [
-        SnapshotStats.of_manifest(await store.info(parse_snapshot_id(snapshot_id)))
+        SnapshotStats.of_manifest(await snapshot_manifest(store, snapshot_id))
         for snapshot_id in (a, b)
     ]
     rows = _diff_rows(first, second)
@@ -441,24 +440,24 @@ async def download_gradient(
     param_id: ParamIdPath,
     store: StoreDep,
     metrics: MetricsDep,
-    range_header: Annotated[str | None, Header(alias="Range")] = None,
-    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
-    if_range: Annotated[str | None, Header(alias="If-Range")] = None,
+    conditions: ConditionsDep,
 ) -> Response:
-    """The gradient as a .npy file: the API's own route, with a file name to save it under."""
-    response = await gradients.get_gradient(
-        snapshot_id, param_id, store, metrics, "npy", range_header, if_none_match, if_range
+    """The gradient as a .npy file: the API's answer, with a file name to save it under."""
+    gradient = await open_gradient(store, snapshot_id, param_id, "npy")
+    response = await ranged_response(conditions, gradient, metrics)
+    response.headers["Content-Disposition"] = (
+        f'attachment; filename="{gradient.snapshot_id}-{gradient.param_id}.npy"'
     )
-    response.headers["Content-Disposition"] = f'attachment; filename="{snapshot_id}-{param_id}.npy"'
     return response
 
 
 @router.get("/snapshots/{snapshot_id}/safetensors", dependencies=[DataReader])
 async def download_safetensors(
-    snapshot_id: SnapshotIdPath, store: StoreDep, metrics: MetricsDep
+    snapshot_id: SnapshotIdPath, store: StoreDep, metrics: MetricsDep, conditions: ConditionsDep
 ) -> Response:
-    """The whole snapshot as one safetensors file: the API's own route."""
-    return await gradients.get_safetensors(snapshot_id, store, metrics)
+    """The whole snapshot as one safetensors file: the API's answer."""
+    safetensors = await open_safetensors(store, snapshot_id)
+    return await ranged_response(conditions, safetensors, metrics)
 
 
 @router.get("/login")
@@ -478,7 +477,7 @@ async def login(request: Request, settings: SettingsDep) -> Response:
         return RedirectResponse(next_path, status_code=303)
     if not token:
         problem = "enter a token"
-    elif token_scope(settings, token) is None:
+    elif access_refusal(settings, token, Scope.READ) is not None:
         problem = "that token is not one this service knows"
     else:
         response = RedirectResponse(next_path, status_code=303)

@@ -1,0 +1,31 @@
+"""The path and query parameters the routes and the pages both take, as ``Annotated`` aliases.
+
+The patterns document the shapes in the OpenAPI schema; the ids are still parsed by the
+store (InvalidSnapshotIdError, InvalidParamIdError: 400, naming what is wrong).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Path
+
+SNAPSHOT_ID_PATTERN = r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$"
+PARAM_ID_PATTERN = r"^[0-9a-f]{16}$"
+#: the largest step a snapshot may have (an int64)
+MAX_STEP = 2**63 - 1
+
+SnapshotIdPath = Annotated[
+    str,
+    Path(
+        description="a snapshot id: 26 uppercase Crockford base32 characters",
+        json_schema_extra={"pattern": SNAPSHOT_ID_PATTERN},
+    ),
+]
+ParamIdPath = Annotated[
+    str,
+    Path(
+        description="a ParamId: 16 lowercase hex digits",
+        json_schema_extra={"pattern": PARAM_ID_PATTERN},
+    ),
+]
