@@ -60,7 +60,9 @@ MAX_PAGE_SIZE = 1000
 UNREADABLE_ERRORS = frozenset({"FormatVersionError", "ManifestError"})
 
 
-#: One snapshot as a listing shows it: the core's summary, read from the service's JSON.
+#: One snapshot as a listing shows it: the core's :class:`SnapshotInfo` itself, read from
+#: the service's JSON (whose schema is the service's pydantic ``SnapshotSummary``, the same
+#: fields; the client never imports the service). Kept under this name, which it exports.
 SnapshotSummary = SnapshotInfo
 
 #: ``progress(done_bytes, total_bytes)``: told how far a transfer is, each time bytes move.
