@@ -1,21 +1,22 @@
-"""The asyncio client: :class:`BaseClient` plus httpx's ``AsyncClient`` for I/O."""
+"""The asyncio client: :class:`BaseClient`'s logic, its I/O steps awaited with httpx's
+``AsyncClient`` (files and checksums in a thread)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, TypeVar
 
 import httpx
 
 from gradvault.core import GradientsParams, GradientsParamsRecord
-from gradvault.core.records.safetensors_file import record_from_safetensors
 
-from ._base import BaseClient, ProgressCallback, Resumption, SnapshotSummary, TransferMeter, Upload
-from ._files import part_beside, place
+from ._base import BaseClient, ProgressCallback, SnapshotSummary, Upload
+from ._steps import Blocking, Capture, Close, Discard, Receive, Send, Sleep, Step, Steps
+
+T = TypeVar("T")
 
 
 async def _async_chunks(chunks: Iterator[bytes | memoryview]) -> AsyncIterator[bytes | memoryview]:
@@ -23,16 +24,13 @@ async def _async_chunks(chunks: Iterator[bytes | memoryview]) -> AsyncIterator[b
         yield chunk
 
 
-def _flush_to_disk(file: BinaryIO) -> None:
-    file.flush()
-    os.fsync(file.fileno())
-
-
 class AsyncClient(BaseClient):
     """:class:`gradvault.client.Client` for asyncio: the same methods, awaited.
 
     ``list`` is an async iterator; use it as an async context manager, or ``aclose``.
     """
+
+    _http: httpx.AsyncClient
 
     def __init__(
         self,
@@ -59,47 +57,49 @@ class AsyncClient(BaseClient):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    # ------------------------------------------------------------------ the I/O
     async def _sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        upload: Upload | None = None,
-        stream: bool = False,
-    ) -> httpx.Response:
-        """The first answer that is not an error, after retries; the core error otherwise."""
-        attempt = 0
-        while True:
-            content = None
-            if upload is not None:  # a fresh generator each try: the body is made again
-                headers, content = upload.headers, _async_chunks(upload.chunks())
-            request = self._http.build_request(
-                method, path, params=params, headers=headers, content=content
-            )
-            try:
-                response = await self._http.send(request, stream=stream)
-            except httpx.TransportError as error:
-                delay = self._retry_delay(attempt, method, upload, None)
-                if delay is None:
-                    raise self._unreachable(request, error) from error
-            else:
-                if not response.is_error:
-                    return response
-                delay = self._retry_delay(attempt, method, upload, response)
+    def _content(self, upload: Upload) -> AsyncIterator[bytes | memoryview]:
+        return _async_chunks(upload.chunks())
+
+    async def _perform(self, step: Step) -> Any:
+        """Do what ``step`` asks, awaited (files and the CPU in a thread); its outcome."""
+        match step:
+            case Send(request, stream):
+                return await self._http.send(request, stream=stream)
+            case Discard(response):
                 await response.aread()
                 await response.aclose()
-                if delay is None:
-                    raise self._error(response)
-            await self._sleep(delay)
-            attempt += 1
+            case Close(response):
+                await response.aclose()
+            case Sleep(seconds):
+                await self._sleep(seconds)
+            case Receive(response, file, moved):
+                async for chunk in response.aiter_bytes():
+                    await asyncio.to_thread(file.write, chunk)
+                    moved(len(chunk))
+            case Blocking(function, args):
+                return await asyncio.to_thread(function, *args)
+            case Capture(grads):
+                return await grads.to_record_async()
+        return None
 
-    async def _json(self, method: str, path: str, **options: Any) -> Any:
-        return (await self._send(method, path, **options)).json()
+    async def _run(self, steps: Steps[T]) -> T:
+        """Drive ``steps`` to its end: each step awaited, its outcome or error sent back."""
+        outcome: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(outcome) if failure is None else steps.throw(failure)
+            except StopIteration as done:
+                return done.value
+            outcome, failure = None, None
+            try:
+                outcome = await self._perform(step)
+            except BaseException as error:  # noqa: BLE001 - the logic decides, and re-raises
+                failure = error
 
     # ------------------------------------------------------------------ the API
     async def list(
@@ -110,18 +110,15 @@ class AsyncClient(BaseClient):
         page_size: int = 100,
     ) -> AsyncIterator[SnapshotSummary]:
         """Every snapshot matching the filters, newest first, one page request at a time."""
-        params = self._list_params(run, step_min, step_max, page_size)
-        while True:
-            page, cursor = self._page(await self._json("GET", "/v1/snapshots", params=params))
+        params: dict[str, Any] | None = self._list_params(run, step_min, step_max, page_size)
+        while params is not None:
+            page, params = await self._run(self._page_of(params))
             for summary in page:
                 yield summary
-            if cursor is None:
-                return
-            params = {**params, "cursor": cursor}
 
     async def info(self, snapshot_id: str) -> dict[str, Any]:
         """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict."""
-        return await self._json("GET", self._snapshot_path(snapshot_id))
+        return await self._run(self._info_of(snapshot_id))
 
     async def push(
         self,
@@ -136,60 +133,7 @@ class AsyncClient(BaseClient):
 
         ``progress(done_bytes, total_bytes)`` is told as the body's pieces are sent.
         """
-        record = (
-            await grads_or_record.to_record_async()
-            if isinstance(grads_or_record, GradientsParams)
-            else grads_or_record
-        )
-        body = await self._json(
-            "POST",
-            "/v1/snapshots",
-            params=self._push_params(run, step, tags),
-            upload=Upload(record, progress),
-        )
-        return SnapshotSummary.from_manifest(body)
-
-    async def _download_to(
-        self, snapshot_id: str, path: Path, progress: ProgressCallback | None
-    ) -> GradientsParamsRecord:
-        """Download the file to ``path`` (resumed after a drop), fsync it, verify it."""
-        manifest = await self.info(snapshot_id)
-        meter = TransferMeter(progress)
-        resumption = Resumption()
-        attempt = furthest = 0
-        with open(path, "wb") as file:
-            while True:  # a connection dropped mid-body: the rest is asked for (Range)
-                response = await self._send(
-                    "GET",
-                    self._snapshot_path(snapshot_id) + "/safetensors",
-                    headers=resumption.request_headers(),
-                    stream=True,
-                )
-                try:
-                    file.seek(resumption.begin(response))
-                    file.truncate()
-                    meter.start(resumption.written, resumption.total)
-                    async for chunk in response.aiter_bytes():
-                        await asyncio.to_thread(file.write, chunk)
-                        resumption.wrote(len(chunk))
-                        meter.moved(len(chunk))
-                    break
-                except httpx.TransportError as error:
-                    if resumption.written > furthest:  # got further: the tries count anew
-                        attempt, furthest = 0, resumption.written
-                    delay = self._retry_delay(attempt, "GET", None, None)
-                    if delay is None:
-                        raise self._unreachable(response.request, error) from error
-                finally:
-                    await response.aclose()
-                await self._sleep(delay)
-                attempt += 1
-            await asyncio.to_thread(_flush_to_disk, file)
-        if resumption.changed:  # the file changed between tries: check against its manifest
-            manifest = await self.info(snapshot_id)
-        record = await asyncio.to_thread(record_from_safetensors, path)
-        await asyncio.to_thread(self._verify, snapshot_id, record, manifest)
-        return record
+        return await self._run(self._pushing(grads_or_record, run, step, tags, progress))
 
     async def fetch(
         self, snapshot_id: str, *, progress: ProgressCallback | None = None
@@ -198,12 +142,7 @@ class AsyncClient(BaseClient):
 
         ``progress(done_bytes, total_bytes)`` is told as the file's bytes arrive.
         """
-        descriptor, name = tempfile.mkstemp(suffix=".safetensors")
-        os.close(descriptor)
-        try:  # the record maps the file; the mapping outlives its name
-            return await self._download_to(snapshot_id, Path(name), progress)
-        finally:
-            os.unlink(name)
+        return await self._run(self._fetching(snapshot_id, progress))
 
     async def restore(
         self,
@@ -215,9 +154,7 @@ class AsyncClient(BaseClient):
         progress: ProgressCallback | None = None,
     ) -> GradientsParams:
         """The snapshot as gradients on ``device`` (``GradientsParams.from_record``)."""
-        return self._restored(
-            await self.fetch(snapshot_id, progress=progress), device, module, match
-        )
+        return await self._run(self._restoring(snapshot_id, device, module, match, progress))
 
     async def download(
         self,
@@ -227,15 +164,21 @@ class AsyncClient(BaseClient):
         progress: ProgressCallback | None = None,
     ) -> Path:
         """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors."""
-        path = Path(path)
-        part = part_beside(path)
-        try:
-            record = await self._download_to(snapshot_id, part, progress)
-            await asyncio.to_thread(place, path, part, record)
-        finally:
-            part.unlink(missing_ok=True)
-        return path
+        return await self._run(self._downloading_to(snapshot_id, path, progress))
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete the snapshot; SnapshotNotFoundError if there is none by that id."""
-        await self._send("DELETE", self._snapshot_path(snapshot_id))
+        await self._run(self._deleting(snapshot_id))
+
+    async def apply_retention(
+        self,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        run: str | None = None,
+    ) -> list[str]:
+        """Delete the snapshots (of ``run``, or all) that no retention rule keeps; their ids.
+
+        The rules and the checks of a store's ``apply_retention`` (docs/CLIENT.md): the
+        newest snapshot is always kept, and checked before each deletion.
+        """
+        return await self._run(self._retaining(keep_last, keep_every, run))

@@ -1,18 +1,26 @@
 """Everything the two clients share except I/O: requests, retries, answers and errors.
 
-:class:`Client` and :class:`AsyncClient` build their requests and read their answers
-here; they only send them (httpx's own split between ``BaseClient`` and its two clients).
+Every method of :class:`Client` and :class:`AsyncClient` is written once here, as a
+generator of I/O steps (:mod:`._steps`): it decides what to send, when to try again,
+where a download resumes, what a retention pass deletes; the two clients only perform
+the steps, blocking or awaited (httpx's own split between ``BaseClient`` and its two
+clients).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import random
 import re
+import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import crc32c
 import httpx
@@ -28,8 +36,17 @@ from gradvault.core import (
     SnapshotNotFoundError,
 )
 from gradvault.core.autodiff.torch_adapter import is_torch_module
-from gradvault.core.records.safetensors_file import record_header, safetensors_chunks
-from gradvault.core.store import SnapshotInfo
+from gradvault.core.records.safetensors_file import (
+    record_from_safetensors,
+    record_header,
+    safetensors_chunks,
+)
+from gradvault.core.store import RetentionRules, SnapshotInfo
+
+from ._files import part_beside, place
+from ._steps import Blocking, Capture, Close, Discard, Receive, Send, Sleep, Steps
+
+_log = logging.getLogger("gradvault.client")
 
 #: Statuses worth another try: the service or a proxy in front of it is briefly unable.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -37,9 +54,15 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "DELETE"})
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 SNAPSHOTS = "/v1/snapshots"
+#: The most snapshots one listing page asks for (the service's own limit).
+MAX_PAGE_SIZE = 1000
+#: The service's error names for a manifest that readers refuse (answered 500).
+UNREADABLE_ERRORS = frozenset({"FormatVersionError", "ManifestError"})
 
 
-#: One snapshot as a listing shows it: the core's summary, read from the service's JSON.
+#: One snapshot as a listing shows it: the core's :class:`SnapshotInfo` itself, read from
+#: the service's JSON (whose schema is the service's pydantic ``SnapshotSummary``, the same
+#: fields; the client never imports the service). Kept under this name, which it exports.
 SnapshotSummary = SnapshotInfo
 
 #: ``progress(done_bytes, total_bytes)``: told how far a transfer is, each time bytes move.
@@ -158,8 +181,15 @@ class Resumption:
         self.written += count
 
 
-class BaseClient:
-    """Request building, retry decisions, answer parsing and error mapping (no I/O)."""
+class BaseClient(ABC):
+    """Every method's logic, as generators of I/O steps; a subclass performs the steps.
+
+    Besides performing the steps (and driving the generators), a subclass gives
+    :meth:`_content`, an upload's body in the iteration its transport reads, and sets
+    ``_http``, the httpx client that builds and sends its requests.
+    """
+
+    _http: httpx.Client | httpx.AsyncClient
 
     def __init__(
         self,
@@ -295,6 +325,235 @@ class BaseClient:
             grads.to_torch(module, match=match)
             return grads
         return GradientsParams.from_record(record, device, module=module, match=match)
+
+    # ------------------------------------------------------------------ the logic
+    @abstractmethod
+    def _content(self, upload: Upload) -> Any:
+        """``upload``'s body made anew: an iterator, or an async iterator for asyncio."""
+
+    def _sending(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        upload: Upload | None = None,
+        stream: bool = False,
+    ) -> Steps[httpx.Response]:
+        """The first answer that is not an error, after retries; the core error otherwise."""
+        attempt = 0
+        while True:
+            content = None
+            if upload is not None:  # a fresh generator each try: the body is made again
+                headers, content = upload.headers, self._content(upload)
+            request = self._http.build_request(
+                method, path, params=params, headers=headers, content=content
+            )
+            try:
+                response = yield Send(request, stream)
+            except httpx.TransportError as error:
+                delay = self._retry_delay(attempt, method, upload, None)
+                if delay is None:
+                    raise self._unreachable(request, error) from error
+            else:
+                if not response.is_error:
+                    return response
+                delay = self._retry_delay(attempt, method, upload, response)
+                yield Discard(response)
+                if delay is None:
+                    raise self._error(response)
+            yield Sleep(delay)
+            attempt += 1
+
+    def _json_of(self, method: str, path: str, **options: Any) -> Steps[Any]:
+        response = yield from self._sending(method, path, **options)
+        return response.json()
+
+    def _page_of(
+        self, params: dict[str, Any]
+    ) -> Steps[tuple[list[SnapshotSummary], dict[str, Any] | None]]:
+        """One listing page: its summaries, and the next page's params (None after the last)."""
+        page, cursor = self._page((yield from self._json_of("GET", SNAPSHOTS, params=params)))
+        return page, (None if cursor is None else {**params, "cursor": cursor})
+
+    def _info_of(self, snapshot_id: str) -> Steps[dict[str, Any]]:
+        return (yield from self._json_of("GET", self._snapshot_path(snapshot_id)))
+
+    def _pushing(
+        self,
+        grads_or_record: GradientsParams | GradientsParamsRecord,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None,
+        progress: ProgressCallback | None,
+    ) -> Steps[SnapshotSummary]:
+        record = (
+            (yield Capture(grads_or_record))
+            if isinstance(grads_or_record, GradientsParams)
+            else grads_or_record
+        )
+        body = yield from self._json_of(
+            "POST",
+            SNAPSHOTS,
+            params=self._push_params(run, step, tags),
+            upload=Upload(record, progress),
+        )
+        return SnapshotSummary.from_manifest(body)
+
+    def _downloading(
+        self, snapshot_id: str, path: Path, progress: ProgressCallback | None
+    ) -> Steps[GradientsParamsRecord]:
+        """Download the file to ``path`` (resumed after a drop), fsync it, verify it."""
+        manifest = yield from self._info_of(snapshot_id)
+        meter = TransferMeter(progress)
+        resumption = Resumption()
+
+        def moved(count: int) -> None:
+            resumption.wrote(count)
+            meter.moved(count)
+
+        attempt = furthest = 0
+        with open(path, "wb") as file:
+            while True:  # a connection dropped mid-body: the rest is asked for (Range)
+                response = yield from self._sending(
+                    "GET",
+                    self._snapshot_path(snapshot_id) + "/safetensors",
+                    headers=resumption.request_headers(),
+                    stream=True,
+                )
+                try:
+                    file.seek(resumption.begin(response))
+                    file.truncate()
+                    meter.start(resumption.written, resumption.total)
+                    yield Receive(response, file, moved)
+                    break
+                except httpx.TransportError as error:
+                    if resumption.written > furthest:  # got further: the tries count anew
+                        attempt, furthest = 0, resumption.written
+                    delay = self._retry_delay(attempt, "GET", None, None)
+                    if delay is None:
+                        raise self._unreachable(response.request, error) from error
+                finally:
+                    yield Close(response)
+                yield Sleep(delay)
+                attempt += 1
+            yield Blocking(_flush_to_disk, (file,))
+        if resumption.changed:  # the file changed between tries: check against its manifest
+            manifest = yield from self._info_of(snapshot_id)
+        record = yield Blocking(record_from_safetensors, (path,))
+        yield Blocking(self._verify, (snapshot_id, record, manifest))
+        return record
+
+    def _fetching(
+        self, snapshot_id: str, progress: ProgressCallback | None
+    ) -> Steps[GradientsParamsRecord]:
+        descriptor, name = tempfile.mkstemp(suffix=".safetensors")
+        os.close(descriptor)
+        try:  # the record maps the file; the mapping outlives its name
+            return (yield from self._downloading(snapshot_id, Path(name), progress))
+        finally:
+            os.unlink(name)
+
+    def _restoring(
+        self,
+        snapshot_id: str,
+        device: str,
+        module: Any,
+        match: str,
+        progress: ProgressCallback | None,
+    ) -> Steps[GradientsParams]:
+        record = yield from self._fetching(snapshot_id, progress)
+        return self._restored(record, device, module, match)
+
+    def _downloading_to(
+        self, snapshot_id: str, path: str | os.PathLike[str], progress: ProgressCallback | None
+    ) -> Steps[Path]:
+        path = Path(path)
+        part = part_beside(path)
+        try:
+            record = yield from self._downloading(snapshot_id, part, progress)
+            yield Blocking(place, (path, part, record))
+        finally:
+            part.unlink(missing_ok=True)
+        return path
+
+    def _deleting(self, snapshot_id: str) -> Steps[None]:
+        yield from self._sending("DELETE", self._snapshot_path(snapshot_id))
+
+    def _retaining(
+        self, keep_last: int | None, keep_every: int | None, run: str | None
+    ) -> Steps[list[str]]:
+        """What a store's retention pass does, over HTTP: decide from a fresh listing, and
+        before each deletion check that the newest snapshot kept is still there; if it is
+        not, decide again (``RetentionRules.rounds`` times at most)."""
+        rules = RetentionRules(keep_last, keep_every)
+        if rules.keeps_everything:
+            return []
+        deleted: list[str] = []
+        for _ in range(rules.rounds):
+            infos = yield from self._readable_newest_first(run)
+            for snapshot_id in rules.doomed(infos, protected=()):
+                if not (yield from self._still_there(infos[0].id)):
+                    break  # the newest we keep is gone: decide again from a new listing
+                try:
+                    yield from self._deleting(snapshot_id)
+                except SnapshotNotFoundError:
+                    continue  # deleted by someone else meanwhile: not by this pass
+                deleted.append(snapshot_id)
+            else:
+                return deleted
+        _log.warning(
+            "service %s: retention stopped: in each of %d rounds the newest snapshot it "
+            "kept was deleted by someone else before it was done; it deleted %s",
+            self.base_url,
+            rules.rounds,
+            deleted,
+        )
+        return deleted
+
+    def _readable_newest_first(self, run: str | None) -> Steps[list[SnapshotSummary]]:
+        """Every snapshot (of ``run``), newest first, the first one's manifest just read.
+
+        A newest snapshot that is gone since the listing, or whose manifest readers refuse,
+        is left out (and alone): retention must not keep it as "the newest" and delete the
+        newest good one for it.
+        """
+        infos: list[SnapshotSummary] = []
+        params: dict[str, Any] | None = self._list_params(run, None, None, MAX_PAGE_SIZE)
+        while params is not None:
+            page, params = yield from self._page_of(params)
+            infos.extend(page)
+        while infos:
+            try:
+                yield from self._info_of(infos[0].id)
+            except SnapshotNotFoundError:
+                pass  # deleted since the listing
+            except ClientRequestError as error:
+                if getattr(error, "error", None) not in UNREADABLE_ERRORS:
+                    raise
+                _log.warning(
+                    "service %s: retention leaves snapshot %s alone, readers refuse it: %s",
+                    self.base_url,
+                    infos[0].id,
+                    error,
+                )
+            else:
+                return infos
+            infos = infos[1:]
+        return infos
+
+    def _still_there(self, snapshot_id: str) -> Steps[bool]:
+        try:
+            yield from self._info_of(snapshot_id)
+        except SnapshotNotFoundError:
+            return False
+        return True
+
+
+def _flush_to_disk(file: BinaryIO) -> None:
+    file.flush()
+    os.fsync(file.fileno())
 
 
 def _retry_after_seconds(response: httpx.Response) -> float | None:

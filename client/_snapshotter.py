@@ -30,6 +30,7 @@ from gradvault.core.store import SnapshotInfo, SnapshotStore
 
 from ._async import AsyncClient
 from ._sync import Client
+from ._target import Target
 
 _log = logging.getLogger("gradvault.client.snapshotter")
 
@@ -57,10 +58,6 @@ class SnapshotterSummary:
             f"{self.taken} taken, {self.committed} committed, {self.failed} failed, "
             f"{self.skipped} skipped"
         )
-
-
-def _is_service_url(target: object) -> bool:
-    return isinstance(target, str) and target.startswith(("http://", "https://"))
 
 
 class _Snapshots:
@@ -149,10 +146,13 @@ def _gradients(grads: StepGradients) -> GradientsParams | GradientsParamsRecord:
 class Snapshotter(_Snapshots):
     """Snapshots every ``every`` steps to ``target``, uploading in a background thread.
 
-    ``target`` is a service URL (``http://host:8000``; ``token`` and ``client_options``
-    go to :class:`Client`) or a :class:`Client`; or a store (a path, a ``file://`` or
-    ``s3://`` URL, a ``SnapshotStore``; ``recorder_options`` go to the core's
-    :class:`Recorder`) or a :class:`Recorder`. Objects passed in are not closed here.
+    ``target`` is a service URL (``http://host:8000``; ``token``, else
+    ``$GRADVAULT_TOKEN``, and ``client_options`` go to :class:`Client`) or a
+    :class:`Client`; or a store (a path, a ``file://`` or ``s3://`` URL, a
+    ``SnapshotStore``; ``recorder_options`` go to the core's :class:`Recorder`) or a
+    :class:`Recorder`. A URL or path is read as a :class:`Target` (its errors); a Target
+    is taken as it is. Objects
+    passed in are not closed here.
 
     ``step(step, grads)`` takes a snapshot when ``step % every == 0``: the capture runs
     in the caller's thread, the upload in the background. A snapshot still waiting when
@@ -164,7 +164,7 @@ class Snapshotter(_Snapshots):
 
     def __init__(
         self,
-        target: str | os.PathLike[str] | Client | Recorder | SnapshotStore,
+        target: str | os.PathLike[str] | Target | Client | Recorder | SnapshotStore,
         *,
         run: str,
         every: int = 1,
@@ -180,10 +180,15 @@ class Snapshotter(_Snapshots):
         self._owned: Client | Recorder | None = None
         if isinstance(target, Client | Recorder):
             self._sink = target
-        elif _is_service_url(target):
-            self._sink = self._owned = Client(str(target), token, **dict(client_options or {}))
-        else:
+        elif isinstance(target, SnapshotStore):
             self._sink = self._owned = Recorder(target, **dict(recorder_options or {}))
+        else:
+            where = Target.of(target, token)
+            self._sink = self._owned = (
+                where.client(**dict(client_options or {}))
+                if where.is_service
+                else where.recorder(**dict(recorder_options or {}))
+            )
         self._changed = threading.Condition()
         self._uploading = False
         self._worker = threading.Thread(
@@ -270,7 +275,7 @@ class AsyncSnapshotter(_Snapshots):
 
     def __init__(
         self,
-        target: str | os.PathLike[str] | AsyncClient | Recorder | SnapshotStore,
+        target: str | os.PathLike[str] | Target | AsyncClient | Recorder | SnapshotStore,
         *,
         run: str,
         every: int = 1,
@@ -286,10 +291,15 @@ class AsyncSnapshotter(_Snapshots):
         self._owned: AsyncClient | Recorder | None = None
         if isinstance(target, AsyncClient | Recorder):
             self._sink = target
-        elif _is_service_url(target):
-            self._sink = self._owned = AsyncClient(str(target), token, **dict(client_options or {}))
-        else:
+        elif isinstance(target, SnapshotStore):
             self._sink = self._owned = Recorder(target, **dict(recorder_options or {}))
+        else:
+            where = Target.of(target, token)
+            self._sink = self._owned = (
+                where.async_client(**dict(client_options or {}))
+                if where.is_service
+                else where.recorder(**dict(recorder_options or {}))
+            )
         self._worker: asyncio.Task[None] | None = None
 
     async def step(self, step: int, grads: StepGradients) -> bool:

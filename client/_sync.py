@@ -1,21 +1,22 @@
-"""The blocking client: :class:`BaseClient` plus httpx's ``Client`` for I/O."""
+"""The blocking client: :class:`BaseClient`'s logic, its I/O steps performed with httpx's
+``Client``."""
 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from gradvault.core import GradientsParams, GradientsParamsRecord
-from gradvault.core.records.safetensors_file import record_from_safetensors
 
-from ._base import BaseClient, ProgressCallback, Resumption, SnapshotSummary, TransferMeter, Upload
-from ._files import part_beside, place
+from ._base import BaseClient, ProgressCallback, SnapshotSummary, Upload
+from ._steps import Blocking, Capture, Close, Discard, Receive, Send, Sleep, Step, Steps
+
+T = TypeVar("T")
 
 
 class Client(BaseClient):
@@ -24,6 +25,8 @@ class Client(BaseClient):
     ``retries`` more tries after a connection error, 429, 502, 503 or 504 (never after
     another error status). Use it as a context manager, or call :meth:`close`.
     """
+
+    _http: httpx.Client
 
     def __init__(
         self,
@@ -50,47 +53,49 @@ class Client(BaseClient):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ the I/O
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
-    def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        upload: Upload | None = None,
-        stream: bool = False,
-    ) -> httpx.Response:
-        """The first answer that is not an error, after retries; the core error otherwise."""
-        attempt = 0
-        while True:
-            content = None
-            if upload is not None:  # a fresh generator each try: the body is made again
-                headers, content = upload.headers, upload.chunks()
-            request = self._http.build_request(
-                method, path, params=params, headers=headers, content=content
-            )
-            try:
-                response = self._http.send(request, stream=stream)
-            except httpx.TransportError as error:
-                delay = self._retry_delay(attempt, method, upload, None)
-                if delay is None:
-                    raise self._unreachable(request, error) from error
-            else:
-                if not response.is_error:
-                    return response
-                delay = self._retry_delay(attempt, method, upload, response)
+    def _content(self, upload: Upload) -> Iterator[bytes | memoryview]:
+        return upload.chunks()
+
+    def _perform(self, step: Step) -> Any:
+        """Do what ``step`` asks, blocking; its outcome."""
+        match step:
+            case Send(request, stream):
+                return self._http.send(request, stream=stream)
+            case Discard(response):
                 response.read()
                 response.close()
-                if delay is None:
-                    raise self._error(response)
-            self._sleep(delay)
-            attempt += 1
+            case Close(response):
+                response.close()
+            case Sleep(seconds):
+                self._sleep(seconds)
+            case Receive(response, file, moved):
+                for chunk in response.iter_bytes():
+                    file.write(chunk)
+                    moved(len(chunk))
+            case Blocking(function, args):
+                return function(*args)
+            case Capture(grads):
+                return grads.try_to_record()
+        return None
 
-    def _json(self, method: str, path: str, **options: Any) -> Any:
-        return self._send(method, path, **options).json()
+    def _run(self, steps: Steps[T]) -> T:
+        """Drive ``steps`` to its end: each step performed, its outcome or error sent back."""
+        outcome: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(outcome) if failure is None else steps.throw(failure)
+            except StopIteration as done:
+                return done.value
+            outcome, failure = None, None
+            try:
+                outcome = self._perform(step)
+            except BaseException as error:  # noqa: BLE001 - the logic decides, and re-raises
+                failure = error
 
     # ------------------------------------------------------------------ the API
     def list(
@@ -101,17 +106,14 @@ class Client(BaseClient):
         page_size: int = 100,
     ) -> Iterator[SnapshotSummary]:
         """Every snapshot matching the filters, newest first, one page request at a time."""
-        params = self._list_params(run, step_min, step_max, page_size)
-        while True:
-            page, cursor = self._page(self._json("GET", "/v1/snapshots", params=params))
+        params: dict[str, Any] | None = self._list_params(run, step_min, step_max, page_size)
+        while params is not None:
+            page, params = self._run(self._page_of(params))
             yield from page
-            if cursor is None:
-                return
-            params = {**params, "cursor": cursor}
 
     def info(self, snapshot_id: str) -> dict[str, Any]:
         """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict."""
-        return self._json("GET", self._snapshot_path(snapshot_id))
+        return self._run(self._info_of(snapshot_id))
 
     def push(
         self,
@@ -126,61 +128,7 @@ class Client(BaseClient):
 
         ``progress(done_bytes, total_bytes)`` is told as the body's pieces are sent.
         """
-        record = (
-            grads_or_record.try_to_record()
-            if isinstance(grads_or_record, GradientsParams)
-            else grads_or_record
-        )
-        body = self._json(
-            "POST",
-            "/v1/snapshots",
-            params=self._push_params(run, step, tags),
-            upload=Upload(record, progress),
-        )
-        return SnapshotSummary.from_manifest(body)
-
-    def _download_to(
-        self, snapshot_id: str, path: Path, progress: ProgressCallback | None
-    ) -> GradientsParamsRecord:
-        """Download the file to ``path`` (resumed after a drop), fsync it, verify it."""
-        manifest = self.info(snapshot_id)
-        meter = TransferMeter(progress)
-        resumption = Resumption()
-        attempt = furthest = 0
-        with open(path, "wb") as file:
-            while True:  # a connection dropped mid-body: the rest is asked for (Range)
-                response = self._send(
-                    "GET",
-                    self._snapshot_path(snapshot_id) + "/safetensors",
-                    headers=resumption.request_headers(),
-                    stream=True,
-                )
-                try:
-                    file.seek(resumption.begin(response))
-                    file.truncate()
-                    meter.start(resumption.written, resumption.total)
-                    for chunk in response.iter_bytes():
-                        file.write(chunk)
-                        resumption.wrote(len(chunk))
-                        meter.moved(len(chunk))
-                    break
-                except httpx.TransportError as error:
-                    if resumption.written > furthest:  # got further: the tries count anew
-                        attempt, furthest = 0, resumption.written
-                    delay = self._retry_delay(attempt, "GET", None, None)
-                    if delay is None:
-                        raise self._unreachable(response.request, error) from error
-                finally:
-                    response.close()
-                self._sleep(delay)
-                attempt += 1
-            file.flush()
-            os.fsync(file.fileno())
-        if resumption.changed:  # the file changed between tries: check against its manifest
-            manifest = self.info(snapshot_id)
-        record = record_from_safetensors(path)
-        self._verify(snapshot_id, record, manifest)
-        return record
+        return self._run(self._pushing(grads_or_record, run, step, tags, progress))
 
     def fetch(
         self, snapshot_id: str, *, progress: ProgressCallback | None = None
@@ -189,12 +137,7 @@ class Client(BaseClient):
 
         ``progress(done_bytes, total_bytes)`` is told as the file's bytes arrive.
         """
-        descriptor, name = tempfile.mkstemp(suffix=".safetensors")
-        os.close(descriptor)
-        try:  # the record maps the file; the mapping outlives its name
-            return self._download_to(snapshot_id, Path(name), progress)
-        finally:
-            os.unlink(name)
+        return self._run(self._fetching(snapshot_id, progress))
 
     def restore(
         self,
@@ -206,7 +149,7 @@ class Client(BaseClient):
         progress: ProgressCallback | None = None,
     ) -> GradientsParams:
         """The snapshot as gradients on ``device`` (``GradientsParams.from_record``)."""
-        return self._restored(self.fetch(snapshot_id, progress=progress), device, module, match)
+        return self._run(self._restoring(snapshot_id, device, module, match, progress))
 
     def download(
         self,
@@ -216,14 +159,21 @@ class Client(BaseClient):
         progress: ProgressCallback | None = None,
     ) -> Path:
         """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors."""
-        path = Path(path)
-        part = part_beside(path)
-        try:
-            place(path, part, self._download_to(snapshot_id, part, progress))
-        finally:
-            part.unlink(missing_ok=True)
-        return path
+        return self._run(self._downloading_to(snapshot_id, path, progress))
 
     def delete(self, snapshot_id: str) -> None:
         """Delete the snapshot; SnapshotNotFoundError if there is none by that id."""
-        self._send("DELETE", self._snapshot_path(snapshot_id))
+        self._run(self._deleting(snapshot_id))
+
+    def apply_retention(
+        self,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        run: str | None = None,
+    ) -> list[str]:
+        """Delete the snapshots (of ``run``, or all) that no retention rule keeps; their ids.
+
+        The rules and the checks of a store's ``apply_retention`` (docs/CLIENT.md): the
+        newest snapshot is always kept, and checked before each deletion.
+        """
+        return self._run(self._retaining(keep_last, keep_every, run))

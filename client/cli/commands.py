@@ -20,13 +20,13 @@ from typing import Any
 from .errors import UsageError
 from .main import EXIT_OK, count, seconds, service_token, service_url
 from .progress import TransferProgress
-from .targets import ServiceTarget, StoreTarget, Target
+from .targets import CommandTarget, ServiceTarget, StoreTarget
 
 
 @contextmanager
-def open_target(args: argparse.Namespace, *, must_exist: bool = True) -> Iterator[Target]:
+def open_target(args: argparse.Namespace, *, must_exist: bool = True) -> Iterator[CommandTarget]:
     """The service or the store the command line names, closed after the block."""
-    target: Target
+    target: CommandTarget
     if args.store is not None:
         if args.token is not None:
             raise UsageError(

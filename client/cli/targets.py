@@ -1,9 +1,11 @@
 """Where a command finds snapshots: a service (``--url``, ``--token``) or a store (``--store``).
 
-:class:`ServiceTarget` goes through :class:`gradvault.client.Client`; :class:`StoreTarget`
-opens the store itself (:func:`gradvault.core.open_store`), no service involved. Both
-answer in the same shapes: :class:`SnapshotInfo` summaries, and a snapshot's detail as the
-service's ``GET /v1/snapshots/{id}`` gives it (``gradients`` as a list of objects).
+What a flag's text names is :class:`gradvault.client.Target`'s to decide (and to refuse);
+:class:`ServiceTarget` then goes through :class:`gradvault.client.Client`, and
+:class:`StoreTarget` opens the store itself (:func:`gradvault.core.open_store`), no service
+involved. Both answer in the same shapes: :class:`SnapshotInfo` summaries, and a
+snapshot's detail as the service's ``GET /v1/snapshots/{id}`` gives it (``gradients`` as a
+list of objects).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlparse
 
-from gradvault.core import GradientsParamsRecord, SnapshotNotFoundError
-from gradvault.core.store import RetentionRules, SnapshotInfo, open_store
+from gradvault.client import Target
+from gradvault.core import GradientsParamsRecord, InvalidArgumentError
+from gradvault.core.store import SnapshotInfo
 
 from .errors import MissingExtraError, UsageError
 from .files import save_npz, save_stream
@@ -25,7 +27,7 @@ from .files import save_npz, save_stream
 Progress = Callable[[int, int | None], None]
 
 
-class Target(Protocol):
+class CommandTarget(Protocol):
     """What the snapshot commands need of a service or a store."""
 
     where: str
@@ -91,26 +93,19 @@ def detail_from_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def doomed_by_retention(
-    newest_first: list[SnapshotInfo], keep_last: int | None, keep_every: int | None
-) -> list[str]:
-    """The ids a retention pass with these rules deletes (never the newest)."""
-    return RetentionRules(keep_last, keep_every).doomed(newest_first, protected=())
-
-
 class ServiceTarget:
     """The service at ``url`` through the blocking client."""
 
     def __init__(self, url: str, token: str | None, *, retries: int = 3) -> None:
-        parsed = urlparse(url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise UsageError(f"--url takes an http:// or https:// URL; got {url!r}")
         try:
-            from gradvault.client import Client
+            service = Target.service(url, token)
+        except InvalidArgumentError as error:
+            raise UsageError(f"--url takes an http:// or https:// URL; got {url!r}") from error
+        try:
+            self.client = service.client(retries=retries)
         except ImportError as error:
             raise MissingExtraError("reaching a service (--url)", "client", error) from error
         self.where = url
-        self.client = Client(url, token, retries=retries)
 
     def list(
         self, run: str | None, step_min: int | None, step_max: int | None, limit: int | None
@@ -142,17 +137,8 @@ class ServiceTarget:
     def apply_retention(
         self, keep_last: int | None, keep_every: int | None, run: str | None
     ) -> list[str]:
-        """Retention decided here from a listing, carried out by deletes over HTTP."""
-        deleted = []
-        for snapshot_id in doomed_by_retention(
-            self.list(run, None, None, None), keep_last, keep_every
-        ):
-            try:
-                self.client.delete(snapshot_id)
-            except SnapshotNotFoundError:
-                continue  # someone else deleted it meanwhile
-            deleted.append(snapshot_id)
-        return deleted
+        """The client's retention pass over HTTP (the rules and checks of a store's)."""
+        return self.client.apply_retention(keep_last, keep_every, run)
 
     def collect_garbage(self, grace_seconds: float) -> list[str]:
         raise UsageError(
@@ -173,16 +159,16 @@ class StoreTarget:
     """
 
     def __init__(self, url: str, *, must_exist: bool) -> None:
-        local = "://" not in url or url.startswith("file:")
-        if local:
-            folder = Path(urlparse(url).path if url.startswith("file:") else url).expanduser()
+        store = Target.store(url)
+        folder = store.local_folder
+        if folder is not None:
             if folder.exists() and not folder.is_dir():
                 raise NotADirectoryError(20, "the store is a file, not a folder", os.fspath(folder))
             if must_exist and not folder.is_dir():
                 raise FileNotFoundError(2, "no store (no such folder)", os.fspath(folder))
         self.where = url
         self._runner = asyncio.Runner()
-        self._store = open_store(url)
+        self._store = store.open_store()
 
     def _run(self, coroutine: Any) -> Any:
         return self._runner.run(coroutine)

@@ -52,6 +52,10 @@ class RetentionRules:
     (bools included), so a recorder fails when it is made, not after each commit.
     """
 
+    #: How many times a pass decides again when the newest snapshot vanishes under it (a
+    #: store's :class:`RetentionPass`, and the client's ``apply_retention`` over HTTP).
+    rounds = RETENTION_ROUNDS
+
     def __init__(self, keep_last: object = None, keep_every: object = None) -> None:
         self.keep_last = _count("keep_last", keep_last, 0)
         self.keep_every = _count("keep_every", keep_every, 1)

@@ -1,4 +1,9 @@
-"""Where snapshots go: a store (through a Recorder) or the service (through the Client)."""
+"""Where snapshots go: a store (through a Recorder) or the service (through the Client).
+
+Which of the two a target is, and what is wrong with it, is :class:`gradvault.client.Target`'s
+to say; this class adds what the callback needs of it: opened on first use, a store's
+``keep_last``, a push that returns the new id.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from gradvault.client import Target
 from gradvault.core import GradientsParamsRecord, Recorder
 from gradvault.core.store import RetentionRules
-
-SERVICE_SCHEMES = ("http://", "https://")
 
 
 class SnapshotTarget:
@@ -27,15 +31,9 @@ class SnapshotTarget:
         keep_last: int | None = None,
         store_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if not isinstance(location, str | os.PathLike):
-            raise TypeError(
-                "the snapshot target is a store path or URL, or a service URL; got "
-                f"{type(location).__name__}"
-            )
-        self.location = os.fspath(location)
-        if not self.location:
-            raise ValueError("the snapshot target is empty; give a store path or a service URL")
-        self.is_service = self.location.startswith(SERVICE_SCHEMES)
+        self.where = Target(location, token)
+        self.location = self.where.location
+        self.is_service = self.where.is_service
         if keep_last is not None:
             if self.is_service:
                 raise ValueError(
@@ -43,7 +41,6 @@ class SnapshotTarget:
                     f"{self.location} applies its own"
                 )
             RetentionRules(keep_last, None)  # a bad value raises here, not in the background
-        self._token = token if token is not None else os.environ.get("GRADVAULT_TOKEN")
         self._keep_last = keep_last
         self._store_options = dict(store_options or {})
         self._recorder: Recorder | None = None
@@ -55,14 +52,10 @@ class SnapshotTarget:
     def _open(self) -> Any:
         if self.is_service:
             if self._client is None:
-                from gradvault.client import Client  # noqa: PLC0415 - the client extra
-
-                self._client = Client(self.location, self._token)
+                self._client = self.where.client()
             return self._client
         if self._recorder is None:
-            self._recorder = Recorder(
-                self.location, keep_last=self._keep_last, **self._store_options
-            )
+            self._recorder = self.where.recorder(keep_last=self._keep_last, **self._store_options)
         return self._recorder
 
     def push(

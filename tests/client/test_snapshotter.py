@@ -25,6 +25,8 @@ from gradvault.core import (
     AuthError,
     ClientRequestError,
     GradientsParams,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     InvalidFieldError,
     ParamId,
     Recorder,
@@ -281,3 +283,44 @@ async def test_a_torch_module_is_snapshotted_bit_for_bit(kind: str, tmp_path: Pa
         (info,) = await recorder.list(run="torch")
         record = await recorder.fetch(info.id)
     assert {e.name: bytes(e.data) for e in record} == expected
+
+
+# ---------------------------------------------------------------------- its target
+async def test_snapshotter_takes_a_service_url_in_capitals(kind: str, service_url: str) -> None:
+    """URL schemes have no case; the command line's --url never minded it."""
+    grads, _ = training_gradients()
+    snap = Driver(kind, service_url.replace("http://", "HTTP://"), run="caps", token=WRITE_TOKEN)
+    await snap.step(0, grads)
+    summary = await snap.close()
+    assert (summary.committed, summary.failed) == (1, 0)
+
+
+async def test_snapshotter_takes_the_token_from_the_environment(
+    kind: str, service_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the command line and the Hugging Face callback do: $GRADVAULT_TOKEN."""
+    monkeypatch.setenv("GRADVAULT_TOKEN", WRITE_TOKEN)
+    grads, _ = training_gradients()
+    snap = Driver(kind, service_url, run="env-token")
+    await snap.step(0, grads)
+    summary = await snap.close()
+    assert (summary.committed, summary.failed) == (1, 0), summary.errors
+    reader = ClientUnderTest(kind, service_url, WRITE_TOKEN)
+    try:
+        assert [s.step for s in await reader.list(run="env-token")] == [0]
+    finally:
+        await reader.close()
+
+
+@pytest.mark.parametrize("cls", [Snapshotter, AsyncSnapshotter])
+def test_snapshotter_refuses_a_bad_target_when_made(cls: type, tmp_path: Path) -> None:
+    """Not at each upload in the background: a service URL without a host, a token that
+    a store would silently drop, a scheme that is neither."""
+    with pytest.raises(InvalidArgumentError, match="a service URL names its host"):
+        cls("http://", run="r")
+    with pytest.raises(InvalidArgumentError, match="a token is for a service URL"):
+        cls(tmp_path / "store", run="r", token="t0k")
+    with pytest.raises(InvalidArgumentError, match="got 'ftp://host/x'"):
+        cls("ftp://host/x", run="r")
+    with pytest.raises(InvalidArgumentTypeError, match="got int 3"):
+        cls(3, run="r")

@@ -22,6 +22,7 @@ from transformers import Trainer  # noqa: E402
 from gradvault.client import Client  # noqa: E402
 from gradvault.core import (  # noqa: E402
     DtypeMismatchError,
+    InvalidArgumentError,
     InvalidFieldError,
     Recorder,
     SnapshotNotFoundError,
@@ -73,6 +74,17 @@ def test_keep_last_is_for_a_store_only() -> None:
 def test_callback_refuses_a_target_that_is_no_location(target: Any, error: type) -> None:
     with pytest.raises(error, match="target"):
         GradvaultCallback(target)
+
+
+def test_callback_reads_its_target_as_the_client_and_the_command_line_do(
+    tmp_path: Path,
+) -> None:
+    """gradvault.client.Target decides: a URL scheme in any case, refused when made."""
+    assert GradvaultCallback("HTTP://127.0.0.1:8000").target.is_service
+    with pytest.raises(InvalidArgumentError, match="got 'ftp://host/x'"):
+        GradvaultCallback("ftp://host/x")  # not at the first snapshot
+    with pytest.raises(InvalidArgumentError, match="a token is for a service URL"):
+        GradvaultCallback(str(tmp_path / "store"), token="t0k")  # not silently dropped
 
 
 # ---------------------------------------------------------------------- setups refused
