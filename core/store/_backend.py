@@ -180,8 +180,9 @@ class StoreBackend(ABC):
 
     #: How messages name this store (a path or a URL).
     location: str
-    #: The store's pool for blocking work.
-    _threads: ThreadRunner
+    #: The store's pool for blocking work (file I/O, checksums, parsing): the one pool its
+    #: writers and readers run such work in.
+    threads: ThreadRunner
 
     async def check(self) -> None:
         """Raise StoreUnavailableError, in one line naming what is wrong, if the store
@@ -225,7 +226,7 @@ class StoreBackend(ABC):
         checksum each piece as it lands (while in cache) overrides this.
         """
         await self.read_into(key, buffers)
-        return await self._threads.run(running_crc32c, buffers)
+        return await self.threads.run(running_crc32c, buffers)
 
     async def read_many(self, keys: list[str], max_size: int | None = None) -> list[ManyRead]:
         """:meth:`read` of every key, all at once.
@@ -274,6 +275,13 @@ class StoreBackend(ABC):
     @abstractmethod
     async def is_committed(self, snapshot_id: str) -> bool:
         """Whether the snapshot's manifest exists now (no cache)."""
+
+    def note_committed(self, snapshot_id: str) -> None:  # noqa: B027 - a hook most leave empty
+        """Told by this backend's writers once ``snapshot_id`` is committed (visible).
+
+        A backend that remembers which manifests it has seen, for ``committed_ids`` (the
+        S3 one), remembers this one; the local folder remembers nothing.
+        """
 
     @abstractmethod
     async def delete_snapshot(self, snapshot_id: str) -> bool:

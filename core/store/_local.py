@@ -386,7 +386,9 @@ class LocalBackend(StoreBackend):
         #: chunk files are written with O_DIRECT until the file system refuses it
         self.direct = DirectWrites()
 
-    async def _run(self, action: str, function: Callable[..., T], *args: Any) -> T:
+    async def in_thread(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in the store's threads; an OSError but FileNotFoundError becomes
+        StoreUnavailableError naming the store and ``action`` ("reading <key>")."""
         try:
             return await self.threads.run(function, *args)
         except FileNotFoundError:
@@ -424,40 +426,40 @@ class LocalBackend(StoreBackend):
             self._committed_ids_sync()
 
     async def check(self) -> None:
-        await self._run("listing the store folder", self._check_sync)
+        await self.in_thread("listing the store folder", self._check_sync)
 
     async def prepare(self) -> None:
         if not self._prepared:
-            await self._run("creating the store folders", self._prepare_sync)
+            await self.in_thread("creating the store folders", self._prepare_sync)
             self._prepared = True
 
     async def begin(self, snapshot_id: str) -> SnapshotWriter:
         folder = self.staging_dir / snapshot_id
-        await self._run(f"creating staging folder {folder}", folder.mkdir)
+        await self.in_thread(f"creating staging folder {folder}", folder.mkdir)
         return _LocalSnapshotWriter(self, snapshot_id, folder)
 
     async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:
         # A private folder: the shard appears under ranks/ only once whole (a rename).
         folder = self.staging_dir / f"{snapshot_id}.rank{rank}-{secrets.token_hex(4)}"
-        await self._run(f"creating staging folder {folder}", folder.mkdir)
+        await self.in_thread(f"creating staging folder {folder}", folder.mkdir)
         return _LocalShardWriter(self, snapshot_id, folder, rank)
 
     async def read(self, key: str, max_size: int | None = None) -> memoryview:
         try:
-            return await self._run(f"reading {key}", _read_file, str(self.root), key, max_size)
+            return await self.in_thread(f"reading {key}", _read_file, str(self.root), key, max_size)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 
     async def read_into(self, key: str, buffers: list[memoryview]) -> None:
         try:
-            await self._run(f"reading {key}", _read_file_into, str(self.root), key, buffers)
+            await self.in_thread(f"reading {key}", _read_file_into, str(self.root), key, buffers)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 
     async def read_into_checked(self, key: str, buffers: list[memoryview]) -> list[int]:
         """Each slice is checksummed as it is read, in the reading thread (one pass)."""
         try:
-            return await self._run(
+            return await self.in_thread(
                 f"reading {key}", _read_file_into, str(self.root), key, buffers, True
             )
         except (FileNotFoundError, NotADirectoryError):
@@ -516,12 +518,12 @@ class LocalBackend(StoreBackend):
 
     async def size(self, key: str) -> int:
         try:
-            return await self._run(f"reading {key}", _file_size, str(self.root), key)
+            return await self.in_thread(f"reading {key}", _file_size, str(self.root), key)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 
     async def object_sizes(self, prefix: str) -> dict[str, int | None]:
-        return await self._run(f"listing {prefix}", _object_sizes, str(self.root / prefix))
+        return await self.in_thread(f"listing {prefix}", _object_sizes, str(self.root / prefix))
 
     def _committed_ids_sync(self) -> list[str]:
         try:
@@ -552,10 +554,10 @@ class LocalBackend(StoreBackend):
 
     async def committed_ids(self, *, fresh: bool = False) -> list[str]:
         """Every call reads the folder: there is no cache to refresh."""
-        return await self._run("listing snapshots", self._committed_ids_sync)
+        return await self.in_thread("listing snapshots", self._committed_ids_sync)
 
     async def is_committed(self, snapshot_id: str) -> bool:
-        return await self._run(
+        return await self.in_thread(
             f"checking snapshot {snapshot_id}", self._is_committed_sync, snapshot_id
         )
 
@@ -598,7 +600,9 @@ class LocalBackend(StoreBackend):
             os.close(fd)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
-        return await self._run(f"deleting snapshot {snapshot_id}", self._delete_sync, snapshot_id)
+        return await self.in_thread(
+            f"deleting snapshot {snapshot_id}", self._delete_sync, snapshot_id
+        )
 
     def _collect_sync(self, grace_seconds: float) -> list[str]:
         try:
@@ -642,7 +646,7 @@ class LocalBackend(StoreBackend):
             os.close(fd)
 
     async def collect_garbage(self, grace_seconds: float) -> list[str]:
-        return await self._run("collecting leftovers", self._collect_sync, grace_seconds)
+        return await self.in_thread("collecting leftovers", self._collect_sync, grace_seconds)
 
     async def close(self) -> None:
         """Nothing to release: files are opened and closed per operation."""
@@ -668,7 +672,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
 
     async def _run(self, action: str, function: Callable[..., None], *args: Any) -> None:
         try:
-            await self._backend._run(action, function, *args)
+            await self._backend.in_thread(action, function, *args)
         except FileNotFoundError as error:
             if not os.path.isdir(self._folder):
                 raise self._collected() from error
@@ -887,7 +891,7 @@ class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter):
     async def publish(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
         try:
             await self._sync_pending()
-            return await self._backend._run(
+            return await self._backend.in_thread(
                 f"publishing rank {self._rank}'s shard of snapshot {self._snapshot_id}",
                 self._publish_sync,
                 shard_document,

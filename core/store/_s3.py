@@ -272,7 +272,7 @@ class S3Backend(StoreBackend):
     def __init__(self, store: S3Store, location: str, threads: ThreadRunner, max_concurrency: int):
         self._store = store
         self.location = location
-        self._threads = threads
+        self.threads = threads
         self._requests = asyncio.Semaphore(max_concurrency)
         #: where each request runs (obstore's blocking functions; see the module docstring)
         self._request_threads = ThreadRunner(max_concurrency)
@@ -451,6 +451,9 @@ class S3Backend(StoreBackend):
         self._known_committed.intersection_update(names)
         return [name for name in names if name in self._known_committed]
 
+    def note_committed(self, snapshot_id: str) -> None:
+        self._known_committed.add(snapshot_id)
+
     async def is_committed(self, snapshot_id: str) -> bool:
         if await self.head(snapshot_key(snapshot_id, MANIFEST_NAME)) is None:
             self._known_committed.discard(snapshot_id)
@@ -542,7 +545,7 @@ class _S3SnapshotWriter(SnapshotWriter):
         uploads: list[asyncio.Task[None]] = []
         try:
             while True:
-                item = await self._backend._threads.run(_next_joined, chunks)
+                item = await self._backend.threads.run(_next_joined, chunks)
                 if item is None:
                     break
                 key, body = item
@@ -588,7 +591,7 @@ class _S3SnapshotWriter(SnapshotWriter):
         if await backend.head(marker_key) is not None:
             await backend.delete_keys([manifest_key])
             raise self._collected()
-        backend._known_committed.add(self._snapshot_id)
+        backend.note_committed(self._snapshot_id)
 
     async def abort(self) -> None:
         try:
@@ -637,7 +640,7 @@ class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
         if await backend.head(manifest_key) is not None:
             raise self._committed_without_this_rank()
         published = await self._published_shards({})
-        await backend._threads.run(shards.check, published)
+        await backend.threads.run(shards.check, published)
         try:
             await backend.put(f"{self._prefix}/{MANIFEST_NAME}", shard_document, create=True)
         except AlreadyExistsError:
@@ -649,7 +652,7 @@ class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
         if await backend.head(marker_key) is not None:
             raise self._collected()
         published = await self._published_shards(published)
-        document = await backend._threads.run(shards.commit_document, published)
+        document = await backend.threads.run(shards.commit_document, published)
         if document is None:
             return None
         ranks_key = snapshot_key(self._snapshot_id, RANKS_GROUP, MANIFEST_NAME)
@@ -666,7 +669,7 @@ class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
         if await backend.head(marker_key) is not None:
             await backend.delete_keys([manifest_key])
             raise self._collected()
-        backend._known_committed.add(self._snapshot_id)
+        backend.note_committed(self._snapshot_id)
         return document
 
     async def _published_shards(self, known: dict[str, memoryview]) -> dict[str, memoryview]:
