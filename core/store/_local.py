@@ -778,13 +778,11 @@ class _LocalSnapshotWriter(SnapshotWriter):
             await self._sync_pending()
             await self._run(action, self._commit_sync, group_metadata)
             return
-        try:
+        with turn.held():  # released once the rename is done, or has failed
             await self._sync_pending()
             await self._run(action, self._seal_sync, group_metadata)
             await turn.wait()
             await self._run(action, self._rename_into_place_sync)
-        finally:
-            turn.release()
         # Renames of snapshots in flight together are made durable by one fsync of the
         # snapshots folder, or by fsyncs that run at once and share a journal commit.
         await self._run(action, _fsync_directory, str(self._backend.snapshots_dir))

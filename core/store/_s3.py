@@ -68,7 +68,7 @@ from ._backend import (
     snapshot_key,
 )
 from ._checksums import resolved
-from ._commit_order import CommitTurn
+from ._commit_order import CommitTurn, holding
 from ._ids import parse_snapshot_id, snapshot_id_time_ms
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
 from ._zarr_format import dump_json, group_metadata
@@ -571,11 +571,8 @@ class _S3SnapshotWriter(SnapshotWriter):
 
     async def commit(self, group_metadata: bytes) -> None:
         turn = self.turn
-        try:
+        with holding(turn):  # released once the manifest is in place, or has failed
             await self._commit(group_metadata, turn)
-        finally:
-            if turn is not None:
-                turn.release()
 
     async def _commit(self, group_metadata: bytes, turn: CommitTurn | None) -> None:
         backend = self._backend

@@ -28,7 +28,7 @@ from ._backend import (
     StoreBackend,
     ThreadRunner,
 )
-from ._commit_order import CommitTurn
+from ._commit_order import CommitTurn, holding
 from ._device_snapshot import DeviceSnapshot
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, SnapshotInfo
@@ -134,16 +134,13 @@ class SnapshotStore:
         only after the snapshots of every earlier turn of its order, while its writes
         and fsyncs run alongside theirs; the turn is released in any case.
         """
-        try:
+        with holding(turn):  # released whatever happens, refused arguments included
             run, step, tags, codec = _checked_write(record, run, step, tags, device, compression)
             snapshot_id = new_snapshot_id() if turn is None else turn.snapshot_id
             write = self._write(snapshot_id, codec)
             manifest = await write.run(
                 record, run=run, step=step, tags=tags, device=device, turn=turn
             )
-        finally:
-            if turn is not None:
-                turn.release()
         info = SnapshotInfo.from_manifest(manifest)
         self._manifests.written(info)
         return info
