@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..errors import StoreUnavailableError
 from ._checksums import crc32c
 
 if TYPE_CHECKING:
@@ -88,6 +89,15 @@ def running_crc32c(buffers: list[memoryview]) -> list[int]:
         crc = crc32c(buffer, crc)
         crcs.append(crc)
     return crcs
+
+
+def collected_error(snapshot_id: str, written: str) -> StoreUnavailableError:
+    """The error of a write whose leftovers gc took before it committed; ``written`` names
+    what it wrote, with its verb (``"its staging folder /data/.staging/<id> was"``)."""
+    return StoreUnavailableError(
+        f"snapshot {snapshot_id}: {written} collected by gc before commit (gc took this "
+        f"write, older than its grace period, for a leftover); nothing was committed"
+    )
 
 
 class MissingKeyError(KeyError):
