@@ -190,9 +190,14 @@ class StoreBackend(ABC):
 
     #: How messages name this store (a path or a URL).
     location: str
-    #: The store's pool for blocking work (file I/O, checksums, parsing): the one pool its
-    #: writers and readers run such work in.
-    threads: ThreadRunner
+    #: set by each backend's constructor; read through :attr:`threads`
+    _threads: ThreadRunner
+
+    @property
+    def threads(self) -> ThreadRunner:
+        """The store's pool for blocking work (file I/O, checksums, parsing): the one pool
+        this backend's writers and readers run such work in."""
+        return self._threads
 
     async def check(self) -> None:
         """Raise StoreUnavailableError, in one line naming what is wrong, if the store

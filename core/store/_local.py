@@ -384,7 +384,7 @@ class LocalBackend(StoreBackend):
         self.location = str(root)
         self.snapshots_dir = root / SNAPSHOTS_PREFIX
         self.staging_dir = root / STAGING_FOLDER
-        self.threads = threads
+        self._threads = threads
         self._prepared = False
         #: chunk files are written with O_DIRECT until the file system refuses it
         self.direct = DirectWrites()

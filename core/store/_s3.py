@@ -275,7 +275,7 @@ class S3Backend(StoreBackend):
     def __init__(self, store: S3Store, location: str, threads: ThreadRunner, max_concurrency: int):
         self._store = store
         self.location = location
-        self.threads = threads
+        self._threads = threads
         self._requests = asyncio.Semaphore(max_concurrency)
         #: where each request runs (obstore's blocking functions; see the module docstring)
         self._request_threads = ThreadRunner(max_concurrency)
