@@ -667,12 +667,12 @@ class _LocalSnapshotWriter(SnapshotWriter):
         self._unsynced: list[str] = []
 
     @property
-    def written(self) -> str:
+    def written_where(self) -> str:
         """What this write put in the store, as messages name it."""
         return f"its staging folder {self._folder} was"
 
     def _collected(self) -> StoreUnavailableError:
-        return collected_error(self._snapshot_id, self.written)
+        return collected_error(self._snapshot_id, self.written_where)
 
     async def _run(self, action: str, function: Callable[..., None], *args: Any) -> None:
         try:

@@ -565,12 +565,12 @@ class _S3SnapshotWriter(SnapshotWriter):
         await self._backend.put(f"{self._prefix}/{name}/{MANIFEST_NAME}", metadata)
 
     @property
-    def written(self) -> str:
+    def written_where(self) -> str:
         """What this write put in the store, as messages name it."""
         return f"its objects in {self._backend.location} were"
 
     def _collected(self) -> StoreUnavailableError:
-        return collected_error(self._snapshot_id, self.written)
+        return collected_error(self._snapshot_id, self.written_where)
 
     async def commit(self, group_metadata: bytes) -> None:
         turn = self.turn

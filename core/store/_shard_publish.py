@@ -35,7 +35,7 @@ class ShardSteps(ABC):
 
     @property
     @abstractmethod
-    def written(self) -> str:
+    def written_where(self) -> str:
         """What this write put in the store, as messages name it with its verb
         (``"its objects in s3://bucket/prefix were"``)."""
 
@@ -101,7 +101,7 @@ async def publish_shard(
     snapshot_id, rank = shards.snapshot_id, shards.rank
     async with steps.claim_shard_set() as taken:
         if taken is Taken.COLLECTED:
-            raise collected_error(snapshot_id, steps.written)
+            raise collected_error(snapshot_id, steps.written_where)
         if taken is Taken.COMMITTED:
             raise committed_without_rank(snapshot_id, rank)
         published = await steps.published_shards({})
@@ -111,12 +111,12 @@ async def publish_shard(
         # gc claims a shard set before it looks for the snapshot's manifest, which a
         # shard does not write: a claimed set is being removed, this shard with it.
         if await steps.shard_set_collected():
-            raise collected_error(snapshot_id, steps.written)
+            raise collected_error(snapshot_id, steps.written_where)
         published = await steps.published_shards(published)
         document = await threads.run(shards.commit_document, published)
         if document is None:
             return None
         committed = await steps.commit_shard_set(document)
         if committed is Taken.COLLECTED:
-            raise collected_error(snapshot_id, steps.written)
+            raise collected_error(snapshot_id, steps.written_where)
         return committed
