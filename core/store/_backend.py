@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..errors import StoreUnavailableError
 from ._checksums import crc32c
 
 if TYPE_CHECKING:
@@ -88,6 +89,15 @@ def running_crc32c(buffers: list[memoryview]) -> list[int]:
         crc = crc32c(buffer, crc)
         crcs.append(crc)
     return crcs
+
+
+def collected_error(snapshot_id: str, written: str) -> StoreUnavailableError:
+    """The error of a write whose leftovers gc took before it committed; ``written`` names
+    what it wrote, with its verb (``"its staging folder /data/.staging/<id> was"``)."""
+    return StoreUnavailableError(
+        f"snapshot {snapshot_id}: {written} collected by gc before commit (gc took this "
+        f"write, older than its grace period, for a leftover); nothing was committed"
+    )
 
 
 class MissingKeyError(KeyError):
@@ -180,8 +190,14 @@ class StoreBackend(ABC):
 
     #: How messages name this store (a path or a URL).
     location: str
-    #: The store's pool for blocking work.
+    #: set by each backend's constructor; read through :attr:`threads`
     _threads: ThreadRunner
+
+    @property
+    def threads(self) -> ThreadRunner:
+        """The store's pool for blocking work (file I/O, checksums, parsing): the one pool
+        this backend's writers and readers run such work in."""
+        return self._threads
 
     async def check(self) -> None:
         """Raise StoreUnavailableError, in one line naming what is wrong, if the store
@@ -225,7 +241,7 @@ class StoreBackend(ABC):
         checksum each piece as it lands (while in cache) overrides this.
         """
         await self.read_into(key, buffers)
-        return await self._threads.run(running_crc32c, buffers)
+        return await self.threads.run(running_crc32c, buffers)
 
     async def read_many(self, keys: list[str], max_size: int | None = None) -> list[ManyRead]:
         """:meth:`read` of every key, all at once.
@@ -274,6 +290,13 @@ class StoreBackend(ABC):
     @abstractmethod
     async def is_committed(self, snapshot_id: str) -> bool:
         """Whether the snapshot's manifest exists now (no cache)."""
+
+    def note_committed(self, snapshot_id: str) -> None:  # noqa: B027 - a hook most leave empty
+        """Told by this backend's writers once ``snapshot_id`` is committed (visible).
+
+        A backend that remembers which manifests it has seen, for ``committed_ids`` (the
+        S3 one), remembers this one; the local folder remembers nothing.
+        """
 
     @abstractmethod
     async def delete_snapshot(self, snapshot_id: str) -> bool:

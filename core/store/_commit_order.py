@@ -12,12 +12,19 @@ share the file system's journal commits.
 
 A turn is released exactly once in effect (releasing it again does nothing), whether its
 snapshot became visible or its write failed: a failed write never holds up later ones.
+Within gradvault a turn is released in one place, on leaving a :meth:`CommitTurn.held`
+block: whoever has the turn holds it for as long as the write may still need it (the
+recorder while it builds the record, the store's write while it writes, the writer until
+the snapshot is visible), and the first block left releases it, so no path out of a
+write, failed or not, can keep it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 
 from ._ids import new_snapshot_id
 
@@ -32,10 +39,7 @@ class CommitOrder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._issued = 0
-        #: every turn below this one has been released
-        self._passed = 0
-        self._released: set[int] = set()
-        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._passage = _Passage()
 
     def take(self) -> CommitTurn:
         """The next turn, with a freshly minted snapshot id (ids increase with turns)."""
@@ -43,9 +47,21 @@ class CommitOrder:
             position = self._issued
             self._issued += 1
             snapshot_id = new_snapshot_id()
-        return CommitTurn(self, position, snapshot_id)
+        return CommitTurn(self._passage, position, snapshot_id)
 
-    async def _wait(self, position: int) -> None:
+
+class _Passage:
+    """Which turns of one order have been released, and who waits for which (the state a
+    :class:`CommitOrder` and its turns share; only the turns call it)."""
+
+    def __init__(self) -> None:
+        #: every turn below this one has been released
+        self._passed = 0
+        self._released: set[int] = set()
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+
+    async def wait(self, position: int) -> None:
+        """Return once every turn below ``position`` has been released."""
         if self._passed >= position:
             return
         waiter = self._waiters.get(position)
@@ -54,7 +70,8 @@ class CommitOrder:
             self._waiters[position] = waiter
         await asyncio.shield(waiter)
 
-    def _release(self, position: int) -> None:
+    def release(self, position: int) -> None:
+        """Turn ``position`` is released (again: nothing changes); wake whom that lets pass."""
         if position < self._passed or position in self._released:
             return
         self._released.add(position)
@@ -69,18 +86,35 @@ class CommitOrder:
 class CommitTurn:
     """One snapshot's id and place in a :class:`CommitOrder`."""
 
-    __slots__ = ("_order", "_position", "snapshot_id")
+    __slots__ = ("_passage", "_position", "snapshot_id")
 
-    def __init__(self, order: CommitOrder, position: int, snapshot_id: str) -> None:
-        self._order = order
+    def __init__(self, passage: _Passage, position: int, snapshot_id: str) -> None:
+        self._passage = passage
         self._position = position
         self.snapshot_id = snapshot_id
         """The id of the snapshot written in this turn."""
 
     async def wait(self) -> None:
         """Return once every earlier turn of the order has been released."""
-        await self._order._wait(self._position)
+        await self._passage.wait(self._position)
 
     def release(self) -> None:
         """This snapshot is visible, or will never be: later turns may go on."""
-        self._order._release(self._position)
+        self._passage.release(self._position)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[CommitTurn]:
+        """Hold the turn for the block; it is released on leaving the block, whatever happens.
+
+        Blocks may nest (a write holds the turn that its writer holds until the snapshot
+        is visible): the first one left releases it, the others' release does nothing.
+        """
+        try:
+            yield self
+        finally:
+            self.release()
+
+
+def holding(turn: CommitTurn | None) -> contextlib.AbstractContextManager[object]:
+    """``turn.held()``, or a block that holds nothing for a write without a turn."""
+    return contextlib.nullcontext() if turn is None else turn.held()

@@ -25,6 +25,7 @@ gone and fails; its final rename can no longer move half-removed files into
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import logging
@@ -35,13 +36,13 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, StoreUnavailableError
+from ..errors import StoreUnavailableError
 from ._backend import (
     MANIFEST_NAME,
     RANKS_GROUP,
@@ -56,10 +57,12 @@ from ._backend import (
     StoreBackend,
     ThreadRunner,
     UnexpectedObjectError,
+    collected_error,
 )
 from ._checksums import SLICE_BYTES, crc32c
 from ._file_writes import DirectWrites, write_file, write_file_unsynced
 from ._ids import parse_snapshot_id
+from ._shard_publish import ShardSteps, Taken, publish_shard
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
 from ._zarr_format import dump_json, group_metadata
 
@@ -381,12 +384,14 @@ class LocalBackend(StoreBackend):
         self.location = str(root)
         self.snapshots_dir = root / SNAPSHOTS_PREFIX
         self.staging_dir = root / STAGING_FOLDER
-        self.threads = threads
+        self._threads = threads
         self._prepared = False
         #: chunk files are written with O_DIRECT until the file system refuses it
         self.direct = DirectWrites()
 
-    async def _run(self, action: str, function: Callable[..., T], *args: Any) -> T:
+    async def in_thread(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in the store's threads; an OSError but FileNotFoundError becomes
+        StoreUnavailableError naming the store and ``action`` ("reading <key>")."""
         try:
             return await self.threads.run(function, *args)
         except FileNotFoundError:
@@ -424,40 +429,40 @@ class LocalBackend(StoreBackend):
             self._committed_ids_sync()
 
     async def check(self) -> None:
-        await self._run("listing the store folder", self._check_sync)
+        await self.in_thread("listing the store folder", self._check_sync)
 
     async def prepare(self) -> None:
         if not self._prepared:
-            await self._run("creating the store folders", self._prepare_sync)
+            await self.in_thread("creating the store folders", self._prepare_sync)
             self._prepared = True
 
     async def begin(self, snapshot_id: str) -> SnapshotWriter:
         folder = self.staging_dir / snapshot_id
-        await self._run(f"creating staging folder {folder}", folder.mkdir)
+        await self.in_thread(f"creating staging folder {folder}", folder.mkdir)
         return _LocalSnapshotWriter(self, snapshot_id, folder)
 
     async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:
         # A private folder: the shard appears under ranks/ only once whole (a rename).
         folder = self.staging_dir / f"{snapshot_id}.rank{rank}-{secrets.token_hex(4)}"
-        await self._run(f"creating staging folder {folder}", folder.mkdir)
+        await self.in_thread(f"creating staging folder {folder}", folder.mkdir)
         return _LocalShardWriter(self, snapshot_id, folder, rank)
 
     async def read(self, key: str, max_size: int | None = None) -> memoryview:
         try:
-            return await self._run(f"reading {key}", _read_file, str(self.root), key, max_size)
+            return await self.in_thread(f"reading {key}", _read_file, str(self.root), key, max_size)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 
     async def read_into(self, key: str, buffers: list[memoryview]) -> None:
         try:
-            await self._run(f"reading {key}", _read_file_into, str(self.root), key, buffers)
+            await self.in_thread(f"reading {key}", _read_file_into, str(self.root), key, buffers)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 
     async def read_into_checked(self, key: str, buffers: list[memoryview]) -> list[int]:
         """Each slice is checksummed as it is read, in the reading thread (one pass)."""
         try:
-            return await self._run(
+            return await self.in_thread(
                 f"reading {key}", _read_file_into, str(self.root), key, buffers, True
             )
         except (FileNotFoundError, NotADirectoryError):
@@ -516,12 +521,12 @@ class LocalBackend(StoreBackend):
 
     async def size(self, key: str) -> int:
         try:
-            return await self._run(f"reading {key}", _file_size, str(self.root), key)
+            return await self.in_thread(f"reading {key}", _file_size, str(self.root), key)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingKeyError(key) from None
 
     async def object_sizes(self, prefix: str) -> dict[str, int | None]:
-        return await self._run(f"listing {prefix}", _object_sizes, str(self.root / prefix))
+        return await self.in_thread(f"listing {prefix}", _object_sizes, str(self.root / prefix))
 
     def _committed_ids_sync(self) -> list[str]:
         try:
@@ -552,10 +557,10 @@ class LocalBackend(StoreBackend):
 
     async def committed_ids(self, *, fresh: bool = False) -> list[str]:
         """Every call reads the folder: there is no cache to refresh."""
-        return await self._run("listing snapshots", self._committed_ids_sync)
+        return await self.in_thread("listing snapshots", self._committed_ids_sync)
 
     async def is_committed(self, snapshot_id: str) -> bool:
-        return await self._run(
+        return await self.in_thread(
             f"checking snapshot {snapshot_id}", self._is_committed_sync, snapshot_id
         )
 
@@ -598,7 +603,9 @@ class LocalBackend(StoreBackend):
             os.close(fd)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
-        return await self._run(f"deleting snapshot {snapshot_id}", self._delete_sync, snapshot_id)
+        return await self.in_thread(
+            f"deleting snapshot {snapshot_id}", self._delete_sync, snapshot_id
+        )
 
     def _collect_sync(self, grace_seconds: float) -> list[str]:
         try:
@@ -642,7 +649,7 @@ class LocalBackend(StoreBackend):
             os.close(fd)
 
     async def collect_garbage(self, grace_seconds: float) -> list[str]:
-        return await self._run("collecting leftovers", self._collect_sync, grace_seconds)
+        return await self.in_thread("collecting leftovers", self._collect_sync, grace_seconds)
 
     async def close(self) -> None:
         """Nothing to release: files are opened and closed per operation."""
@@ -659,16 +666,17 @@ class _LocalSnapshotWriter(SnapshotWriter):
         #: fsynced together, in parallel, before the manifest is written
         self._unsynced: list[str] = []
 
+    @property
+    def written_where(self) -> str:
+        """What this write put in the store, as messages name it."""
+        return f"its staging folder {self._folder} was"
+
     def _collected(self) -> StoreUnavailableError:
-        return StoreUnavailableError(
-            f"snapshot {self._snapshot_id}: its staging folder {self._folder} was collected "
-            f"by gc before commit (gc took this write, older than its grace period, for a "
-            f"leftover); nothing was committed"
-        )
+        return collected_error(self._snapshot_id, self.written_where)
 
     async def _run(self, action: str, function: Callable[..., None], *args: Any) -> None:
         try:
-            await self._backend._run(action, function, *args)
+            await self._backend.in_thread(action, function, *args)
         except FileNotFoundError as error:
             if not os.path.isdir(self._folder):
                 raise self._collected() from error
@@ -774,13 +782,11 @@ class _LocalSnapshotWriter(SnapshotWriter):
             await self._sync_pending()
             await self._run(action, self._commit_sync, group_metadata)
             return
-        try:
+        with turn.held():  # released once the rename is done, or has failed
             await self._sync_pending()
             await self._run(action, self._seal_sync, group_metadata)
             await turn.wait()
             await self._run(action, self._rename_into_place_sync)
-        finally:
-            turn.release()
         # Renames of snapshots in flight together are made durable by one fsync of the
         # snapshots folder, or by fsyncs that run at once and share a journal commit.
         await self._run(action, _fsync_directory, str(self._backend.snapshots_dir))
@@ -792,37 +798,52 @@ class _LocalSnapshotWriter(SnapshotWriter):
             pass
 
 
-class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter):
+class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter, ShardSteps):
     """Writes one rank's shard in a private staging folder, then moves it under
     ``.staging/<id>/ranks/<rank>`` and, if every rank is there, commits the snapshot.
 
     Publishing and committing happen under the lock of ``.staging/<id>`` (the lock gc
     takes before it claims a folder), so gc never takes a shard set while a rank looks
     at it, and the ranks that finish together commit one at a time: the first that finds
-    every shard commits, and any later one finds ``.staging/<id>`` gone.
+    every shard commits, and any later one finds ``.staging/<id>`` gone. The steps are
+    those of ``_shard_publish``.
     """
 
     def __init__(self, backend: LocalBackend, snapshot_id: str, folder: Path, rank: int) -> None:
         super().__init__(backend, snapshot_id, folder)
         self._rank = rank
+        #: the snapshot's shard set: ``.staging/<id>``, its ranks group, and where it commits
+        self._staging = str(backend.staging_dir / snapshot_id)
+        self._ranks = os.path.join(self._staging, RANKS_GROUP)
+        self._committed = str(backend.snapshots_dir / snapshot_id)
 
-    def _committed_without_this_rank(self) -> InvalidArgumentError:
-        return InvalidArgumentError(
-            f"snapshot {self._snapshot_id} is committed already, without this write of rank "
-            f"{self._rank}: rank {self._rank} was written twice (or the id was reused); "
-            f"nothing was changed"
-        )
+    async def publish(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
+        try:
+            await self._sync_pending()
+            await self._step(self._seal_shard_sync, shard_document)
+            return await publish_shard(self, shard_document, shards, self._backend.threads)
+        except FileNotFoundError as error:
+            raise self._collected() from error
 
-    @staticmethod
-    def _published_shards(ranks: str) -> dict[str, memoryview]:
-        """The ``zarr.json`` of every shard under ``ranks``, by folder name."""
-        published = {}
-        for entry in os.scandir(ranks):
-            if rank_of_folder(entry.name) is not None and entry.is_dir(follow_symlinks=False):
-                published[entry.name] = _read_file(entry.path, MANIFEST_NAME)
-        return published
+    async def _step(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in a thread, as one step of publishing the shard.
 
-    def _publish_sync(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
+        A cancelled caller waits for the thread to finish first: the lock of the shard set
+        is held until the last step taken under it is done.
+        """
+        action = f"publishing rank {self._rank}'s shard of snapshot {self._snapshot_id}"
+        running = asyncio.ensure_future(self._backend.in_thread(action, function, *args))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            await asyncio.wait([running])
+            if not running.cancelled():
+                running.exception()  # retrieved: the cancelled caller drops its outcome
+            raise
+
+    def _seal_shard_sync(self, shard_document: bytes) -> None:
+        """Write the shard's ``zarr.json``, fsynced, and check that every file written is
+        still in the private folder (which the placing rename then moves whole)."""
         write_file(os.path.join(self._folder, MANIFEST_NAME), [shard_document])
         self._written.add(MANIFEST_NAME)
         _fsync_directory(str(self._folder))
@@ -835,63 +856,84 @@ class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter):
                 f"{self._rank} vanished from {self._folder} before it was published (first: "
                 f"{missing[0]}); nothing was published"
             )
-        backend = self._backend
-        staging = str(backend.staging_dir / self._snapshot_id)
-        ranks = os.path.join(staging, RANKS_GROUP)
-        committed = str(backend.snapshots_dir / self._snapshot_id)
-        if os.path.isdir(committed):
-            raise self._committed_without_this_rank()
-        os.makedirs(ranks, exist_ok=True)
-        try:
-            fd = _lock_folder(staging)
-        except FileNotFoundError:
-            raise self._collected() from None
-        try:
-            try:
-                if not os.path.samestat(os.fstat(fd), os.lstat(staging)):
-                    raise FileNotFoundError(staging)
-            except FileNotFoundError:
-                # committed or collected between the folder's creation and its lock
-                if os.path.isdir(committed):
-                    raise self._committed_without_this_rank() from None
-                raise self._collected() from None
-            shards.check(self._published_shards(ranks))
-            try:
-                os.rename(self._folder, os.path.join(ranks, str(self._rank)))
-            except OSError as error:
-                if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise InvalidArgumentError(
-                        f"snapshot {self._snapshot_id}: rank {self._rank} has written its "
-                        f"shard already; a rank writes one shard per snapshot (this second "
-                        f"write was not published)"
-                    ) from None
-                raise
-            _fsync_directory(ranks)
-            document = shards.commit_document(self._published_shards(ranks))
-            if document is None:
-                return None
-            _replace_file(os.path.join(ranks, MANIFEST_NAME), [ranks_group_document()])
-            _fsync_directory(ranks)
-            _replace_file(os.path.join(staging, MANIFEST_NAME), [document])
-            _fsync_directory(staging)
-            try:
-                os.rename(staging, committed)
-            except FileNotFoundError:
-                # only where flock is missing: another rank committed first
-                return _read_file(committed, MANIFEST_NAME).tobytes()
-            _fsync_directory(str(backend.snapshots_dir))
-            return document
-        finally:
-            os.close(fd)
 
-    async def publish(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
+    def _claim_sync(self) -> int | Taken:
+        """A descriptor holding the lock of ``.staging/<id>``, or why the set is taken."""
+        if os.path.isdir(self._committed):
+            return Taken.COMMITTED
+        os.makedirs(self._ranks, exist_ok=True)
         try:
-            await self._sync_pending()
-            return await self._backend._run(
-                f"publishing rank {self._rank}'s shard of snapshot {self._snapshot_id}",
-                self._publish_sync,
-                shard_document,
-                shards,
-            )
-        except FileNotFoundError as error:
-            raise self._collected() from error
+            fd = _lock_folder(self._staging)
+        except FileNotFoundError:
+            return Taken.COLLECTED
+        try:
+            locked = os.path.samestat(os.fstat(fd), os.lstat(self._staging))
+        except FileNotFoundError:
+            locked = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if not locked:
+            os.close(fd)
+            # committed or collected between the folder's creation and its lock
+            return Taken.COMMITTED if os.path.isdir(self._committed) else Taken.COLLECTED
+        return fd
+
+    @contextlib.asynccontextmanager
+    async def claim_shard_set(self) -> AsyncIterator[Taken | None]:
+        claimed = await self._step(self._claim_sync)
+        if isinstance(claimed, Taken):
+            yield claimed
+            return
+        try:
+            yield None
+        finally:
+            os.close(claimed)
+
+    def _published_shards_sync(self, known: dict[str, memoryview]) -> dict[str, memoryview]:
+        published = dict(known)
+        for entry in os.scandir(self._ranks):
+            name = entry.name
+            if name in known or rank_of_folder(name) is None:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                published[name] = _read_file(entry.path, MANIFEST_NAME)
+        return published
+
+    async def published_shards(self, known: dict[str, memoryview]) -> dict[str, memoryview]:
+        return await self._step(self._published_shards_sync, known)
+
+    def _place_sync(self) -> bool:
+        try:
+            os.rename(self._folder, os.path.join(self._ranks, str(self._rank)))
+        except OSError as error:
+            if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False
+            raise
+        _fsync_directory(self._ranks)
+        return True
+
+    async def place_shard(self, shard_document: bytes) -> bool:
+        """One rename of the private folder, where ``shard_document`` was sealed (fsynced)
+        before the shard set was claimed."""
+        return await self._step(self._place_sync)
+
+    async def shard_set_collected(self) -> bool:
+        """Never: the lock held since the claim keeps gc out."""
+        return False
+
+    def _commit_shard_set_sync(self, document: bytes) -> bytes:
+        _replace_file(os.path.join(self._ranks, MANIFEST_NAME), [ranks_group_document()])
+        _fsync_directory(self._ranks)
+        _replace_file(os.path.join(self._staging, MANIFEST_NAME), [document])
+        _fsync_directory(self._staging)
+        try:
+            os.rename(self._staging, self._committed)
+        except FileNotFoundError:
+            # only where flock is missing: another rank committed first
+            return _read_file(self._committed, MANIFEST_NAME).tobytes()
+        _fsync_directory(str(self._backend.snapshots_dir))
+        return document
+
+    async def commit_shard_set(self, document: bytes) -> bytes | Taken | None:
+        return await self._step(self._commit_shard_set_sync, document)

@@ -304,7 +304,9 @@ class SnapshotReader:
                     checksum.check()
             yield piece
 
-    async def _read_packed_chunk(self, cache: PackedChunks, index: int, who: str) -> memoryview:
+    async def read_packed_chunk(self, cache: PackedChunks, index: int, who: str) -> memoryview:
+        """Chunk ``index`` of the packed array, verified; ``cache`` remembers its document check
+        and object listing (the one :class:`PackedChunks` of a stream calls this)."""
         if not cache.checked:
             await self._check_document(PACKED_ARRAY, self._packed_claim())
             if cache.objects is None:
@@ -698,6 +700,6 @@ class PackedChunks:
         if self._held is not None and self._held[0] == index:
             return self._held[1]
         self._held = None  # let the previous chunk go before the next is read
-        data = await self._reader._read_packed_chunk(self, index, who)
+        data = await self._reader.read_packed_chunk(self, index, who)
         self._held = (index, data)
         return data

@@ -18,6 +18,7 @@ from ..errors import FormatVersionError, InvalidArgumentError, SnapshotNotFoundE
 from ._manifest import SnapshotInfo
 
 if TYPE_CHECKING:
+    from ._manifest_cache import ManifestCache
     from ._snapshot_store import SnapshotStore
 
 _log = logging.getLogger("gradvault.store")
@@ -91,8 +92,16 @@ class RetentionPass:
     decides again (RETENTION_ROUNDS times at most) rather than leave the store without it.
     """
 
-    def __init__(self, store: SnapshotStore, rules: RetentionRules, protected: set[str]) -> None:
+    def __init__(
+        self,
+        store: SnapshotStore,
+        manifests: ManifestCache,
+        rules: RetentionRules,
+        protected: set[str],
+    ) -> None:
         self._store = store
+        #: the store's manifest cache: the pass lists, forgets and reloads through it
+        self._manifests = manifests
         self._rules = rules
         self._protected = protected
 
@@ -130,12 +139,14 @@ class RetentionPass:
         are left out (and left alone).
         """
         store = self._store
-        infos = await store._listing(run=run, fresh=True)
+        infos = await self._manifests.listing(
+            run, None, None, fresh=True, concurrency=store.max_concurrency
+        )
         while infos:
             newest = infos[0].id
-            store._forget(newest)
+            self._manifests.forget(newest)
             try:
-                await store._load_top(newest)
+                await self._manifests.top(newest)
             except SnapshotNotFoundError:
                 pass  # deleted since the listing
             except FormatVersionError as error:

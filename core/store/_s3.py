@@ -38,12 +38,13 @@ request of a cancelled write lands after the write has cleaned up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
@@ -64,12 +65,14 @@ from ._backend import (
     StoreBackend,
     ThreadRunner,
     UnexpectedObjectError,
+    collected_error,
     shard_prefix,
     snapshot_key,
 )
 from ._checksums import resolved
-from ._commit_order import CommitTurn
+from ._commit_order import CommitTurn, holding
 from ._ids import parse_snapshot_id, snapshot_id_time_ms
+from ._shard_publish import ShardSteps, Taken, publish_shard, written_twice
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
 from ._zarr_format import dump_json, group_metadata
 
@@ -370,12 +373,11 @@ class S3Backend(StoreBackend):
         return _S3SnapshotWriter(self, snapshot_id)
 
     async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:
-        writer = _S3ShardWriter(self, snapshot_id, rank)
         # Before any chunk is written: a second write of a rank would overwrite the
         # chunks of the shard it published (objects have no private staging folder).
         if await self.head(f"{shard_prefix(snapshot_id, rank)}/{MANIFEST_NAME}") is not None:
-            raise writer.written_twice()
-        return writer
+            raise written_twice(snapshot_id, rank)
+        return _S3ShardWriter(self, snapshot_id, rank)
 
     async def read(self, key: str, max_size: int | None = None) -> memoryview:
         async with self._requests:
@@ -450,6 +452,9 @@ class S3Backend(StoreBackend):
                 self._known_committed.discard(name)
         self._known_committed.intersection_update(names)
         return [name for name in names if name in self._known_committed]
+
+    def note_committed(self, snapshot_id: str) -> None:
+        self._known_committed.add(snapshot_id)
 
     async def is_committed(self, snapshot_id: str) -> bool:
         if await self.head(snapshot_key(snapshot_id, MANIFEST_NAME)) is None:
@@ -542,7 +547,7 @@ class _S3SnapshotWriter(SnapshotWriter):
         uploads: list[asyncio.Task[None]] = []
         try:
             while True:
-                item = await self._backend._threads.run(_next_joined, chunks)
+                item = await self._backend.threads.run(_next_joined, chunks)
                 if item is None:
                     break
                 key, body = item
@@ -559,20 +564,18 @@ class _S3SnapshotWriter(SnapshotWriter):
             raise
         await self._backend.put(f"{self._prefix}/{name}/{MANIFEST_NAME}", metadata)
 
+    @property
+    def written_where(self) -> str:
+        """What this write put in the store, as messages name it."""
+        return f"its objects in {self._backend.location} were"
+
     def _collected(self) -> StoreUnavailableError:
-        return StoreUnavailableError(
-            f"snapshot {self._snapshot_id}: its objects in {self._backend.location} were "
-            f"collected by gc before commit (gc took this write, older than its grace "
-            f"period, for a leftover); nothing was committed"
-        )
+        return collected_error(self._snapshot_id, self.written_where)
 
     async def commit(self, group_metadata: bytes) -> None:
         turn = self.turn
-        try:
+        with holding(turn):  # released once the manifest is in place, or has failed
             await self._commit(group_metadata, turn)
-        finally:
-            if turn is not None:
-                turn.release()
 
     async def _commit(self, group_metadata: bytes, turn: CommitTurn | None) -> None:
         backend = self._backend
@@ -588,7 +591,7 @@ class _S3SnapshotWriter(SnapshotWriter):
         if await backend.head(marker_key) is not None:
             await backend.delete_keys([manifest_key])
             raise self._collected()
-        backend._known_committed.add(self._snapshot_id)
+        backend.note_committed(self._snapshot_id)
 
     async def abort(self) -> None:
         try:
@@ -598,8 +601,9 @@ class _S3SnapshotWriter(SnapshotWriter):
             pass
 
 
-class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
-    """Writes one rank's shard under ``snapshots/<id>/ranks/<rank>/``; see :meth:`publish`.
+class _S3ShardWriter(_S3SnapshotWriter, ShardWriter, ShardSteps):
+    """Writes one rank's shard under ``snapshots/<id>/ranks/<rank>/``; publishes it in the
+    steps of ``_shard_publish``.
 
     The shard's ``zarr.json`` is PUT last and only if absent (a conditional create), so a
     second write of the same rank is refused; the snapshot's ``zarr.json`` is likewise a
@@ -614,44 +618,37 @@ class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
         #: objects under the prefix are not this writer's to remove
         self._keep = False
 
-    def written_twice(self) -> InvalidArgumentError:
-        return InvalidArgumentError(
-            f"snapshot {self._snapshot_id}: rank {self._rank} has written its shard "
-            f"already; a rank writes one shard per snapshot (this second write was not "
-            f"published)"
-        )
-
-    def _committed_without_this_rank(self) -> InvalidArgumentError:
-        return InvalidArgumentError(
-            f"snapshot {self._snapshot_id} is committed already, without this write of rank "
-            f"{self._rank}: rank {self._rank} was written twice (or the id was reused); "
-            f"nothing was changed"
-        )
-
     async def publish(self, shard_document: bytes, shards: ShardedSet) -> bytes | None:
+        return await publish_shard(self, shard_document, shards, self._backend.threads)
+
+    @contextlib.asynccontextmanager
+    async def claim_shard_set(self) -> AsyncIterator[Taken | None]:
+        """Nothing is held (an object store has no lock): gc's marker is checked after each
+        step instead, and the conditional creates keep ranks apart."""
         backend = self._backend
-        manifest_key = snapshot_key(self._snapshot_id, MANIFEST_NAME)
-        marker_key = snapshot_key(self._snapshot_id, GC_MARKER_NAME)
-        if await backend.head(marker_key) is not None:
-            raise self._collected()
-        if await backend.head(manifest_key) is not None:
-            raise self._committed_without_this_rank()
-        published = await self._published_shards({})
-        await backend._threads.run(shards.check, published)
+        if await backend.head(snapshot_key(self._snapshot_id, GC_MARKER_NAME)) is not None:
+            yield Taken.COLLECTED
+        elif await backend.head(snapshot_key(self._snapshot_id, MANIFEST_NAME)) is not None:
+            yield Taken.COMMITTED
+        else:
+            yield None
+
+    async def place_shard(self, shard_document: bytes) -> bool:
         try:
-            await backend.put(f"{self._prefix}/{MANIFEST_NAME}", shard_document, create=True)
+            await self._backend.put(f"{self._prefix}/{MANIFEST_NAME}", shard_document, create=True)
         except AlreadyExistsError:
             self._keep = True  # the other write's shard: its chunks share these keys
-            raise self.written_twice() from None
+            return False
         self._keep = True
-        # gc claims a prefix before it looks for the snapshot's manifest, which a shard
-        # does not write: a claimed prefix is being removed, this shard with it.
-        if await backend.head(marker_key) is not None:
-            raise self._collected()
-        published = await self._published_shards(published)
-        document = await backend._threads.run(shards.commit_document, published)
-        if document is None:
-            return None
+        return True
+
+    async def shard_set_collected(self) -> bool:
+        marker_key = snapshot_key(self._snapshot_id, GC_MARKER_NAME)
+        return await self._backend.head(marker_key) is not None
+
+    async def commit_shard_set(self, document: bytes) -> bytes | Taken | None:
+        backend = self._backend
+        manifest_key = snapshot_key(self._snapshot_id, MANIFEST_NAME)
         ranks_key = snapshot_key(self._snapshot_id, RANKS_GROUP, MANIFEST_NAME)
         await backend.put(ranks_key, ranks_group_document())
         try:
@@ -663,15 +660,13 @@ class _S3ShardWriter(_S3SnapshotWriter, ShardWriter):
             return None
         # As for a snapshot written whole: a gc that did not see the manifest left a
         # marker that this HEAD sees (see the module docstring).
-        if await backend.head(marker_key) is not None:
+        if await self.shard_set_collected():
             await backend.delete_keys([manifest_key])
-            raise self._collected()
-        backend._known_committed.add(self._snapshot_id)
+            return Taken.COLLECTED
+        backend.note_committed(self._snapshot_id)
         return document
 
-    async def _published_shards(self, known: dict[str, memoryview]) -> dict[str, memoryview]:
-        """The ``zarr.json`` of every shard published now, by rank folder name; ``known``
-        ones are not read again (a published shard document never changes)."""
+    async def published_shards(self, known: dict[str, memoryview]) -> dict[str, memoryview]:
         ranks_prefix = snapshot_key(self._snapshot_id, RANKS_GROUP)
         names = [
             name

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import numpy as np
 
 from ..errors import (
-    FormatVersionError,
     InvalidArgumentError,
-    ManifestError,
     MissingGradientError,
     ShardedSnapshotError,
     SnapshotNotFoundError,
@@ -29,30 +25,24 @@ from ..records.record import GradientRecordEntry, GradientsParamsRecord, paused_
 from ..records.record_rules import check_metadata, check_snapshot_fields
 from ..records.safetensors_file import data_order, encode_header, gradvault_metadata
 from ._backend import (
-    MANIFEST_NAME,
-    MissingKeyError,
     StoreBackend,
     ThreadRunner,
-    UnexpectedObjectError,
-    shard_prefix,
-    snapshot_key,
 )
-from ._commit_order import CommitTurn
+from ._commit_order import CommitTurn, holding
 from ._device_snapshot import DeviceSnapshot
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, SnapshotInfo
-from ._reader import SnapshotReader
+from ._manifest_cache import ManifestCache
 from ._retention import RetentionPass, RetentionRules
 from ._shards import ShardedManifest, ShardedSet, ShardInfo, check_rank, manifest_in
 from ._write import SnapshotWrite
-from ._zarr_format import PACKED_ARRAY, STORE_FORMAT_VERSION, Compression, parse_compression
+from ._zarr_format import (
+    PACKED_ARRAY,
+    Compression,
+    parse_compression,
+)
 from ._zarr_view import ZarrView, checked_range
 
-_log = logging.getLogger("gradvault.store")
-
-#: Manifests at least this big are parsed in a thread rather than on the loop.
-_THREAD_DECODE_BYTES = 256 * 1024
-_MANIFEST_CACHE_SIZE = 8
 #: Safetensors headers of more gradients than this are encoded in a thread.
 _THREAD_HEADER_COUNT = 1000
 #: Manifests of more gradients than this are copied for ``info`` in a thread.
@@ -80,12 +70,8 @@ class SnapshotStore:
         self.pack_threshold = pack_threshold
         self.chunk_bytes = chunk_bytes
         self.max_concurrency = max_concurrency
-        self._infos: dict[str, SnapshotInfo] = {}
-        #: parsed manifests by snapshot id, and shards' by ``<id>/<rank>``
-        self._manifests: OrderedDict[str, Manifest | ShardedManifest] = OrderedDict()
-        self._zarr_view = ZarrView(
-            backend, self._load_top, self._load_manifest, self._recheck, self._reader
-        )
+        self._manifests = ManifestCache(backend, threads)
+        self._zarr_view = ZarrView(backend, self._manifests)
 
     @property
     def location(self) -> str:
@@ -148,18 +134,15 @@ class SnapshotStore:
         only after the snapshots of every earlier turn of its order, while its writes
         and fsyncs run alongside theirs; the turn is released in any case.
         """
-        try:
+        with holding(turn):  # released whatever happens, refused arguments included
             run, step, tags, codec = _checked_write(record, run, step, tags, device, compression)
             snapshot_id = new_snapshot_id() if turn is None else turn.snapshot_id
             write = self._write(snapshot_id, codec)
             manifest = await write.run(
                 record, run=run, step=step, tags=tags, device=device, turn=turn
             )
-        finally:
-            if turn is not None:
-                turn.release()
         info = SnapshotInfo.from_manifest(manifest)
-        self._infos[snapshot_id] = info
+        self._manifests.written(info)
         return info
 
     async def write_shard(
@@ -201,7 +184,7 @@ class SnapshotStore:
         if write.committed_document is not None:
             top = manifest_in(write.committed_document, f"snapshot {snapshot_id}")
             snapshot = SnapshotInfo.from_manifest(top)
-            self._infos[snapshot_id] = snapshot
+            self._manifests.written(snapshot)
         return ShardInfo(
             id=snapshot_id,
             run=run,
@@ -232,109 +215,6 @@ class SnapshotStore:
 
     # --- reading ----------------------------------------------------------------------
 
-    async def _load_document(
-        self, snapshot_id: str, key: str, where: str
-    ) -> tuple[dict[str, Any], int]:
-        """The gradvault manifest in the group document at ``key``, and the document's size.
-
-        SnapshotNotFoundError if it is absent; ManifestError or FormatVersionError if it is
-        not a manifest this release reads.
-        """
-        try:
-            raw = await self._backend.read(key)
-        except MissingKeyError:
-            raise SnapshotNotFoundError(
-                f"no committed snapshot {snapshot_id} in store {self.location}"
-            ) from None
-        except UnexpectedObjectError as error:
-            raise ManifestError(f"{where}: its manifest document {MANIFEST_NAME} {error}") from None
-
-        def parse() -> dict[str, Any]:
-            manifest = manifest_in(raw, where)
-            version = manifest.get("format_version")
-            if type(version) is not int or version != STORE_FORMAT_VERSION:
-                raise FormatVersionError(
-                    f"{where} has store format version {version!r}; this "
-                    f"release reads version {STORE_FORMAT_VERSION}"
-                )
-            return manifest
-
-        if len(raw) > _THREAD_DECODE_BYTES:
-            return await self._threads.run(parse), len(raw)
-        return parse(), len(raw)
-
-    def _remember(self, key: str, parsed: Manifest | ShardedManifest) -> None:
-        self._manifests[key] = parsed
-        if len(self._manifests) > _MANIFEST_CACHE_SIZE:
-            self._manifests.popitem(last=False)
-
-    async def _load_top(self, snapshot_id: str) -> Manifest | ShardedManifest:
-        """The snapshot's own manifest: a whole snapshot's, or a sharded one's (validated)."""
-        cached = self._manifests.get(snapshot_id)
-        if cached is not None:
-            self._manifests.move_to_end(snapshot_id)
-            return cached
-        where = f"snapshot {snapshot_id}"
-        document, size = await self._load_document(
-            snapshot_id, snapshot_key(snapshot_id, MANIFEST_NAME), where
-        )
-        parsed: Manifest | ShardedManifest
-        if "world_size" in document:
-            parsed = ShardedManifest(document, snapshot_id)
-        elif size > _THREAD_DECODE_BYTES:
-            parsed = await self._threads.run(Manifest, document, snapshot_id)
-        else:
-            parsed = Manifest(document, snapshot_id)  # validated: FormatVersionError if malformed
-        self._remember(snapshot_id, parsed)
-        self._infos[snapshot_id] = SnapshotInfo.from_manifest(parsed.document)
-        return parsed
-
-    async def _load_manifest(self, snapshot_id: str, rank: int | None = None) -> Manifest:
-        """The manifest gradients are read through: the snapshot's, or rank ``rank``'s shard's.
-
-        A sharded snapshot needs ``rank`` (ShardedSnapshotError without it), a snapshot
-        written whole refuses one (InvalidArgumentError).
-        """
-        top = await self._load_top(snapshot_id)
-        if isinstance(top, Manifest):
-            if rank is not None:
-                raise InvalidArgumentError(
-                    f"snapshot {snapshot_id} is not sharded (it was written whole); rank= "
-                    f"is for sharded snapshots; got rank {rank!r}"
-                )
-            return top
-        if rank is None:
-            raise ShardedSnapshotError(
-                f"snapshot {snapshot_id} is sharded over {top.world_size} ranks: pass rank= "
-                f"(0..{top.world_size - 1}) to read one rank's shard"
-            )
-        rank = top.check_rank(rank)
-        key = f"{snapshot_id}/{rank}"
-        cached = self._manifests.get(key)
-        if isinstance(cached, Manifest):
-            self._manifests.move_to_end(key)
-            return cached
-        where = f"snapshot {snapshot_id}, the shard of rank {rank}"
-        try:
-            document, size = await self._load_document(
-                snapshot_id, f"{shard_prefix(snapshot_id, rank)}/{MANIFEST_NAME}", where
-            )
-        except SnapshotNotFoundError:
-            await self._recheck(snapshot_id)  # SnapshotNotFoundError if deleted meanwhile
-            raise ManifestError(f"{where}: its manifest {MANIFEST_NAME} is missing") from None
-        shard = (rank, top.world_size)
-        if size > _THREAD_DECODE_BYTES:
-            parsed = await self._threads.run(Manifest, document, snapshot_id, shard)
-        else:
-            parsed = Manifest(document, snapshot_id, shard)
-        self._remember(key, parsed)
-        return parsed
-
-    def _forget(self, snapshot_id: str) -> None:
-        for key in [k for k in self._manifests if k.partition("/")[0] == snapshot_id]:
-            del self._manifests[key]
-        self._infos.pop(snapshot_id, None)
-
     async def read_snapshot(
         self, snapshot_id: str, *, rank: int | None = None
     ) -> GradientsParamsRecord:
@@ -348,15 +228,15 @@ class SnapshotStore:
         """
         snapshot_id = parse_snapshot_id(snapshot_id)
         with paused_gc():  # the manifest and the entries are many small acyclic objects
-            top = await self._load_top(snapshot_id)
+            top = await self._manifests.top(snapshot_id)
             if isinstance(top, ShardedManifest) and rank is None:
                 return await self._read_merged(top)
-            return await self._read_snapshot(await self._load_manifest(snapshot_id, rank))
+            return await self._read_snapshot(await self._manifests.manifest(snapshot_id, rank))
 
     async def _read_merged(self, top: ShardedManifest) -> GradientsParamsRecord:
         """Every shard of a sharded snapshot as one record, if their ParamIds are disjoint."""
         snapshot_id = top.snapshot_id
-        shards = [await self._load_manifest(snapshot_id, r) for r in range(top.world_size)]
+        shards = [await self._manifests.manifest(snapshot_id, r) for r in range(top.world_size)]
         owner: dict[str, int] = {}
         for rank, shard in enumerate(shards):
             for pid in shard.columns["param_id"]:
@@ -373,7 +253,7 @@ class SnapshotStore:
         dtypes: list[str] = []
         arrays: list[np.ndarray] = []
         for shard in shards:
-            arrays.extend(await self._reader(shard).read_all(self.max_concurrency))
+            arrays.extend(await self._manifests.reader(shard).read_all(self.max_concurrency))
             ids.extend(shard.param_ids())
             names.extend(shard.columns["name"])
             dtypes.extend(shard.columns["dtype"])
@@ -386,19 +266,8 @@ class SnapshotStore:
             ids, names, dtypes, arrays, metadata={"snapshot": summary}, unique_ids=True
         )
 
-    async def _recheck(self, snapshot_id: str) -> None:
-        """SnapshotNotFoundError if the snapshot was deleted since its manifest was loaded."""
-        self._forget(snapshot_id)
-        await self._load_top(snapshot_id)
-
-    def _reader(self, manifest: Manifest) -> SnapshotReader:
-        snapshot_id = manifest.snapshot_id
-        return SnapshotReader(
-            self._backend, self._threads, manifest, lambda: self._recheck(snapshot_id)
-        )
-
     async def _read_snapshot(self, manifest: Manifest) -> GradientsParamsRecord:
-        arrays = await self._reader(manifest).read_all(self.max_concurrency)
+        arrays = await self._manifests.reader(manifest).read_all(self.max_concurrency)
         document = manifest.document
         metadata = dict(document.get("metadata") or {})
         metadata["snapshot"] = {
@@ -424,7 +293,7 @@ class SnapshotStore:
         """One gradient of a snapshot, or of rank ``rank``'s shard of a sharded one (only
         its chunks are read and verified)."""
         manifest, position = await self._locate(snapshot_id, param_id, rank)
-        return await self._reader(manifest).read_one(position)
+        return await self._manifests.reader(manifest).read_one(position)
 
     async def _locate(
         self, snapshot_id: str, param_id: ParamId | str, rank: int | None = None
@@ -432,7 +301,7 @@ class SnapshotStore:
         """The snapshot's manifest and the gradient's position in it; ids checked before I/O."""
         snapshot_id = parse_snapshot_id(snapshot_id)
         pid = str(as_param_id(param_id))
-        manifest = await self._load_manifest(snapshot_id, rank)
+        manifest = await self._manifests.manifest(snapshot_id, rank)
         position = manifest.position(pid)
         if position is None:
             raise MissingGradientError(f"snapshot {snapshot_id} has no gradient for param {pid}")
@@ -467,7 +336,7 @@ class SnapshotStore:
             manifest.columns["nbytes"][position],
             f"snapshot {snapshot_id}: {manifest.describe(position)}",
         )
-        async for piece in self._reader(manifest).stream(position, start, end):
+        async for piece in self._manifests.reader(manifest).stream(position, start, end):
             yield piece
 
     async def iter_safetensors(
@@ -483,8 +352,8 @@ class SnapshotStore:
         ShardedSnapshotError).
         """
         snapshot_id = parse_snapshot_id(snapshot_id)
-        manifest = await self._load_manifest(snapshot_id, rank)
-        reader = self._reader(manifest)
+        manifest = await self._manifests.manifest(snapshot_id, rank)
+        reader = self._manifests.reader(manifest)
         objects = await reader.present_objects()
         columns = manifest.columns
         sizes = columns["nbytes"]
@@ -546,44 +415,8 @@ class SnapshotStore:
         A snapshot whose manifest is malformed or of another format version is left out;
         ``info`` and ``read_snapshot`` of it raise FormatVersionError saying what is wrong.
         """
-        return await self._listing(run, step_min, step_max, fresh=False)
-
-    async def _listing(
-        self,
-        run: str | None = None,
-        step_min: int | None = None,
-        step_max: int | None = None,
-        *,
-        fresh: bool,
-    ) -> list[SnapshotInfo]:
-        """``list()``; with ``fresh``, every snapshot's manifest is checked now, not recalled."""
-        ids = await self._backend.committed_ids(fresh=fresh)
-        slots = asyncio.Semaphore(self.max_concurrency)
-
-        async def load(snapshot_id: str) -> None:
-            async with slots:
-                try:
-                    await self._load_top(snapshot_id)
-                except SnapshotNotFoundError:
-                    pass  # deleted since the listing
-                except FormatVersionError as error:
-                    # unreadable: left out of listings, explained by info() and reads
-                    _log.warning(
-                        "store %s: snapshot %s is not listed: %s", self.location, snapshot_id, error
-                    )
-
-        await asyncio.gather(*(load(i) for i in ids if i not in self._infos))
-        found = [self._infos[i] for i in ids if i in self._infos]
-        return sorted(
-            (
-                info
-                for info in found
-                if (run is None or info.run == run)
-                and (step_min is None or info.step >= step_min)
-                and (step_max is None or info.step <= step_max)
-            ),
-            key=lambda info: info.id,
-            reverse=True,
+        return await self._manifests.listing(
+            run, step_min, step_max, fresh=False, concurrency=self.max_concurrency
         )
 
     async def info(self, snapshot_id: str, *, rank: int | None = None) -> dict[str, Any]:
@@ -595,13 +428,14 @@ class SnapshotStore:
         that another process or store handle deleted raises SnapshotNotFoundError here too.
         """
         snapshot_id = parse_snapshot_id(snapshot_id)
-        remembered = any(key.partition("/")[0] == snapshot_id for key in self._manifests)
-        if remembered and not await self._backend.is_committed(snapshot_id):
-            self._forget(snapshot_id)
+        if self._manifests.remembers(snapshot_id) and not await self._backend.is_committed(
+            snapshot_id
+        ):
+            self._manifests.forget(snapshot_id)
         if rank is None:
-            manifest = await self._load_top(snapshot_id)
+            manifest = await self._manifests.top(snapshot_id)
         else:
-            manifest = await self._load_manifest(snapshot_id, rank)
+            manifest = await self._manifests.manifest(snapshot_id, rank)
         if isinstance(manifest, Manifest) and manifest.count > _THREAD_COPY_COUNT:
             # a copy of 100,000 gradients' columns takes most of a second: not on the loop
             return await self._threads.run(copy.deepcopy, manifest.document)
@@ -610,7 +444,7 @@ class SnapshotStore:
     async def delete(self, snapshot_id: str) -> None:
         """Delete a committed snapshot; SnapshotNotFoundError if there is none."""
         snapshot_id = parse_snapshot_id(snapshot_id)
-        self._forget(snapshot_id)
+        self._manifests.forget(snapshot_id)
         if not await self._backend.delete_snapshot(snapshot_id):
             raise SnapshotNotFoundError(
                 f"no committed snapshot {snapshot_id} in store {self.location}"
@@ -649,7 +483,7 @@ class SnapshotStore:
         protected = {parse_snapshot_id(snapshot_id) for snapshot_id in keep}
         if rules.keeps_everything:
             return []
-        return await RetentionPass(self, rules, protected).run(run)
+        return await RetentionPass(self, self._manifests, rules, protected).run(run)
 
 
 def _checked_write(

@@ -31,7 +31,7 @@ from ..records.record import GradientRecordEntry, GradientsParamsRecord
 from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, ThreadRunner
 from ._checksums import SLICE_BYTES, crc32c_combine, format_checksum
 from ._codecs import encode_chunk
-from ._commit_order import CommitTurn
+from ._commit_order import CommitTurn, holding
 from ._device_snapshot import DeviceGradient, DeviceSnapshot
 from ._device_stream import RingPool, RingStreamer
 from ._manifest import PackedGradients, build_manifest, pack, packed_checksums
@@ -266,36 +266,37 @@ class SnapshotWrite:
             else:
                 jobs.append(self._guarded(self._write_packed, writer, small))
         try:
-            results = await asyncio.gather(*jobs, return_exceptions=True)
-            failures = [r for r in results if isinstance(r, BaseException)]
-            if failures:
-                raise next((f for f in failures if not isinstance(f, _Abandoned)), failures[0])
-            manifest = build_manifest(
-                record,
-                snapshot_id=self._id,
-                run=run,
-                step=step,
-                tags=tags,
-                device=device,
-                compression=self._compression,
-                packed_positions=packed_positions,
-                packed=results[-1] if packed_positions else None,
-                own_arrays=dict(zip(own_positions, results, strict=False)),
-                shard=None if shard is None else (shard.rank, shard.world_size),
-            )
-            group_document = await self._threads.run(
-                _manifest_document, manifest, self._array_documents
-            )
-            await asyncio.gather(*self._in_flight)
-            if shard is None:
-                await writer.commit(group_document)
-            else:
-                assert isinstance(writer, ShardWriter)
-                self.committed_document = await writer.publish(group_document, shard)
+            # released on leaving the block: visible (the writer released it already), or
+            # failed, and then before the abort, so a failed write holds up no later one
+            with holding(turn):
+                results = await asyncio.gather(*jobs, return_exceptions=True)
+                failures = [r for r in results if isinstance(r, BaseException)]
+                if failures:
+                    raise next((f for f in failures if not isinstance(f, _Abandoned)), failures[0])
+                manifest = build_manifest(
+                    record,
+                    snapshot_id=self._id,
+                    run=run,
+                    step=step,
+                    tags=tags,
+                    device=device,
+                    compression=self._compression,
+                    packed_positions=packed_positions,
+                    packed=results[-1] if packed_positions else None,
+                    own_arrays=dict(zip(own_positions, results, strict=False)),
+                    shard=None if shard is None else (shard.rank, shard.world_size),
+                )
+                group_document = await self._threads.run(
+                    _manifest_document, manifest, self._array_documents
+                )
+                await asyncio.gather(*self._in_flight)
+                if shard is None:
+                    await writer.commit(group_document)
+                else:
+                    assert isinstance(writer, ShardWriter)
+                    self.committed_document = await writer.publish(group_document, shard)
         except BaseException as error:
             self.failed = True
-            if turn is not None:
-                turn.release()  # a failed write holds up no later one
             await asyncio.gather(*self._in_flight, return_exceptions=True)
             await asyncio.shield(writer.abort())
             if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from math import ceil
 
@@ -40,7 +39,7 @@ from ._checksums import crc32c
 from ._codecs import encoded_size_bounds, split_crc
 from ._ids import is_snapshot_id
 from ._manifest import Manifest
-from ._reader import SnapshotReader
+from ._manifest_cache import ManifestCache
 from ._shards import ShardedManifest, rank_of_folder
 from ._validation import validate_array_document
 from ._zarr_format import PACKED_ARRAY, ChunkSpan
@@ -166,23 +165,18 @@ class ZarrView:
     def __init__(
         self,
         backend: StoreBackend,
-        load_top: Callable[[str], Awaitable[Manifest | ShardedManifest]],
-        load_manifest: Callable[[str, int | None], Awaitable[Manifest]],
-        recheck: Callable[[str], Awaitable[None]],
-        reader_for: Callable[[Manifest], SnapshotReader],
+        manifests: ManifestCache,
     ) -> None:
         self._backend = backend
-        self._load_top = load_top
-        self._load_manifest = load_manifest
-        self._recheck = recheck
-        self._reader_for = reader_for
+        #: the store's manifests, loaded and rechecked through the store's one cache
+        self._manifests = manifests
 
     async def read(self, path: str, start: int = 0, end: int | None = None) -> memoryview:
         """The bytes ``[start, end)`` of the key at ``path`` (a chunk's crc32c verified)."""
         found = await self._resolve(path)
         limit = _DOCUMENT_LIMIT
         if found.chunk is not None:
-            manifest = await self._load_manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
+            manifest = await self._manifests.manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
             compression = manifest.compression
             limit = encoded_size_bounds(found.chunk.padded_length, compression)[1]
         elif found.snapshot_id is not None and found.array is None:
@@ -194,8 +188,8 @@ class ZarrView:
         if found.chunk is not None:
             self._verify_chunk(found, data)
         elif found.array is not None:
-            manifest = await self._load_manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
-            claim = self._reader_for(manifest).array_claim(found.array)
+            manifest = await self._manifests.manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
+            claim = self._manifests.reader(manifest).array_claim(found.array)
             validate_array_document(data, claim, manifest.snapshot_id, found.key)
         start, end = checked_range(start, end, len(data), f"store key {found.key}")
         return data[start:end]
@@ -216,7 +210,7 @@ class ZarrView:
         snapshot_id = snapshot_id_of(segments)
         if snapshot_id is None:
             raise StoreKeyNotFoundError(f"store path {key!r} is not a key this store serves")
-        top = await self._load_top(snapshot_id)  # SnapshotNotFoundError
+        top = await self._manifests.top(snapshot_id)  # SnapshotNotFoundError
         inside = segments[2:]
         rank = None
         if isinstance(top, ShardedManifest):
@@ -229,7 +223,7 @@ class ZarrView:
                     f"snapshot {snapshot_id} has no key {'/'.join(inside)!r}"
                 )
             inside = inside[2:]
-        manifest = await self._load_manifest(snapshot_id, rank)
+        manifest = await self._manifests.manifest(snapshot_id, rank)
         if not snapshot_key_exists(manifest, inside):
             raise StoreKeyNotFoundError(f"snapshot {snapshot_id} has no key {'/'.join(inside)!r}")
         if inside == [MANIFEST_NAME]:
@@ -269,7 +263,8 @@ class ZarrView:
                 return StoreKeyNotFoundError(f"store key {found.key} is missing (an empty store)")
             return ManifestError(f"store key {found.key} {problem}")
         if missing:
-            await self._recheck(found.snapshot_id)  # SnapshotNotFoundError if deleted meanwhile
+            # SnapshotNotFoundError if deleted meanwhile
+            await self._manifests.recheck(found.snapshot_id)
         if found.chunk is not None:
             return ChecksumMismatchError(self._chunk_problem(found, problem))
         return ManifestError(f"snapshot {found.snapshot_id}: {found.key} {problem}")

@@ -220,7 +220,9 @@ class Recorder:
             ):
                 return None, captured
             previous = self._last
-            future = self._submit(commit(captured, _Queued(self._order.take(), previous)))
+            # a shard is published alone, after every commit started before it: no turn
+            turn = None if shard else self._order.take()
+            future = self._submit(commit(captured, _Queued(turn, previous)))
             self._inflight[future] = nbytes
             self._last = (future, shard)
             future.add_done_callback(self._finished)
@@ -234,7 +236,9 @@ class Recorder:
         step: int,
         tags: dict[str, str],
     ) -> SnapshotInfo:
-        try:
+        turn = queued.turn
+        assert turn is not None  # every whole snapshot takes one (_try_launch)
+        with turn.held():  # released even if no write starts (the record cannot be built)
             await queued.after_shard()
             record = await self._write_source(captured)
             info = await self._store.write_snapshot(
@@ -244,10 +248,8 @@ class Recorder:
                 tags=tags,
                 device=str(record.metadata.get("device", "cpu")),
                 compression=self.compression,
-                turn=queued.turn,
+                turn=turn,
             )
-        finally:
-            queued.turn.release()
         # handles complete, and retention passes run, in the order snapshots were started
         await queued.after_previous()
         await self._retain(info, run)
@@ -263,7 +265,6 @@ class Recorder:
         tags: dict[str, str],
     ) -> ShardInfo:
         # a shard is published alone: after every commit started before it
-        queued.turn.release()
         await queued.after_previous()
         record = await self._write_source(captured)
         snapshot_id, rank, world_size = shard
@@ -515,13 +516,14 @@ class Recorder:
 
 class _Queued:
     """A launched commit's place in the recorder's queue: its turn (the snapshot id and
-    the order it becomes visible in) and the commit launched just before it."""
+    the order it becomes visible in; None for a shard) and the commit launched just
+    before it."""
 
     __slots__ = ("turn", "_previous")
 
     def __init__(
         self,
-        turn: CommitTurn,
+        turn: CommitTurn | None,
         previous: tuple[concurrent.futures.Future[Any], bool] | None,
     ) -> None:
         self.turn = turn
