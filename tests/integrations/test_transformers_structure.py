@@ -160,16 +160,10 @@ def private_uses(source: str, foreign: frozenset[str]) -> list[tuple[int, str, s
     return sorted(set(found))
 
 
-def _modules() -> list[Path]:
-    modules = sorted(PACKAGE.glob("*.py"))
-    assert PACKAGE / INTERNALS in modules
-    return modules
-
-
 def _uses(kind: str) -> list[str]:
     return [
         f"integrations/transformers/{path.name}:{line}: {name}"
-        for path in _modules()
+        for path in sorted(PACKAGE.glob("*.py"))
         if path.name != INTERNALS
         for line, found_kind, name in private_uses(path.read_text(), foreign_private_names())
         if found_kind == kind
