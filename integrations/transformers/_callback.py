@@ -110,8 +110,8 @@ class GradvaultCallback(TrainerCallback):
             self._submit(snapshot)
 
     def _submit(self, snapshot: WindowSnapshot) -> None:
-        """Commit the record in the background, then complete the folder with the state."""
-        self.wait()
+        """Commit the record in the background, then complete the folder with the state
+        (the snapshot in flight before it is waited for by ``_snapshot``)."""
         record, state, folder = snapshot.record, snapshot.state, snapshot.folder
         tags = {
             "framework": "transformers",
