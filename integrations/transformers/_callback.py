@@ -10,19 +10,16 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from gradvault.core import GradientsParamsRecord
 from gradvault.core.errors import UnsupportedSetupError
 from gradvault.core.records.record_rules import check_snapshot_fields
 
-from ._folder import WindowState, prune_older
+from ._folder import prune_older
+from ._protocol import WindowSnapshot, WindowTrainer
 from ._target import SnapshotTarget
-
-if TYPE_CHECKING:
-    from ._trainer import GradvaultTrainerMixin
 
 _log = logging.getLogger("gradvault.integrations.transformers")
 
@@ -47,7 +44,8 @@ class GradvaultCallback(TrainerCallback):
     the copy of the gradients to host memory and the Trainer checkpoint files (written
     once per window), not for the upload. A failed snapshot is logged (logger
     ``gradvault.integrations.transformers``) and counted in ``failures``; training goes
-    on. Needs a trainer built with ``GradvaultTrainerMixin`` (``GradvaultTrainer``).
+    on. Needs a trainer built with ``GradvaultTrainerMixin`` (``GradvaultTrainer``): the
+    two talk through the protocols of ``_protocol.py`` (this is a ``SnapshotCallback``).
     """
 
     def __init__(
@@ -82,7 +80,7 @@ class GradvaultCallback(TrainerCallback):
         self.failures = 0
         #: True once a SIGTERM made training stop
         self.stopped_by_signal = False
-        self._trainer: GradvaultTrainerMixin | None = None
+        self._trainer: WindowTrainer | None = None
         self._signal_received = threading.Event()
         self._previous_handler: Any = None
         self._executor: ThreadPoolExecutor | None = None
@@ -94,7 +92,9 @@ class GradvaultCallback(TrainerCallback):
         return self._signal_received.is_set()
 
     # ------------------------------------------------------------------ the trainer's side
-    def _bind(self, trainer: GradvaultTrainerMixin) -> None:
+    def attach(self, trainer: WindowTrainer) -> None:
+        """``trainer.train()`` starts: the trainer whose windows to snapshot (called by
+        ``GradvaultTrainerMixin.train``)."""
         self._trainer = trainer
 
     def _run_name(self, args: TrainingArguments) -> str:
@@ -102,11 +102,17 @@ class GradvaultCallback(TrainerCallback):
             return self.run
         return args.run_name or Path(args.output_dir or ".").resolve().name or "run"
 
-    def _submit(
-        self, record: GradientsParamsRecord, state: WindowState, folder: Path, prune: bool
-    ) -> None:
-        """Commit ``record`` in the background, then complete ``folder`` with ``state``."""
-        self.wait()
+    def _snapshot(self, trainer: WindowTrainer, args: TrainingArguments) -> None:
+        """Ask the trainer for the window's snapshot and commit it in the background."""
+        self.wait()  # the snapshot in flight may complete the folder this one rewrites
+        snapshot = trainer.gradvault_snapshot(self._run_name(args), self.target.location)
+        if snapshot is not None:
+            self._submit(snapshot)
+
+    def _submit(self, snapshot: WindowSnapshot) -> None:
+        """Commit the record in the background, then complete the folder with the state
+        (the snapshot in flight before it is waited for by ``_snapshot``)."""
+        record, state, folder = snapshot.record, snapshot.state, snapshot.folder
         tags = {
             "framework": "transformers",
             "global_step": str(state.global_step),
@@ -122,7 +128,7 @@ class GradvaultCallback(TrainerCallback):
                 )
                 state.write(folder)
                 self.snapshot_ids.append(state.snapshot_id)
-                if prune:
+                if snapshot.prune_older:
                     prune_older(folder.parent, state.global_step)
             except Exception as error:  # noqa: BLE001 - reported, training goes on
                 self.failures += 1
@@ -145,8 +151,9 @@ class GradvaultCallback(TrainerCallback):
         if pending is not None:
             pending.result()
 
-    def _finish(self) -> None:
-        """Wait for the snapshot in flight, put back the SIGTERM handler, close the target."""
+    def finish(self) -> None:
+        """``trainer.train()`` ended (or failed): wait for the snapshot in flight, put back
+        the SIGTERM handler, release the target. Calling it again does nothing more."""
         self.wait()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -198,7 +205,7 @@ class GradvaultCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if self._trainer is not None:
-            self._trainer._gradvault_epoch_begin()
+            self._trainer.gradvault_epoch_begin()
 
     def on_substep_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -207,13 +214,13 @@ class GradvaultCallback(TrainerCallback):
         if trainer is None:
             return
         stop = self._signal_received.is_set()
-        micro_step = trainer._gradvault_micro_step()
+        micro_step = trainer.gradvault_micro_step()
         if micro_step is None:  # replaying a resumed window: the folder resumed from stands
             if stop:
                 self._stop(control)
             return
         if stop or self._due(args, state, micro_step):
-            trainer._gradvault_snapshot(self)
+            self._snapshot(trainer, args)
         if stop:
             self.wait()
             self._stop(control)
@@ -239,12 +246,12 @@ class GradvaultCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if self._trainer is not None:
-            self._trainer._gradvault_checkpoint_saved()
+            self._trainer.gradvault_checkpoint_saved()
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self._finish()
+        self.finish()
 
     def _stop(self, control: TrainerControl) -> None:
         control.should_training_stop = True

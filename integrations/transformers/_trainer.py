@@ -16,7 +16,6 @@ saved under the mixin keeps what the window after it needs to be prefetched as i
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
 import os
@@ -28,7 +27,6 @@ from typing import Any
 
 import torch
 from transformers import Trainer
-from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
 
 from gradvault.core import GradientsParams
@@ -44,10 +42,19 @@ from ._folder import (
     read_logging_state,
     write_logging_state,
 )
-from ._rng import RngStates, generators_at
+from ._protocol import WindowSnapshot
+from ._rng import RngStates
+from ._trainer_internals import (
+    RngLoadHook,
+    checkpoint_folder,
+    gradient_scaler,
+    last_logged_step,
+    running_loss,
+    set_logging_state,
+    write_step_checkpoint,
+)
 
 _log = logging.getLogger("gradvault.integrations.transformers")
-TRAINER_STATE_NAME = "trainer_state.json"
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -83,7 +90,7 @@ class _Resume:
     gradients: GradientsParams
 
 
-class GradvaultTrainerMixin:
+class GradvaultTrainerMixin(RngLoadHook):
     """Put first among a ``transformers.Trainer`` subclass's bases to resume mid-window.
 
     ``class MyTrainer(GradvaultTrainerMixin, SFTTrainer): ...``; ``GradvaultTrainer`` is
@@ -91,6 +98,10 @@ class GradvaultTrainerMixin:
     trainer's callbacks. ``train(resume_from_checkpoint=...)`` takes a
     ``gradvault-checkpoint-N`` folder as well as a ``checkpoint-N`` one, and ``True``
     picks the newest of both kinds in ``args.output_dir``.
+
+    The callback calls the ``gradvault_*`` methods (the ``WindowTrainer`` protocol of
+    ``_protocol.py``); the Trainer's private names are used through
+    ``_trainer_internals.py`` only.
     """
 
     _gradvault_window: _Window | None = None
@@ -134,7 +145,7 @@ class GradvaultTrainerMixin:
             )
         finally:
             self._gradvault_resume = None
-            callback._finish()
+            callback.finish()
 
     def _gradvault_setup(self) -> GradvaultCallback:
         """The one GradvaultCallback, bound; refuses what cannot be resumed exactly."""
@@ -186,7 +197,7 @@ class GradvaultTrainerMixin:
                 "saves its own unreduced gradients",
                 trainer.args.world_size,
             )
-        callback._bind(self)
+        callback.attach(self)
         return callback
 
     def _gradvault_load(self, folder: Path, callback: GradvaultCallback) -> _Resume:
@@ -243,16 +254,17 @@ class GradvaultTrainerMixin:
         self._gradvault_epoch_fresh = False
         return super().get_resumed_dataloader(dataloader, num_batches)  # type: ignore[misc]
 
-    def _load_rng_state(self, checkpoint: str | None) -> None:
-        """``Trainer._load_rng_state``; after a resumed window's prefetch, the generators as
-        that prefetch left them, as in the run that saved (see ``get_batch_samples``)."""
-        super()._load_rng_state(checkpoint)  # type: ignore[misc]
+    def gradvault_rng_state_loaded(self) -> None:
+        """After the Trainer loaded a checkpoint's generator states (which it does after a
+        resumed window's prefetch): the generators as that prefetch left them, as in the
+        run that saved (see ``get_batch_samples``)."""
         after, self._gradvault_rng_after_prefetch = self._gradvault_rng_after_prefetch, None
         if after is not None:
             after.restore()
 
-    def _gradvault_epoch_begin(self) -> None:
-        """Called by the callback before the epoch's dataloader is iterated."""
+    def gradvault_epoch_begin(self) -> None:
+        """An epoch begins: the generators before its dataloader is iterated (called by the
+        callback)."""
         self._gradvault_epoch_rng = RngStates.capture()
         self._gradvault_epoch_fresh = True
         if self._gradvault_collates is not None:
@@ -277,14 +289,20 @@ class GradvaultTrainerMixin:
         if resume is not None:  # the window snapshotted: as it was before its prefetch
             state = resume.state
             RngStates.from_json(state.rng_at_window_start, str(resume.folder)).restore()
-            trainer._tr_loss = _tensor_from_bits(state.tr_loss_at_window_start, trainer.args.device)
-            trainer._globalstep_last_logged = state.globalstep_last_logged
+            set_logging_state(
+                trainer,
+                _tensor_from_bits(state.tr_loss_at_window_start, trainer.args.device),
+                state.globalstep_last_logged,
+            )
             first_in_epoch = state.first_in_epoch
             replayed = state.collated_ahead_states(str(resume.folder))
         elif self._gradvault_logging is not None:  # a checkpoint-N saved under the mixin
             logging_state, self._gradvault_logging = self._gradvault_logging, None
-            trainer._tr_loss = _tensor_from_bits(logging_state["tr_loss"], trainer.args.device)
-            trainer._globalstep_last_logged = logging_state["globalstep_last_logged"]
+            set_logging_state(
+                trainer,
+                _tensor_from_bits(logging_state["tr_loss"], trainer.args.device),
+                logging_state["globalstep_last_logged"],
+            )
             if not first_in_epoch:
                 # the dataloader was skipped to this window, and the Trainer loads the
                 # checkpoint's generators after the prefetch: the prefetch starts from them
@@ -296,7 +314,7 @@ class GradvaultTrainerMixin:
             ahead = len(replayed)
             if recorder is not None:
                 recorder.replay(replayed, then=window_start)
-        tr_loss = trainer._tr_loss.detach().clone()
+        tr_loss = running_loss(trainer).detach().clone()
         batches, num_items_in_batch = super().get_batch_samples(  # type: ignore[misc]
             epoch_iterator, num_batches, device
         )
@@ -310,7 +328,7 @@ class GradvaultTrainerMixin:
             rng_at_window_start=window_start,
             collated_ahead=None if collated is None else collated[:ahead],
             tr_loss_at_start=tr_loss,
-            globalstep_last_logged=trainer._globalstep_last_logged,
+            globalstep_last_logged=last_logged_step(trainer),
             tokens_at_start=trainer.state.num_input_tokens_seen,
             flos_at_start=trainer.state.total_flos + trainer.current_flos,
         )
@@ -351,7 +369,7 @@ class GradvaultTrainerMixin:
         """Before micro-batch k + 1: the saved gradients, scaler check, generators."""
         trainer: Any = self
         saved_scaler = resume.state.scaler
-        scaler = getattr(trainer.accelerator, "scaler", None)
+        scaler = gradient_scaler(trainer)
         now = None if scaler is None else _scaler_state(scaler)
         if now != saved_scaler:
             raise ResumeStateError(
@@ -362,13 +380,14 @@ class GradvaultTrainerMixin:
         RngStates.from_json(resume.state.rng_at_micro_step, str(resume.folder)).restore()
         self._gradvault_resume = None
 
-    def _gradvault_micro_step(self) -> int | None:
-        """Micro-batches run in the current window, or None while a resume replays it."""
+    def gradvault_micro_step(self) -> int | None:
+        """Micro-batches run in the current window, or None while a resume replays it (or
+        before the first window)."""
         if self._gradvault_resume is not None or self._gradvault_window is None:
             return None
         return self._gradvault_window.done
 
-    def _gradvault_checkpoint_saved(self) -> None:
+    def gradvault_checkpoint_saved(self) -> None:
         """After the Trainer saved ``checkpoint-N``: add the loss not yet logged beside it.
 
         Resuming from that checkpoint with this mixin then logs the same losses as a run
@@ -377,15 +396,13 @@ class GradvaultTrainerMixin:
         trainer: Any = self
         if not trainer.args.should_save:
             return
-        folder = (
-            Path(trainer._get_output_dir(trial=None)) / f"checkpoint-{trainer.state.global_step}"
-        )
+        folder = checkpoint_folder(trainer)
         if folder.is_dir():
             write_logging_state(
                 folder,
                 {
-                    "tr_loss": _tensor_bits(trainer._tr_loss),
-                    "globalstep_last_logged": trainer._globalstep_last_logged,
+                    "tr_loss": _tensor_bits(running_loss(trainer)),
+                    "globalstep_last_logged": last_logged_step(trainer),
                     "rng_at_save": RngStates.capture().to_json(),
                     "collated_ahead": None
                     if self._gradvault_collates is None
@@ -394,24 +411,25 @@ class GradvaultTrainerMixin:
             )
 
     # ------------------------------------------------------------------ snapshots
-    def _gradvault_snapshot(self, callback: GradvaultCallback) -> None:
-        """Snapshot the gradients accumulated so far in this window (commit in the background)."""
+    def gradvault_snapshot(self, run: str, target: str) -> WindowSnapshot | None:
+        """The gradients accumulated so far in this window and what resuming after them
+        needs, for a snapshot of run ``run`` in ``target`` (the callback commits it); the
+        step's checkpoint files are written into the resume folder first, once a window."""
         trainer: Any = self
         window = self._gradvault_window
         if window is None:
-            return
+            return None
         args = trainer.args
-        callback.wait()
         folder = folder_for(args.output_dir, trainer.state.global_step)
         if window.folder != folder:
             self._gradvault_write_checkpoint(folder, window)
             window.folder = folder
         record = GradientsParams.from_torch(trainer.model).try_to_record()
-        scaler = getattr(trainer.accelerator, "scaler", None)
+        scaler = gradient_scaler(trainer)
         state = WindowState(
             snapshot_id="",
-            target=callback.target.location,
-            run=callback._run_name(args),
+            target=target,
+            run=run,
             global_step=trainer.state.global_step,
             micro_step=window.done,
             window_size=len(window.batches),
@@ -431,11 +449,10 @@ class GradvaultTrainerMixin:
             else [states.to_json() for states in window.collated_ahead],
             scaler=None if scaler is None else _scaler_state(scaler),
         )
-        callback._submit(record, state, folder, prune=args.world_size <= 1)
+        return WindowSnapshot(record, state, folder, prune_older=args.world_size <= 1)
 
     def _gradvault_write_checkpoint(self, folder: Path, window: _Window) -> None:
         """A normal Trainer checkpoint of the state after step N, into ``folder``."""
-        trainer: Any = self
         if folder.exists():  # left by an earlier run: no longer complete while rewritten
             for stale in folder.glob("gradvault_resume*.json"):
                 stale.unlink()
@@ -447,26 +464,16 @@ class GradvaultTrainerMixin:
                 if source.is_file() and not source.name.startswith("gradvault_resume"):
                     shutil.copy2(source, folder / source.name)
             return
-        path = str(folder)
-        trainer.save_model(path, _internal_call=True)
-        trainer._save_optimizer_and_scheduler(path)
-        trainer._save_scaler(path)
         # the generators as a checkpoint-N would hold them: the Trainer loads this file
-        # before iterating a new epoch's dataloader, or after prefetching a window
-        with generators_at(window.rng_at_epoch_begin or window.rng_at_window_start):
-            trainer._save_rng_state(path)
-        if trainer.args.should_save:
-            state = copy.deepcopy(trainer.state)
-            state.num_input_tokens_seen = window.tokens_at_start
-            state.total_flos = window.flos_at_start
-            for callback in trainer.callback_handler.callbacks + [trainer.control]:
-                if isinstance(callback, ExportableState):
-                    name = type(callback).__name__
-                    if isinstance(state.stateful_callbacks.get(name), list):
-                        state.stateful_callbacks[name].append(callback.state())
-                    else:
-                        state.stateful_callbacks[name] = callback.state()
-            state.save_to_json(str(folder / TRAINER_STATE_NAME))
+        # before iterating a new epoch's dataloader, or after prefetching a window; the
+        # counters of the window's start, since the replayed micro-batches count again
+        write_step_checkpoint(
+            self,
+            folder,
+            window.rng_at_epoch_begin or window.rng_at_window_start,
+            num_input_tokens_seen=window.tokens_at_start,
+            total_flos=window.flos_at_start,
+        )
 
 
 class GradvaultTrainer(GradvaultTrainerMixin, Trainer):
