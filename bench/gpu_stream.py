@@ -118,13 +118,10 @@ def _commit_row(cupy: Any, grads: Any) -> Row:
     whole first (host memory: the snapshot)."""
     import tempfile
 
-    from gradvault.core.store import (
-        DEFAULT_CHUNK_BYTES,
-        CupyCopier,
-        DeviceSnapshot,
-        RingPool,
-        open_store,
-    )
+    # the store's device path on its own, as the Recorder drives it (its own internals)
+    from gradvault.core.store import DEFAULT_CHUNK_BYTES, open_store
+    from gradvault.core.store._device_snapshot import DeviceSnapshot
+    from gradvault.core.store._device_stream import CupyCopier, RingPool
 
     capture = grads.capture()
     ids, names, arrays = zip(*capture.entries, strict=True)

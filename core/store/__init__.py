@@ -2,12 +2,12 @@
 
 ``open_store(url_or_path)`` gives a :class:`SnapshotStore`; docs/FORMAT.md is the layout.
 ``SnapshotStore.backend`` is the :class:`StoreBackend` that all its I/O goes through.
+The Recorder (``recorder.py``) lives here too; the commit order it keeps and the
+device-streaming machinery it hands gradients on a CUDA device to (``_commit_order.py``,
+``_device_snapshot.py``, ``_device_stream.py``) are the package's own.
 """
 
 from ._backend import GC_MARKER_NAME, ShardWriter, SnapshotWriter, StoreBackend
-from ._commit_order import CommitOrder, CommitTurn
-from ._device_snapshot import DeviceGradient, DeviceSnapshot
-from ._device_stream import CupyCopier, DeviceCopier, RingPool, RingStreamer
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import SnapshotInfo
 from ._open import open_store
@@ -22,19 +22,11 @@ from ._zarr_format import (
 )
 
 __all__ = [
-    "CommitOrder",
-    "CommitTurn",
-    "CupyCopier",
-    "DeviceCopier",
-    "DeviceGradient",
-    "DeviceSnapshot",
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_PACK_THRESHOLD",
     "GC_MARKER_NAME",
     "STORE_FORMAT_VERSION",
     "RetentionRules",
-    "RingPool",
-    "RingStreamer",
     "ShardInfo",
     "ShardWriter",
     "SnapshotInfo",

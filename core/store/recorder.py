@@ -30,12 +30,7 @@ from ..errors import (
 from ..records.record import GradientsParamsRecord
 from ..records.record_rules import check_snapshot_fields
 from . import (
-    CommitOrder,
-    CommitTurn,
-    CupyCopier,
-    DeviceSnapshot,
     RetentionRules,
-    RingPool,
     ShardInfo,
     SnapshotInfo,
     SnapshotStore,
@@ -44,6 +39,9 @@ from . import (
     parse_compression,
     parse_snapshot_id,
 )
+from ._commit_order import CommitOrder, CommitTurn
+from ._device_snapshot import DeviceSnapshot
+from ._device_stream import CupyCopier, RingPool
 
 #: how long a commit waits before its first step, so that start_snapshot returns at once
 _HANDBACK_SECONDS = 0.002

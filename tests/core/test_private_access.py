@@ -38,6 +38,17 @@ ALLOWED = {
     ("core/store/test_file_writes.py", "gradvault.core.store._checksums"): (
         "the crc32c trailer those writes fill (Crc32cTrailer), compared across both ways"
     ),
+    ("core/store/test_recorder_queue.py", "gradvault.core.store._commit_order"): (
+        "CommitOrder on its own: the order the Recorder's commits become visible in, "
+        "which the store package keeps to itself"
+    ),
+    ("core/store/test_store_device_write.py", "gradvault.core.store._device_snapshot"): (
+        "the store's device write path on its own (DeviceSnapshot), as the Recorder drives "
+        "it, with refusals no Recorder call can reach"
+    ),
+    ("core/store/test_store_device_write.py", "gradvault.core.store._device_stream"): (
+        "the RingPool of pinned buffers that path streams through"
+    ),
     ("core/store/test_gpu_stream.py", "gradvault.core.store._device_stream"): (
         "tests of core/store/_device_stream.py's internals (RingStreamer, CupyCopier) on "
         "a real CUDA device"

@@ -21,7 +21,7 @@ from gradvault.core import (
     StoreUnavailableError,
 )
 from gradvault.core.autodiff.tensor import wrap
-from gradvault.core.store import CommitOrder
+from gradvault.core.store._commit_order import CommitOrder
 from tests.core.os_probes import record_fsyncs_and_renames
 
 SHAPES = [(64, 40), (300,), (3,)]

@@ -27,7 +27,9 @@ from gradvault.core.errors import (
 from gradvault.core.records.dtypes import bfloat16
 from gradvault.core.records.param_id import ParamId
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
-from gradvault.core.store import DeviceSnapshot, RingPool, SnapshotStore, open_store
+from gradvault.core.store import SnapshotStore, open_store
+from gradvault.core.store._device_snapshot import DeviceSnapshot
+from gradvault.core.store._device_stream import RingPool
 
 from ..fake_device import FakeDevice, address_of
 
