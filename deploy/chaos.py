@@ -5,18 +5,21 @@
 URL is the cluster's nginx on loopback, TOKEN a write token, PROJECT the compose project.
 A client pushes and restores in a loop through URL while this script, in turn:
 ``docker kill``s volume server ``volume-2``, then one service replica (``cluster-replica``),
-then ``docker start``s both, waits for them to be healthy, has SeaweedFS re-replicate
-(``volume.fix.replication -apply`` in ``weed shell``), and lets the traffic run on a little.
+then ``docker start``s both, waits for them to be healthy, has SeaweedFS repair its
+volumes (``volume.fix.replication -apply`` and ``volume.check.disk -apply`` in ``weed
+shell``), then kills the leading master and starts it again once another leads, and lets
+the traffic run on a little.
 It then stops the client and checks every snapshot the client saw committed: listed
 through nginx, and restored bit-identical.
 
 It fails (exit status 1, saying what) on any of: an error that reached the client after its
 retries; a restore that differs from what was pushed; a committed snapshot missing from the
-listing; no push committed after a kill; SeaweedFS reporting a volume with fewer or more
-copies than its replication once the server is back, or two copies on one server. It
+listing; no push committed after a kill; no new leader after the master's; SeaweedFS
+reporting a volume with fewer or more copies than its replication once the server is
+back, or two copies on one server; a volume handed out for writes short of a copy. It
 prints the figures (requests, errors the client retried through, retries, the time each
 kill took to recover from) and SeaweedFS's own view of the volumes (the leading master's
-``/vol/status``) before the kill, during the outage and after re-replication.
+``/dir/status`` and ``/vol/status``) before the kill, during the outage and after the repair.
 
 The client retries up to ``RETRIES`` times after a connection error, 429, 502, 503 or 504,
 waiting 0.5 s doubling up to ``MAX_BACKOFF_SECONDS`` (with jitter): about a minute in all,
@@ -49,6 +52,7 @@ MAX_BACKOFF_SECONDS = 5.0
 WARM_SECONDS = 8
 VOLUME_OUTAGE_SECONDS = 15
 REPLICA_OUTAGE_SECONDS = 10
+MASTER_OUTAGE_SECONDS = 10
 AFTER_SECONDS = 8
 #: bounds every wait on the cluster; a wait that reaches it fails the check
 DEADLINE_SECONDS = 120
@@ -243,18 +247,21 @@ class Cluster:
     def health(self, container: str) -> str:
         return _run("docker", "inspect", "-f", "{{.State.Health.Status}}", container).strip()
 
-    def leader(self) -> str:
-        """The container of the master that leads (from master-1's /cluster/status)."""
+    def leader(self, without: str | None = None) -> str:
+        """The master that leads, as the first master that answers says (/cluster/status);
+        ``without``: a master gone, neither asked nor taken for an answer."""
         for name in MASTERS:
+            if name == without:
+                continue
             try:
                 status = json.loads(
                     self.exec(name, "curl", "-fsS", "http://127.0.0.1:9333/cluster/status")
                 )
             except (CheckFailed, ValueError):
                 continue
-            leader = status.get("Leader", "")
-            if leader:
-                return leader.split(":")[0]
+            leader = status.get("Leader", "").split(":")[0]
+            if leader and leader != without:
+                return leader
         raise CheckFailed(f"none of {', '.join(MASTERS)} names a Raft leader")
 
     def exec(self, service: str, *command: str, stdin: str | None = None) -> str:
@@ -479,6 +486,40 @@ def chaos(url: str, token: str, project: str) -> dict[str, Any]:
         after = _wait_replicated(cluster)
         _say(f"SeaweedFS after the restart and re-replication:\n{after.describe()}")
         figures["recovered_to_full_replication_s"] = round(time.monotonic() - restarted, 1)
+
+        # ---- the leading master
+        old = cluster.leader()
+        master = cluster.container(old)
+        _run("docker", "kill", master)
+        master_killed = time.monotonic()
+        _say(f"docker kill {old} (the Raft leader, {master[:12]})")
+        new: list[str] = []
+
+        def elected() -> bool:
+            try:
+                new[:] = [cluster.leader(without=old)]
+            except CheckFailed:
+                return False
+            return True
+
+        election = _wait(f"a leader other than {old}", elected)
+        figures["new_leader_after_master_kill_s"] = round(election, 1)
+        time.sleep(MASTER_OUTAGE_SECONDS)
+        recovered = _recovered(traffic, master_killed, f"the kill of {old}")
+        figures["writes_recovered_after_master_kill_s"] = round(recovered, 1)
+        _say(
+            f"{new[0]} leads {election:.1f} s after the kill; "
+            f"{traffic.commits_between(master_killed, time.monotonic())} pushes committed "
+            f"without {old}, the first {recovered:.1f} s after the kill"
+        )
+        master_restarted = time.monotonic()
+        _run("docker", "start", master)
+        _wait(f"{old} healthy (it knows the leader)", lambda: _healthy(cluster, master))
+        figures["master_back_s"] = round(time.monotonic() - master_restarted, 1)
+        _say(
+            f"docker start {old}: healthy after {figures['master_back_s']:.1f} s; the leader "
+            f"is {cluster.leader()}; SeaweedFS lists {', '.join(cluster.view().servers)}"
+        )
         time.sleep(AFTER_SECONDS)
     finally:
         traffic.stop.set()
