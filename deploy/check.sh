@@ -8,9 +8,9 @@
 # service plus two replicas behind nginx and checks that each of the three lists and
 # serves it. Then the cluster profile: SeaweedFS as its parts (3 masters, 3 volume servers,
 # a filer, the S3 gateway), the service and two replicas behind nginx, the same push and
-# replica checks, and the chaos phase (deploy/chaos.py: a volume server and a replica
-# killed and restarted while a client pushes and restores). Brings everything down with
-# its volumes and stops what it started.
+# replica checks, and the chaos phase (deploy/chaos.py: a volume server, a replica and the
+# leading master killed and restarted while a client pushes and restores). Brings
+# everything down with its volumes and stops what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -126,6 +126,6 @@ snapshot=$("$PY" deploy/check_stack.py push "$url" "$token")
 say "pushed $snapshot through nginx, fetched back bit-identical"
 "$PY" deploy/check_stack.py replicas "$url" "$token" "$snapshot" 3
 
-say "chaos: a volume server and a replica killed and restarted under traffic"
+say "chaos: a volume server, a replica and the leading master killed and restarted under traffic"
 "$PY" deploy/chaos.py "$url" "$token" "$project"
 say "deploy check passed"
