@@ -6,7 +6,11 @@
 # it, builds the images on it, brings the stack up and waits for health, pushes a snapshot
 # with the client from the host and fetches it back bit-identical, scales to the gradvault
 # service plus two replicas behind nginx and checks that each of the three lists and
-# serves it, then brings the stack down with its volume and stops what it started.
+# serves it. Then the cluster profile: SeaweedFS as its parts (3 masters, 3 volume servers,
+# a filer, the S3 gateway), the service and two replicas behind nginx, the same push and
+# replica checks, and the chaos phase (deploy/chaos.py: a volume server, a replica and the
+# leading master killed and restarted while a client pushes and restores). Brings
+# everything down with its volumes and stops what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +18,7 @@ PY="${PY:-.venv/bin/python}"
 export BASE_IMAGE="${BASE_IMAGE:-gradvault-base:bookworm}"
 project="gradvault-check"
 compose=(docker-compose -p "$project" --profile scaled)
+cluster=(docker-compose -p "$project" --profile cluster)
 started_dockerd=""
 made_env_files=()
 say() { printf '== %s: %s\n' "$(date +%T)" "$*"; }
@@ -22,7 +27,8 @@ cleanup() {
     set +e
     if command -v docker-compose >/dev/null && docker info >/dev/null 2>&1; then
         say "bringing the stack down with its volume"
-        "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1
+        docker-compose -p "$project" --profile scaled --profile cluster down -v --remove-orphans \
+            >/dev/null 2>&1
     fi
     for file in "${made_env_files[@]}"; do rm -f "$file"; done
     if [[ -n "$started_dockerd" ]]; then
@@ -68,28 +74,31 @@ for name in s3 gradvault; do
     fi
 done
 token=$(sed -n 's/^GRADVAULT_TOKENS=//p' deploy/gradvault.env | tr ',' '\n' | sed -n 's/:write$//p' | head -n 1)
-read -r PUBLISH_PORT LB_PUBLISH_PORT < <("$PY" -c '
+read -r PUBLISH_PORT LB_PUBLISH_PORT CLUSTER_PUBLISH_PORT < <("$PY" -c '
 import socket
-socks = [socket.socket() for _ in range(2)]
+socks = [socket.socket() for _ in range(3)]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))')
-export PUBLISH_PORT LB_PUBLISH_PORT
+export PUBLISH_PORT LB_PUBLISH_PORT CLUSTER_PUBLISH_PORT
 
+# one build per image: the cluster's services name the same three images
 say "building the images on $BASE_IMAGE"
 "${compose[@]}" build -q
 
-wait_healthy() {  # wait_healthy SERVICE: every container of SERVICE reports healthy
-    local ids
-    for _ in $(seq 120); do
-        ids=$("${compose[@]}" ps -q "$1")
-        if [[ -n "$ids" ]] && ! docker inspect -f '{{.State.Health.Status}}' $ids | grep -qv '^healthy$'; then
-            return 0
-        fi
-        sleep 1
+wait_healthy() {  # wait_healthy SERVICE...: every container of each SERVICE reports healthy
+    local ids service
+    for service in "$@"; do
+        for _ in $(seq 120); do
+            ids=$(docker-compose -p "$project" --profile scaled --profile cluster ps -q "$service")
+            if [[ -n "$ids" ]] && ! docker inspect -f '{{.State.Health.Status}}' $ids | grep -qv '^healthy$'; then
+                continue 2
+            fi
+            sleep 1
+        done
+        echo "$service did not become healthy" >&2
+        docker-compose -p "$project" --profile scaled --profile cluster logs --tail 30 "$service" >&2
+        return 1
     done
-    echo "$1 did not become healthy" >&2
-    "${compose[@]}" logs --tail 30 "$1" >&2
-    return 1
 }
 
 say "starting SeaweedFS, the bucket and the service"
@@ -105,4 +114,18 @@ say "scaling: the service plus 2 replicas behind nginx"
 wait_healthy replica
 wait_healthy nginx
 "$PY" deploy/check_stack.py replicas "http://127.0.0.1:$LB_PUBLISH_PORT" "$token" "$snapshot" 3
+
+say "the single-server stack down; the cluster profile up"
+"${compose[@]}" down -v --remove-orphans
+"${cluster[@]}" up -d --scale cluster-replica=2 cluster-nginx
+wait_healthy master-1 master-2 master-3 volume-1 volume-2 volume-3 filer s3 \
+    cluster-gradvault cluster-replica cluster-nginx
+say "SeaweedFS's parts, the service and 2 replicas behind nginx are healthy"
+url="http://127.0.0.1:$CLUSTER_PUBLISH_PORT"
+snapshot=$("$PY" deploy/check_stack.py push "$url" "$token")
+say "pushed $snapshot through nginx, fetched back bit-identical"
+"$PY" deploy/check_stack.py replicas "$url" "$token" "$snapshot" 3
+
+say "chaos: a volume server, a replica and the leading master killed and restarted under traffic"
+"$PY" deploy/chaos.py "$url" "$token" "$project"
 say "deploy check passed"
