@@ -34,6 +34,11 @@ def is_inference_mode_enabled() -> bool:
     return _state.inference
 
 
+def is_recording() -> bool:
+    """True when ops record a graph: grad mode on and not inside ``inference_mode``."""
+    return _state.grad_enabled and not _state.inference
+
+
 class _Mode:
     """Base of the grad-mode context managers; instances also decorate functions.
 

@@ -14,7 +14,7 @@ from ..errors import AutogradError, InvalidArgumentError, InvalidArgumentTypeErr
 from ..records.dtypes import bfloat16, check_device, is_floating
 from . import backend
 from .backend import Device
-from .grad_mode import _state, no_grad
+from .grad_mode import is_inference_mode_enabled, is_recording, no_grad
 from .gradients import Gradients
 from .graph import AccumulateGrad, Node, RemovableHandle
 from .op_table import op_table
@@ -149,7 +149,7 @@ class Tensor:
         self.grad_fn = grad_fn
         self._storage = Storage()  # shared with views
         self._hooks = {}  # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
-        self._inference = _state.inference
+        self._inference = is_inference_mode_enabled()
         self._base = None
         self._cow = False
         self._accumulator = None
@@ -213,7 +213,7 @@ class Tensor:
             raise AutogradError(
                 f"only tensors of floating point dtype can require gradients; got {self.dtype}"
             )
-        if requires_grad and self._inference and not _state.inference:
+        if requires_grad and self._inference and not is_inference_mode_enabled():
             raise AutogradError(
                 "setting requires_grad=True on an inference tensor outside inference_mode is "
                 "not allowed; clone it outside inference_mode first"
@@ -616,7 +616,7 @@ class Tensor:
 
     # ------------------------------------------------------------------ in-place machinery
     def _prepare_write(self, op: str) -> None:
-        if self._inference and not _state.inference:
+        if self._inference and not is_inference_mode_enabled():
             raise AutogradError(
                 f"in-place update ({op}) of an inference tensor outside inference_mode is not "
                 "allowed"
@@ -676,7 +676,7 @@ class Tensor:
         self, op: str, out_of_place: Callable[[Tensor], Tensor], others: Sequence[Any] = ()
     ) -> Tensor:
         """Apply ``out_of_place`` and write its result into this tensor's storage."""
-        recording = (_state.grad_enabled and not _state.inference) and (
+        recording = is_recording() and (
             self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in others)
         )
         if recording:
@@ -745,9 +745,7 @@ class Tensor:
         return self._fill("fill_", value)
 
     def _fill(self, op: str, value: Any) -> Tensor:
-        if isinstance(value, Tensor) or (
-            _state.grad_enabled and not _state.inference and self.requires_grad
-        ):
+        if isinstance(value, Tensor) or (is_recording() and self.requires_grad):
             return self._inplace(op, lambda s: s * 0 + value, (value,))
         self._prepare_write(op)
         self._data[...] = value

@@ -16,7 +16,7 @@ from ...errors import AutogradError, ConflictingOptionsError, InvalidArgumentTyp
 from .. import backend
 from ..factories import ones_like, zeros_like
 from ..function import Function, sum_to_shape
-from ..grad_mode import _state
+from ..grad_mode import set_grad_enabled
 from ..gradients import Gradients
 from ..graph import AccumulateGrad, Context, Hook, Node
 from ..tensor import Tensor, array_of, leaf_node
@@ -100,9 +100,7 @@ def run_backward(
     # newest node first, like PyTorch's sequence-number order
     ready = [(-node.sequence, node) for node in dict.fromkeys(roots) if counts.get(node, 1) == 0]
     heapq.heapify(ready)
-    saved_mode = _state.grad_enabled
-    _state.grad_enabled = create_graph
-    try:
+    with set_grad_enabled(create_graph):  # the rules record a graph only for create_graph
         while ready:
             _, node = heapq.heappop(ready)
             grad = buffers.pop(node, None)
@@ -139,8 +137,6 @@ def run_backward(
                 counts[child] -= 1
                 if counts[child] == 0:
                     heapq.heappush(ready, (-child.sequence, child))
-    finally:
-        _state.grad_enabled = saved_mode
     return captured, delivered
 
 
