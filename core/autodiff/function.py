@@ -113,7 +113,7 @@ class _FreeContext(Context):
         self._saved = ()
         self.needs_input_grad = ()
 
-    def save_for_backward(self, *tensors: Tensor) -> None:
+    def save_for_backward(self, *tensors: Tensor | None) -> None:
         return None
 
     def save_output(self) -> None:

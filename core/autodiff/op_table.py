@@ -186,7 +186,7 @@ class OpTable:
         if cls is None:
             raise InvalidArgumentError("no Tensor class is attached to the op table yet")
         namespace = vars(sys.modules[cls.__module__])
-        lines = []
+        lines: list[str] = []
         for name in sorted(self._entries):
             entry = self._entries[name]
             if not (entry.methods or entry.reflected):
@@ -251,8 +251,10 @@ def _annotation(op: str, annotation: Any, cls: type, namespace: dict[str, Any]) 
 
 def _parameter(op: str, parameter: inspect.Parameter, cls: type, namespace: dict[str, Any]) -> str:
     """One parameter as a stub writes it: ``*shape: Any``, ``dim: int | None = None``."""
-    stars = {parameter.VAR_POSITIONAL: "*", parameter.VAR_KEYWORD: "**"}.get(parameter.kind, "")
-    text = f"{stars}{parameter.name}: {_annotation(op, parameter.annotation, cls, namespace)}"
+    kind = parameter.kind
+    stars = "*" if kind is kind.VAR_POSITIONAL else "**" if kind is kind.VAR_KEYWORD else ""
+    text = f"{stars}{parameter.name}: "
+    text += _annotation(op, parameter.annotation, cls, namespace)
     default = parameter.default
     if default is parameter.empty:
         return text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import operator
 import weakref
@@ -145,14 +146,15 @@ class Tensor:
     def _set_up(self, data: Any, requires_grad: bool, grad_fn: Node | None) -> None:
         self._data = data
         self._requires_grad = requires_grad
-        self._grad = None
+        self._grad: Tensor | None = None
         self.grad_fn = grad_fn
         self._storage = Storage()  # shared with views
-        self._hooks = {}  # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
+        # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
+        self._hooks: dict[int, Callable[[Tensor], Tensor | None]] = {}
         self._inference = is_inference_mode_enabled()
-        self._base = None
+        self._base: Tensor | None = None
         self._cow = False
-        self._accumulator = None
+        self._accumulator: AccumulateGrad | None = None
 
     @classmethod
     def _make_shared(cls, data: Any) -> Tensor:
@@ -434,7 +436,7 @@ class Tensor:
             raise InvalidArgumentTypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Tensor]:
         return (self[i] for i in range(len(self)))
 
     def __bool__(self) -> bool:
@@ -444,7 +446,8 @@ class Tensor:
             )
         return bool(self.item())
 
-    def __float__(self) -> float:
+    # ``builtins.float``: inside the class, ``float`` is the method ``Tensor.float``
+    def __float__(self) -> builtins.float:
         return float(self.item())
 
     def __int__(self) -> int:
@@ -781,13 +784,15 @@ class Tensor:
             result = out_of_place(previous)
             self._prepare_write(op)
             self._data[...] = result._data
-            old_node, self.grad_fn = self.grad_fn, result.grad_fn
+            old_node, new_node = self.grad_fn, result.grad_fn
+            self.grad_fn = new_node
             if (
                 old_node is not None
+                and new_node is not None
                 and old_node.retained is not None
                 and old_node.retained() is self
             ):
-                self.grad_fn.retained = old_node.retained  # retain_grad follows the tensor
+                new_node.retained = old_node.retained  # retain_grad follows the tensor
             self._requires_grad = True
         else:
             with no_grad():
@@ -797,12 +802,12 @@ class Tensor:
         self._bump(op)
         return self
 
-    def add_(self, other: Any, *, alpha: float = 1) -> Tensor:
+    def add_(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
         return self._inplace(
             "add_", lambda s: s + (other * alpha if alpha != 1 else other), (other,)
         )
 
-    def sub_(self, other: Any, *, alpha: float = 1) -> Tensor:
+    def sub_(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
         return self._inplace(
             "sub_", lambda s: s - (other * alpha if alpha != 1 else other), (other,)
         )
@@ -873,6 +878,7 @@ wrap_shared = Tensor._make_shared
 
 def leaf_node(t: Tensor) -> AccumulateGrad:
     """The AccumulateGrad node of a leaf that requires grad (one per leaf)."""
-    if t._accumulator is None:
-        t._accumulator = AccumulateGrad(t)
-    return t._accumulator
+    accumulator = t._accumulator
+    if accumulator is None:
+        accumulator = t._accumulator = AccumulateGrad(t)
+    return accumulator

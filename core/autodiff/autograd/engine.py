@@ -92,9 +92,9 @@ def run_backward(
             capture_nodes.add(_root_node(t, 0))
     counts = _needed(roots, capture_nodes)
     buffers: dict[Node, Tensor] = {}
-    for node, grad in zip(roots, grad_outputs, strict=True):
+    for node, root_grad in zip(roots, grad_outputs, strict=True):
         if node in counts:
-            buffers[node] = grad if node not in buffers else buffers[node] + grad
+            buffers[node] = root_grad if node not in buffers else buffers[node] + root_grad
     captured: dict[Node, Tensor] = {}
     delivered: dict[int, tuple[Tensor, Tensor]] = {}
     # newest node first, like PyTorch's sequence-number order
@@ -119,7 +119,7 @@ def run_backward(
             if isinstance(node, AccumulateGrad):
                 if leaf is not None:
                     delivered[id(leaf)] = (leaf, grad)
-                    if accumulate and (capture is None or node in capture_nodes):
+                    if accumulate and (capture_nodes is None or node in capture_nodes):
                         _accumulate_into(leaf, grad, create_graph)
                 continue
             input_grads = node.apply(grad)
