@@ -98,7 +98,7 @@ def is_step(value: object) -> bool:
     return (
         isinstance(value, numbers.Integral)
         and not isinstance(value, bool | np.bool_)
-        and 0 <= value <= MAX_STEP
+        and 0 <= int(value) <= MAX_STEP
     )
 
 

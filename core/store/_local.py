@@ -196,7 +196,7 @@ def _read_file(root: str, key: str, max_size: int | None = None) -> memoryview:
     try:
         if max_size is not None and size > max_size:
             raise UnexpectedObjectError(f"is {size} bytes; at most {max_size} expected")
-        buffer = memoryview(np.empty(size, dtype=np.uint8))  # not zero-filled: read over
+        buffer = np.empty(size, dtype=np.uint8).data  # not zero-filled: read over
         _fill(fd, [buffer], size)
         return buffer
     finally:

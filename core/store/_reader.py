@@ -76,7 +76,7 @@ HUGE_PAGE_BYTES = 2 << 20
 
 def _allocate(nbytes: int) -> memoryview:
     """Writable memory for ``nbytes``, not zero-filled first (every byte is read into)."""
-    return memoryview(np.empty(nbytes, dtype=np.uint8))
+    return np.empty(nbytes, dtype=np.uint8).data
 
 
 def _allocate_gradient(nbytes: int) -> memoryview:
@@ -95,7 +95,7 @@ def _allocate_gradient(nbytes: int) -> memoryview:
         return _allocate(nbytes)
     block = np.empty(nbytes + HUGE_PAGE_BYTES, dtype=np.uint8)
     start = -block.ctypes.data % HUGE_PAGE_BYTES
-    return memoryview(block[start : start + nbytes])
+    return block[start : start + nbytes].data
 
 
 def _group_by_array(objects: dict[str, int | None]) -> dict[str, ArrayObjects]:
