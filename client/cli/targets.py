@@ -9,6 +9,7 @@ service's ``GET /v1/snapshots/{id}`` gives it (``gradients`` as a list of object
 from __future__ import annotations
 
 import asyncio
+import builtins
 import itertools
 import os
 from collections.abc import Callable, Mapping
@@ -52,9 +53,9 @@ class Target(Protocol):
 
     def apply_retention(
         self, keep_last: int | None, keep_every: int | None, run: str | None
-    ) -> list[str]: ...
+    ) -> builtins.list[str]: ...
 
-    def collect_garbage(self, grace_seconds: float) -> list[str]: ...
+    def collect_garbage(self, grace_seconds: float) -> builtins.list[str]: ...
 
     def close(self) -> None: ...
 
@@ -141,7 +142,7 @@ class ServiceTarget:
 
     def apply_retention(
         self, keep_last: int | None, keep_every: int | None, run: str | None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Retention decided here from a listing, carried out by deletes over HTTP."""
         deleted = []
         for snapshot_id in doomed_by_retention(
@@ -154,7 +155,7 @@ class ServiceTarget:
             deleted.append(snapshot_id)
         return deleted
 
-    def collect_garbage(self, grace_seconds: float) -> list[str]:
+    def collect_garbage(self, grace_seconds: float) -> builtins.list[str]:
         raise UsageError(
             "leftovers of interrupted writes are collected on the store itself: give --store "
             "(over the service, gc applies --keep-last/--keep-every only)",
@@ -228,10 +229,10 @@ class StoreTarget:
 
     def apply_retention(
         self, keep_last: int | None, keep_every: int | None, run: str | None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         return self._run(self._store.apply_retention(keep_last, keep_every, run=run))
 
-    def collect_garbage(self, grace_seconds: float) -> list[str]:
+    def collect_garbage(self, grace_seconds: float) -> builtins.list[str]:
         return self._run(self._store.gc(grace_seconds))
 
     def close(self) -> None:

@@ -734,7 +734,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
 
     def _missing_files(self) -> list[str]:
         """The files this writer wrote that are no longer in its staging folder."""
-        present = set()
+        present: set[str] = set()
         for folder, _, files in os.walk(self._folder):
             relative = os.path.relpath(folder, self._folder)
             prefix = "" if relative == "." else relative.replace(os.sep, "/") + "/"

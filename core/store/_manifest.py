@@ -33,7 +33,7 @@ from ._zarr_format import (
 )
 
 if TYPE_CHECKING:
-    from ._device_snapshot import DeviceSnapshot
+    from ._device_snapshot import DeviceGradient, DeviceSnapshot
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,9 @@ def packed_checksums(entries: list[GradientRecordEntry]) -> list[int]:
     return [crc32c(entry.array) for entry in entries]
 
 
-def _param_id_texts(entries: tuple[GradientRecordEntry, ...]) -> list[str]:
+def _param_id_texts(
+    entries: tuple[GradientRecordEntry, ...] | tuple[DeviceGradient, ...],
+) -> list[str]:
     """``str(entry.param_id)`` of each entry, hex-encoded at once (10,000: 2.1 ms, not 3.0)."""
     values = np.fromiter((entry.param_id.value for entry in entries), ">u8", len(entries))
     digits = values.tobytes().hex()
@@ -343,14 +345,14 @@ class Manifest:
                 array = np.empty(tuple(shapes[i]), dtype=layout)
                 array.setflags(write=False)
             elif offset % itemsize == 0:
-                flat = whole.get(dtype)
-                if flat is None:  # read-only, and so is every slice of it
-                    flat = whole[dtype] = np.frombuffer(
+                typed = whole.get(dtype)
+                if typed is None:  # read-only, and so is every slice of it
+                    typed = whole[dtype] = np.frombuffer(
                         buffer, dtype=layout, count=len(buffer) // itemsize
                     )
-                    flat.setflags(write=False)
+                    typed.setflags(write=False)
                 start = offset // itemsize
-                array = flat[start : start + size // itemsize].reshape(tuple(shapes[i]))
+                array = typed[start : start + size // itemsize].reshape(tuple(shapes[i]))
             else:
                 array = np.frombuffer(buffer[offset : offset + size], dtype=layout)
                 array = array.reshape(tuple(shapes[i]))

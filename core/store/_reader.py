@@ -310,8 +310,10 @@ class SnapshotReader:
             if cache.objects is None:
                 cache.objects = await self._backend.object_sizes(self._key(PACKED_ARRAY))
             cache.checked = True
+        objects = cache.objects
+        assert objects is not None  # listed when the cache was checked
         wanted = [self._manifest.packed_chunk(index)]
-        (span,) = await self._present_chunks(PACKED_ARRAY, wanted, cache.objects, who)
+        (span,) = await self._present_chunks(PACKED_ARRAY, wanted, objects, who)
         out = _allocate(span.padded_length)
         await self._read_chunk(PACKED_ARRAY, span, out, who)
         return out

@@ -8,6 +8,7 @@ manifest (``_manifest``) and leaves the commit protocol to its backend (``_local
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import logging
 from collections import OrderedDict
@@ -555,7 +556,7 @@ class SnapshotStore:
         step_max: int | None = None,
         *,
         fresh: bool,
-    ) -> list[SnapshotInfo]:
+    ) -> builtins.list[SnapshotInfo]:
         """``list()``; with ``fresh``, every snapshot's manifest is checked now, not recalled."""
         ids = await self._backend.committed_ids(fresh=fresh)
         slots = asyncio.Semaphore(self.max_concurrency)
@@ -616,7 +617,7 @@ class SnapshotStore:
                 f"no committed snapshot {snapshot_id} in store {self.location}"
             )
 
-    async def gc(self, grace_seconds: float = 3600) -> list[str]:
+    async def gc(self, grace_seconds: float = 3600) -> builtins.list[str]:
         """Remove leftovers of writes that never committed, untouched for ``grace_seconds``.
 
         Returns the names of what was removed (snapshot ids; locally, staging folder names).
@@ -632,7 +633,7 @@ class SnapshotStore:
         run: str | None = None,
         *,
         keep: Collection[str] = (),
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Delete snapshots (of ``run``, or all) that no rule keeps; the deleted ids.
 
         Kept: the ``keep_last`` newest by id (creation order, as ``list()`` sorts), every

@@ -270,6 +270,7 @@ class SnapshotWrite:
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
                 raise next((f for f in failures if not isinstance(f, _Abandoned)), failures[0])
+            written = [r for r in results if not isinstance(r, BaseException)]  # all of them
             manifest = build_manifest(
                 record,
                 snapshot_id=self._id,
@@ -279,8 +280,8 @@ class SnapshotWrite:
                 device=device,
                 compression=self._compression,
                 packed_positions=packed_positions,
-                packed=results[-1] if packed_positions else None,
-                own_arrays=dict(zip(own_positions, results, strict=False)),
+                packed=written[-1] if packed_positions else None,
+                own_arrays=dict(zip(own_positions, written, strict=False)),
                 shard=None if shard is None else (shard.rank, shard.world_size),
             )
             group_document = await self._threads.run(

@@ -180,7 +180,7 @@ class ZarrView:
     async def read(self, path: str, start: int = 0, end: int | None = None) -> memoryview:
         """The bytes ``[start, end)`` of the key at ``path`` (a chunk's crc32c verified)."""
         found = await self._resolve(path)
-        limit = _DOCUMENT_LIMIT
+        limit: int | None = _DOCUMENT_LIMIT
         if found.chunk is not None:
             manifest = await self._load_manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
             compression = manifest.compression
@@ -282,6 +282,7 @@ def _chunk_of(manifest: Manifest, array: str, chunk_key: str) -> tuple[ChunkSpan
         span = manifest.packed_chunk(int(chunk_key.removeprefix("c/")))
         return span, manifest.describe_packed_chunk(span) or "the packed array"
     position = manifest.position(array)
+    assert position is not None  # the caller found the key in the manifest
     itemsize = np.dtype(columns["dtype"][position]).itemsize
     padded = itemsize * math.prod(columns["chunk_shape"][position])
     return ChunkSpan(chunk_key, 0, padded, padded), manifest.describe(position)
