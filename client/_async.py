@@ -7,7 +7,7 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import httpx
 
@@ -77,7 +77,10 @@ class AsyncClient(BaseClient):
         while True:
             content = None
             if upload is not None:  # a fresh generator each try: the body is made again
-                headers, content = upload.headers, _async_chunks(upload.chunks())
+                # httpx types a body's pieces as bytes; it writes any buffer (the pieces are
+                # memoryviews of the record's arrays, sent without a copy)
+                chunks = cast("AsyncIterator[bytes]", _async_chunks(upload.chunks()))
+                headers, content = upload.headers, chunks
             request = self._http.build_request(
                 method, path, params=params, headers=headers, content=content
             )

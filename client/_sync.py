@@ -7,7 +7,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -68,7 +68,9 @@ class Client(BaseClient):
         while True:
             content = None
             if upload is not None:  # a fresh generator each try: the body is made again
-                headers, content = upload.headers, upload.chunks()
+                # httpx types a body's pieces as bytes; it writes any buffer (the pieces are
+                # memoryviews of the record's arrays, sent without a copy)
+                headers, content = upload.headers, cast("Iterator[bytes]", upload.chunks())
             request = self._http.build_request(
                 method, path, params=params, headers=headers, content=content
             )

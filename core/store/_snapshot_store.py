@@ -12,7 +12,7 @@ import builtins
 import copy
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from typing import Any
 
 import numpy as np
@@ -473,7 +473,7 @@ class SnapshotStore:
 
     async def iter_safetensors(
         self, snapshot_id: str, *, rank: int | None = None
-    ) -> tuple[int, AsyncIterator[bytes | memoryview]]:
+    ) -> tuple[int, AsyncGenerator[bytes | memoryview, None]]:
         """The snapshot as one safetensors file: its length in bytes, and its pieces.
 
         The header is built from the manifest alone (keys: ParamId texts; names and the
@@ -500,7 +500,7 @@ class SnapshotStore:
         else:
             header = encode_header(entries, metadata)
 
-        async def pieces() -> AsyncIterator[bytes | memoryview]:
+        async def pieces() -> AsyncGenerator[bytes | memoryview, None]:
             yield header
             packed = reader.packed_chunks(objects.get(PACKED_ARRAY, {}))
             arrays = columns["array"]

@@ -221,8 +221,12 @@ _COLUMNS = [
     ("nan_count", "NaN"),
     ("inf_count", "Inf"),
 ]
-_NO_GRADIENTS = {key: [] for key in ("param_id", "name", "dtype", "shape", "nbytes")}
-_NO_STATS = {key: [] for key in ("l2_norm", "max_abs", "nan_count", "inf_count")}
+_NO_GRADIENTS: dict[str, list[Any]] = {
+    key: [] for key in ("param_id", "name", "dtype", "shape", "nbytes")
+}
+_NO_STATS: dict[str, list[Any]] = {
+    key: [] for key in ("l2_norm", "max_abs", "nan_count", "inf_count")
+}
 
 
 def _as_number(value: float | str) -> float:
