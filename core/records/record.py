@@ -479,11 +479,13 @@ class GradientsParamsRecord:
         return iter(self._all_entries())
 
     def __len__(self) -> int:
-        return len(self._ids) if self._entries is None else len(self._entries)  # type: ignore[arg-type]
+        if self._entries is None:
+            return len(self._held_columns()[0])
+        return len(self._entries)
 
     def __contains__(self, param_id: object) -> bool:
         try:
-            return as_param_id(param_id) in self._index()  # type: ignore[arg-type]
+            return as_param_id(param_id) in self._index()
         except (ValueError, TypeError):
             return False
 
@@ -534,7 +536,8 @@ class GradientsParamsRecord:
                 shapes = self._lazy.shapes(20)
             else:
                 shapes = [array.shape for array in self._column_arrays()[:20]]
-            head = (self._ids[:20], self._names[:20], self._dtypes[:20], shapes[:20])  # type: ignore[index]
+            ids, names, dtypes = self._held_columns()
+            head = (ids[:20], names[:20], dtypes[:20], shapes[:20])
             rows = list(zip(*head, strict=True))
         lines += [f"  {pid} {name!r} {dtype}{list(shape)}" for pid, name, dtype, shape in rows]
         if len(self) > 20:

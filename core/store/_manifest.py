@@ -258,11 +258,18 @@ class Manifest:
     def packed_positions(self) -> list[int]:
         return [i for i, name in enumerate(self.columns["array"]) if name == PACKED_ARRAY]
 
+    def packed_fields(self) -> dict[str, Any]:
+        """The manifest's ``packed`` object: only a snapshot with packed gradients has one,
+        and only its readers ask for it."""
+        packed = self.packed
+        assert packed is not None, "a snapshot without packed gradients has no packed array"
+        return packed
+
     def packed_chunk(self, index: int) -> ChunkSpan:
         """Chunk ``index`` of the packed array. Its padding is read as data: the packed
         gradients are read in whole chunks, and only a snapshot with packed gradients has
         this array."""
-        chunk = self.packed["chunk_bytes"]  # type: ignore[index]
+        chunk = self.packed_fields()["chunk_bytes"]
         return ChunkSpan(f"c/{index}", index * chunk, chunk, chunk)
 
     def describe_packed_chunk(self, span: ChunkSpan) -> str:

@@ -289,7 +289,7 @@ class SnapshotReader:
         self, position: int, start: int, end: int, packed: PackedChunks
     ) -> AsyncIterator[memoryview]:
         columns = self._manifest.columns
-        chunk = self._manifest.packed["chunk_bytes"]  # type: ignore[index]
+        chunk = self._manifest.packed_fields()["chunk_bytes"]
         begin, stop = columns["offset"][position] + start, columns["offset"][position] + end
         who = f"{self._manifest.describe(position)}, in the packed array"
         whole = start == 0 and end == columns["nbytes"][position]
@@ -348,7 +348,7 @@ class SnapshotReader:
         )
 
     def _packed_claim(self) -> ArrayClaim:
-        packed: dict[str, Any] = self._manifest.packed  # type: ignore[assignment]
+        packed = self._manifest.packed_fields()
         return ArrayClaim(
             who="the packed array",
             shape=[packed["nbytes"]],
@@ -444,7 +444,7 @@ class SnapshotReader:
         if not positions:
             return []
         manifest = self._manifest
-        chunk = manifest.packed["chunk_bytes"]  # type: ignore[index]
+        chunk = manifest.packed_fields()["chunk_bytes"]
         await self._check_document(PACKED_ARRAY, self._packed_claim())
         offsets, sizes = manifest.columns["offset"], manifest.columns["nbytes"]
         holding = [i for i in positions if sizes[i]]
@@ -518,9 +518,9 @@ class SnapshotReader:
         present = []
         for span in spans:
             size = objects.get(span.key, _ABSENT)
-            if size is not None and size is not _ABSENT:
+            if isinstance(size, int):  # neither absent nor a folder, link or FIFO (None)
                 least, most = encoded_size_bounds(span.padded_length, compression)
-                if least <= size <= most:  # type: ignore[operator]
+                if least <= size <= most:
                     present.append(span)
                     continue
             name = who(span) if callable(who) else who

@@ -138,10 +138,10 @@ class _StreamedChunks(_GradientChunks):
         self._device = device
         self._dtype = np.dtype(entry.array.dtype)
 
-    def __iter__(self) -> Iterator[EncodedChunk]:
+    def __iter__(self) -> Generator[EncodedChunk, None, None]:
         return self._streamed_chunks()
 
-    def _streamed_chunks(self) -> Iterator[EncodedChunk]:
+    def _streamed_chunks(self) -> Generator[EncodedChunk, None, None]:
         entry = self._entry
         pieces = self._ring.stream(
             entry.array, entry.nbytes, lengths=[span.length for span in self._spans]
@@ -397,11 +397,11 @@ class SnapshotWrite:
         return packed
 
 
-def _end(stream: Iterator[EncodedChunk]) -> None:
+def _end(stream: Generator[EncodedChunk, None, None]) -> None:
     """Close a chunk stream that may be left suspended (not one still running in a thread:
     its ring is then dropped by the pool, not reused)."""
     try:
-        stream.close()  # type: ignore[attr-defined]
+        stream.close()
     except ValueError:  # "generator already executing": a backend thread still in it
         pass
 

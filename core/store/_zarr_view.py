@@ -62,12 +62,12 @@ def checked_range(start: object, end: object, size: int, what: str) -> tuple[int
     """``(start, end)`` with ``end=None`` as ``size``; InvalidRangeError unless within ``size``."""
     if end is None:
         end = size
-    for value in (start, end):
-        if type(value) is not int:
-            raise InvalidRangeError(f"{what}: a byte range is two ints; got {value!r}")
-    if not 0 <= start <= end <= size:  # type: ignore[operator]
+    if type(start) is not int or type(end) is not int:
+        value = start if type(start) is not int else end
+        raise InvalidRangeError(f"{what}: a byte range is two ints; got {value!r}")
+    if not 0 <= start <= end <= size:
         raise InvalidRangeError(f"{what}: bytes [{start}, {end}) are not within its {size} bytes")
-    return start, end  # type: ignore[return-value]
+    return start, end
 
 
 def parse_store_path(path: object) -> list[str]:
@@ -159,6 +159,11 @@ class _Key:
     owner: str = ""  # how messages name the gradients a chunk holds
     rank: int | None = None  # the shard of a sharded snapshot the key is in
 
+    def snapshot(self) -> str:
+        """The snapshot of a key inside one (an array's document or chunk)."""
+        assert self.snapshot_id is not None, f"store key {self.key} is in no snapshot"
+        return self.snapshot_id
+
 
 class ZarrView:
     """Reads single keys of the store for Zarr readers, only those the rules above allow."""
@@ -182,7 +187,7 @@ class ZarrView:
         found = await self._resolve(path)
         limit: int | None = _DOCUMENT_LIMIT
         if found.chunk is not None:
-            manifest = await self._load_manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
+            manifest = await self._load_manifest(found.snapshot(), found.rank)
             compression = manifest.compression
             limit = encoded_size_bounds(found.chunk.padded_length, compression)[1]
         elif found.snapshot_id is not None and found.array is None:
@@ -194,7 +199,7 @@ class ZarrView:
         if found.chunk is not None:
             self._verify_chunk(found, data)
         elif found.array is not None:
-            manifest = await self._load_manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
+            manifest = await self._load_manifest(found.snapshot(), found.rank)
             claim = self._reader_for(manifest).array_claim(found.array)
             validate_array_document(data, claim, manifest.snapshot_id, found.key)
         start, end = checked_range(start, end, len(data), f"store key {found.key}")
@@ -255,7 +260,8 @@ class ZarrView:
 
     @staticmethod
     def _chunk_problem(found: _Key, problem: str) -> str:
-        chunk = found.chunk.key  # type: ignore[union-attr]
+        assert found.chunk is not None  # asked only about a chunk
+        chunk = found.chunk.key
         return (
             f"snapshot {found.snapshot_id}: chunk {found.array}/{chunk} of {found.owner} {problem}"
         )
