@@ -1,6 +1,7 @@
 """gradvault's imports follow docs/ARCHITECTURE.md: the packages depend on each other only
 as drawn there, the modules of the core follow its layers, nothing forms an import cycle,
-and no package reaches into another's private modules.
+no package reaches into another's private modules, and no module reads another's private
+names.
 
 The package is read as it is installed (src/gradvault, whose part folders are links to the
 repository's root), every module with ``ast``; nothing is imported.
