@@ -9,7 +9,7 @@ service's ``GET /v1/snapshots/{id}`` gives it (``gradients`` as a list of object
 from __future__ import annotations
 
 import asyncio
-import builtins
+import builtins  # builtins.list in annotations: inside the classes, list is a method
 import itertools
 import os
 from collections.abc import Callable, Mapping

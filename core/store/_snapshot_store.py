@@ -8,7 +8,7 @@ manifest (``_manifest``) and leaves the commit protocol to its backend (``_local
 from __future__ import annotations
 
 import asyncio
-import builtins
+import builtins  # builtins.list in annotations: inside the classes, list is a method
 import copy
 import logging
 from collections import OrderedDict

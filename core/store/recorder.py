@@ -11,7 +11,7 @@ copy-on-write capture whose cost grows with the number of parameters) and return
 from __future__ import annotations
 
 import asyncio
-import builtins
+import builtins  # builtins.list in annotations: inside the classes, list is a method
 import concurrent.futures
 import logging
 import os
