@@ -64,9 +64,12 @@ SOAK_SECONDS ?= 600
 soak: $(VENV)/.installed
 	$(PY) -m bench.soak --seconds $(SOAK_SECONDS)
 
+# mypy checks the package as installed (src/gradvault, every part); its settings are in
+# pyproject.toml, its cache in .mypy_cache
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) -m mypy -p gradvault
 
 # Without an NVIDIA GPU the script says so and exits 0 before installing anything; with
 # one it installs the test environment (make's own target) and runs the GPU checks.

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
@@ -175,7 +176,7 @@ class AsyncClient(BaseClient):
         keep_last: int | None = None,
         keep_every: int | None = None,
         run: str | None = None,
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Delete the snapshots (of ``run``, or all) that no retention rule keeps; their ids.
 
         The rules and the checks of a store's ``apply_retention`` (docs/CLIENT.md): the

@@ -269,11 +269,14 @@ class BaseClient(ABC):
             error = AuthError(message)
         else:
             error = ClientRequestError(message)
-        error.status = response.status_code  # type: ignore[attr-defined]
-        error.detail = detail  # type: ignore[attr-defined]
-        error.error = error_name  # type: ignore[attr-defined]
-        error.request = request  # type: ignore[attr-defined]
-        error.response = response  # type: ignore[attr-defined]
+        # the fields ClientRequestError declares, on whichever of the three errors it is
+        vars(error).update(
+            status=response.status_code,
+            detail=detail,
+            error=error_name,
+            request=request,
+            response=response,
+        )
         return error
 
     @staticmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,8 @@ def save_npz(path: Path, record: GradientsParamsRecord) -> None:
 
     bfloat16 arrays are saved as their ``'<u2'`` bit patterns (the module's docstring).
     """
-    arrays = {str(entry.param_id): _savable(entry.array) for entry in record}
+    # Any: np.savez's stubs would take a key "allow_pickle" for its own keyword
+    arrays: dict[str, Any] = {str(entry.param_id): _savable(entry.array) for entry in record}
     part = part_beside(path)
     try:
         with open(part, "wb") as file:

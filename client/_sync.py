@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -170,7 +171,7 @@ class Client(BaseClient):
         keep_last: int | None = None,
         keep_every: int | None = None,
         run: str | None = None,
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Delete the snapshots (of ``run``, or all) that no retention rule keeps; their ids.
 
         The rules and the checks of a store's ``apply_retention`` (docs/CLIENT.md): the

@@ -8,7 +8,7 @@ answered by :func:`gradvault.service.ranges.ranged_response`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
 import crc32c
@@ -120,10 +120,11 @@ class SafetensorsFile(RangedResource):
         manifest: dict[str, Any],
         size: int,
         header: bytes,
-        rest: AsyncIterator[bytes | memoryview],
+        rest: AsyncGenerator[bytes | memoryview, None],
     ) -> None:
         self.store, self.manifest, self.snapshot_id = store, manifest, manifest["id"]
-        self.size, self.header, self._rest = size, header, rest
+        self.size, self.header = size, header
+        self._rest: AsyncGenerator[bytes | memoryview, None] | None = rest
         self.etag = safetensors_etag(header, manifest)
         self.headers = {
             "Content-Disposition": f'attachment; filename="{self.snapshot_id}.safetensors"'

@@ -1,6 +1,7 @@
 """gradvault's imports follow docs/ARCHITECTURE.md: the packages depend on each other only
 as drawn there, the modules of the core follow its layers, nothing forms an import cycle,
-and no package reaches into another's private modules.
+no package reaches into another's private modules, and no module reads another's private
+names.
 
 The package is read as it is installed (src/gradvault, whose part folders are links to the
 repository's root), every module with ``ast``; nothing is imported.
@@ -331,4 +332,46 @@ def test_private_modules_are_used_only_inside_their_package() -> None:
             owner = _owner_of_private(target)
             if not (module == owner or module.startswith(owner + ".")):
                 violations.append(f"{module} imports {target}")
+    assert not violations, "\n".join(sorted(violations))
+
+
+def _gradvault_module_names(module: str) -> dict[str, str]:
+    """The names under which ``module`` binds gradvault modules (``from . import backend``)."""
+    bound = {}
+    for node in ast.walk(_tree(module)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules():
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            target = _absolute(module, node)
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules():
+                    bound[alias.asname or alias.name] = f"{target}.{alias.name}"
+    return bound
+
+
+def test_no_module_reads_another_modules_private_names() -> None:
+    """A module's ``_state`` (say) is its own: others go through its functions."""
+    violations = []
+    for module in sorted(modules()):
+        tree = _tree(module)
+        bound = _gradvault_module_names(module)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                target = _absolute(module, node)
+                if target in modules() and target != module:
+                    violations += [
+                        f"{module} imports {alias.name} from {target}"
+                        for alias in node.names
+                        if alias.name.startswith("_") and not alias.name.startswith("__")
+                    ]
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                violations.append(f"{module} reads {bound[node.value.id]}.{node.attr}")
     assert not violations, "\n".join(sorted(violations))

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -132,7 +133,10 @@ class Training:
         """Model and optimizer state (values and ParamIds) to ``path``, atomically."""
         module = self.model.state_record()
         optimizer = self.optimizer.state_record()
-        arrays = {f"param/{name}": state.value for name, state in module.params.items()}
+        # Any: np.savez's stubs would take a key "allow_pickle" for its own keyword
+        arrays: dict[str, Any] = {
+            f"param/{name}": state.value for name, state in module.params.items()
+        }
         for pid, state in optimizer.state.items():
             arrays.update({f"optimizer/{pid}/{key}": value for key, value in state.items()})
         meta = {
@@ -257,7 +261,8 @@ def resume(plan: Plan, run: str, workdir: Path, url: str, token: str | None) -> 
 
     training.run(from_step=step, from_micro=micro, accumulator=accumulator, after_step=after_step)
     with open(workdir / RESUMED, "wb") as file:
-        np.savez(file, **training.parameters())
+        parameters: dict[str, Any] = training.parameters()  # Any: as for np.savez above
+        np.savez(file, **parameters)
 
 
 def main(argv: list[str] | None = None) -> int:

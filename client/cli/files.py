@@ -17,6 +17,7 @@ import zipfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +78,8 @@ def _read_npz(path: Path) -> GradientsParamsRecord:
 
 def save_npz(path: Path, record: GradientsParamsRecord) -> None:
     """Write ``record``'s gradients to ``path`` as an ``.npz`` keyed by ParamId text."""
-    arrays = {str(entry.param_id): entry.array for entry in record}
+    # Any: np.savez's stubs would take a key "allow_pickle" for its own keyword
+    arrays: dict[str, Any] = {str(entry.param_id): entry.array for entry in record}
     with partial_file(path) as part:
         with open(part, "wb") as file:
             np.savez(file, **arrays)

@@ -11,6 +11,7 @@ list of objects).
 from __future__ import annotations
 
 import asyncio
+import builtins  # builtins.list in annotations: inside the classes, list is a method
 import itertools
 import os
 from collections.abc import Callable, Mapping
@@ -54,9 +55,9 @@ class CommandTarget(Protocol):
 
     def apply_retention(
         self, keep_last: int | None, keep_every: int | None, run: str | None
-    ) -> list[str]: ...
+    ) -> builtins.list[str]: ...
 
-    def collect_garbage(self, grace_seconds: float) -> list[str]: ...
+    def collect_garbage(self, grace_seconds: float) -> builtins.list[str]: ...
 
     def close(self) -> None: ...
 
@@ -136,11 +137,11 @@ class ServiceTarget:
 
     def apply_retention(
         self, keep_last: int | None, keep_every: int | None, run: str | None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """The client's retention pass over HTTP (the rules and checks of a store's)."""
         return self.client.apply_retention(keep_last, keep_every, run)
 
-    def collect_garbage(self, grace_seconds: float) -> list[str]:
+    def collect_garbage(self, grace_seconds: float) -> builtins.list[str]:
         raise UsageError(
             "leftovers of interrupted writes are collected on the store itself: give --store "
             "(over the service, gc applies --keep-last/--keep-every only)",
@@ -214,10 +215,10 @@ class StoreTarget:
 
     def apply_retention(
         self, keep_last: int | None, keep_every: int | None, run: str | None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         return self._run(self._store.apply_retention(keep_last, keep_every, run=run))
 
-    def collect_garbage(self, grace_seconds: float) -> list[str]:
+    def collect_garbage(self, grace_seconds: float) -> builtins.list[str]:
         return self._run(self._store.gc(grace_seconds))
 
     def close(self) -> None:

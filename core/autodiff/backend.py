@@ -71,8 +71,9 @@ class _CupyGate:
             raise DeviceError(
                 "a cuda device needs CuPy; install the extra: pip install 'gradvault[cuda]'"
             ) from exc
-        if cupy is self.checked:
-            return cupy
+        checked = self.checked
+        if checked is not None and cupy is checked:
+            return checked
         try:
             count = cupy.cuda.runtime.getDeviceCount()
         except Exception as exc:  # CuPy's CUDARuntimeError, whatever the driver says

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import AutogradError
 from ..records.dtypes import COMPUTE_DTYPE, bfloat16, is_floating
 from .bfloat16 import rounded, rounds_result, widened
-from .grad_mode import _state
+from .grad_mode import is_recording
 from .graph import Context, Node
 from .tensor import Tensor, leaf_node, wrap
 
@@ -71,10 +71,7 @@ class Function:
                 widened(a) if isinstance(a, Tensor) and a.dtype == bfloat16 else a for a in args
             )
         record = (
-            cls.differentiable
-            and _state.grad_enabled
-            and not _state.inference
-            and any(t.requires_grad for t in tensor_inputs)
+            cls.differentiable and is_recording() and any(t.requires_grad for t in tensor_inputs)
         )
         if record:
             node = Node(cls, cls.__name__ + "Backward")
@@ -116,7 +113,7 @@ class _FreeContext(Context):
         self._saved = ()
         self.needs_input_grad = ()
 
-    def save_for_backward(self, *tensors: Tensor) -> None:
+    def save_for_backward(self, *tensors: Tensor | None) -> None:
         return None
 
     def save_output(self) -> None:

@@ -6,7 +6,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable, Generator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,6 +34,11 @@ def is_inference_mode_enabled() -> bool:
     return _state.inference
 
 
+def is_recording() -> bool:
+    """True when ops record a graph: grad mode on and not inside ``inference_mode``."""
+    return _state.grad_enabled and not _state.inference
+
+
 class _Mode:
     """Base of the grad-mode context managers; instances also decorate functions.
 
@@ -55,14 +60,14 @@ class _Mode:
     def __call__(self, fn: F) -> F:
         fresh = functools.partial(self.__class__, *self._args())
         if inspect.isgeneratorfunction(fn):
-            return _wrap_generator(fn, fresh)  # type: ignore[return-value]
+            return cast(F, _wrap_generator(fn, fresh))
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with fresh():
                 return fn(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return cast(F, wrapper)  # the same signature: it passes everything on
 
     def _args(self) -> tuple[Any, ...]:
         return ()

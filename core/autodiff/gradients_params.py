@@ -302,7 +302,7 @@ class GradientsParams:
 
     def __contains__(self, param_id: object) -> bool:
         try:
-            return as_param_id(param_id) in self._grads  # type: ignore[arg-type]
+            return as_param_id(param_id) in self._grads
         except (TypeError, ValueError):
             return False
 

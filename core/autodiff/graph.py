@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import AutogradError, InplaceModificationError
 from ..records.dtypes import COMPUTE_DTYPE, bfloat16
@@ -25,11 +25,17 @@ class Context:
 
     def __init__(self, node: Node) -> None:
         self._node = node
-        self._saved: tuple[tuple[Tensor, int], ...] = ()
+        self._saved: tuple[tuple[Tensor | None, int], ...] = ()
         self.needs_input_grad: tuple[bool, ...] = ()
         self.bfloat16_inputs: tuple[bool, ...] = ()  # set when forward computed in float32
 
-    def save_for_backward(self, *tensors: Tensor) -> None:
+    if TYPE_CHECKING:
+        # forward keeps what its backward needs as attributes of its own (``ctx.dim = dim``),
+        # as PyTorch's ctx does: any name may be set and read
+        def __getattr__(self, name: str) -> Any: ...
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
+    def save_for_backward(self, *tensors: Tensor | None) -> None:
         """Keep ``tensors`` for backward; changing one of them in place later is an error.
 
         An inference tensor cannot be saved (PyTorch's rule): it has no version counter
@@ -69,7 +75,9 @@ class Context:
                     f"shape {tuple(tensor.shape)}, is at version {current}; expected version "
                     f"{version}. Use the out-of-place op or clone the tensor first."
                 )
-        return tuple(tensor for tensor, _ in self._saved)
+        # a slot saved as None (its partner needs no grad) stays None: only the rule that
+        # saved it reads it
+        return cast("tuple[Tensor, ...]", tuple(tensor for tensor, _ in self._saved))
 
 
 Hook = Callable[["Tensor"], "Tensor | None"]

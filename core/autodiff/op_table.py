@@ -16,10 +16,19 @@ operators that take the tensor as the second operand (``1 + t`` is ``add(1, t)``
 ``tensor.py`` sits below the ops: it imports this table, never ``ops``, and hands it the
 Tensor class (``attach``); the ops import Tensor and register. The table is full once
 ``gradvault.core`` is imported (its ``__init__`` imports the ops).
+
+Type checkers do not run the registrations, so ``tensor.py`` also declares the methods
+they add, under ``if TYPE_CHECKING:``: ``method_declarations()`` writes that block from
+the registrations (``python scripts/op_methods.py`` puts it into ``tensor.py``), and a
+test checks that the block in ``tensor.py`` is what the table says today.
 """
 
 from __future__ import annotations
 
+import builtins
+import inspect
+import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
@@ -29,6 +38,11 @@ from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 F = TypeVar("F", bound=Callable[..., Any])
 Export = Literal["core", "ops"] | None
 EXPORTS = ("core", "ops", None)
+
+#: The lines around the generated declarations in ``tensor.py`` (``method_declarations``).
+DECLARATIONS_BEGIN = "    if TYPE_CHECKING:  # the op methods, written by scripts/op_methods.py\n\n"
+DECLARATIONS_END = "\n        # (end of the op methods written by scripts/op_methods.py)\n"
+LINE_LENGTH = 100  # ruff's, from pyproject.toml: the block is written as ruff formats it
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,43 @@ class OpTable:
             name: entry.function for name, entry in self._entries.items() if entry.export in levels
         }
 
+    def method_declarations(self) -> str:
+        """The body of ``tensor.py``'s ``if TYPE_CHECKING:`` block: the op methods' signatures.
+
+        One stub per method and reflected operator, ops in name order, written as ruff
+        formats them. A method's parameters are its function's, the first (the tensor)
+        becoming ``self``; a reflected operator's one parameter is the function's first.
+        Annotations are copied as written, so each must name something ``tensor.py``
+        has, and not a Tensor attribute (inside the class, ``float`` would be the method).
+        """
+        cls = self._tensor_class
+        if cls is None:
+            raise InvalidArgumentError("no Tensor class is attached to the op table yet")
+        namespace = vars(sys.modules[cls.__module__])
+        lines: list[str] = []
+        for name in sorted(self._entries):
+            entry = self._entries[name]
+            if not (entry.methods or entry.reflected):
+                continue
+            signature = inspect.signature(entry.function)
+            parameters = list(signature.parameters.values())
+            if not parameters or parameters[0].kind is not parameters[0].POSITIONAL_OR_KEYWORD:
+                raise InvalidArgumentError(
+                    f"op {name!r} has methods, so its first parameter must be the tensor; "
+                    f"its signature is {signature}"
+                )
+            returns = _annotation(name, signature.return_annotation, cls, namespace)
+            rest = [_parameter(name, p, cls, namespace) for p in parameters[1:]]
+            keyword_only = [p.kind is p.KEYWORD_ONLY for p in parameters[1:]]
+            if True in keyword_only and not any(p.kind is p.VAR_POSITIONAL for p in parameters):
+                rest.insert(keyword_only.index(True), "*")
+            for method in entry.methods:
+                lines += _stub(method, ["self", *rest], returns, cls)
+            for method in entry.reflected:
+                first = _parameter(name, parameters[0], cls, namespace).split(":")[1].strip()
+                lines += _stub(method, ["self", f"other: {first}"], returns, cls)
+        return "".join(line + "\n" for line in lines)
+
     def _add_methods(self, entry: OpEntry) -> None:
         cls = self._tensor_class
         assert cls is not None
@@ -173,6 +224,69 @@ class OpTable:
             setattr(cls, name, entry.function)
         for name in entry.reflected:
             setattr(cls, name, _reflected_method(entry.function, name))
+
+
+def _annotation(op: str, annotation: Any, cls: type, namespace: dict[str, Any]) -> str:
+    """``annotation`` as written (a string: the op modules use postponed annotations)."""
+    if annotation is inspect.Parameter.empty:
+        raise InvalidArgumentError(f"op {op!r}: every parameter and the result need annotations")
+    if not isinstance(annotation, str):
+        raise InvalidArgumentError(
+            f"op {op!r}: annotations must be postponed (from __future__ import annotations); "
+            f"found {annotation!r}"
+        )
+    for word in re.findall(r"(?<![.\w])[A-Za-z_]\w*", annotation):
+        if word in vars(cls):
+            raise InvalidArgumentError(
+                f"op {op!r}: annotation {annotation!r} names {word!r}, which inside "
+                f"{cls.__name__} is its attribute; write the type another way"
+            )
+        if word not in namespace and not hasattr(builtins, word):
+            raise InvalidArgumentError(
+                f"op {op!r}: annotation {annotation!r} names {word!r}, which "
+                f"{cls.__module__} does not define or import"
+            )
+    return annotation
+
+
+def _parameter(op: str, parameter: inspect.Parameter, cls: type, namespace: dict[str, Any]) -> str:
+    """One parameter as a stub writes it: ``*shape: Any``, ``dim: int | None = None``."""
+    kind = parameter.kind
+    stars = "*" if kind is kind.VAR_POSITIONAL else "**" if kind is kind.VAR_KEYWORD else ""
+    text = f"{stars}{parameter.name}: "
+    text += _annotation(op, parameter.annotation, cls, namespace)
+    default = parameter.default
+    if default is parameter.empty:
+        return text
+    if default is None or isinstance(default, bool | int | float):
+        return f"{text} = {default!r}"
+    if isinstance(default, str) and re.fullmatch(r"[\w .,-]*", default):
+        return f'{text} = "{default}"'
+    raise InvalidArgumentError(
+        f"op {op!r}: parameter {parameter.name!r} has default {default!r}; the declarations "
+        "take None, a bool, a number or a plain string"
+    )
+
+
+def _stub(method: str, parameters: list[str], returns: str, cls: type) -> list[str]:
+    """``def method(...) -> returns: ...`` in ruff's layout, on one line or wrapped.
+
+    ``__eq__`` and ``__ne__`` carry the ignore their override needs: ``object`` declares
+    them returning bool, and an op returns a Tensor (as in PyTorch and NumPy).
+    """
+    ignore = "  # type: ignore[override]" if method in ("__eq__", "__ne__") else ""
+    indent = " " * 8
+    one_line = f"{indent}def {method}({', '.join(parameters)}) -> {returns}: ...{ignore}"
+    if len(one_line) <= LINE_LENGTH:
+        return [one_line]
+    inner = f"{indent}    {', '.join(parameters)}"
+    if len(inner) <= LINE_LENGTH:
+        return [f"{indent}def {method}(", inner, f"{indent}) -> {returns}: ...{ignore}"]
+    return [
+        f"{indent}def {method}(",
+        *(f"{indent}    {parameter}," for parameter in parameters),
+        f"{indent}) -> {returns}: ...{ignore}",
+    ]
 
 
 op_table = OpTable()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -18,6 +18,8 @@ from . import backend
 from .gradients_params import GradientsParams
 from .nn.module import Module
 from .tensor import array_of
+
+M = TypeVar("M", bound=Module)
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Optimizer:
     def _update(self, lr: float, p: Any, grad: Any, state: dict[str, Any], step: int) -> None:
         raise NotImplementedError
 
-    def step(self, lr: float, module: Module, grads: GradientsParams) -> Module:
+    def step(self, lr: float, module: M, grads: GradientsParams) -> M:
         """Update ``module``'s parameters in place from ``grads``; returns the module."""
         for name, param in module.named_parameters():
             grad = grads.get(param.id)

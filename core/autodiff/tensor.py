@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import operator
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from ..errors import AutogradError, InvalidArgumentError, InvalidArgumentTypeErr
 from ..records.dtypes import bfloat16, check_device, is_floating
 from . import backend
 from .backend import Device
-from .grad_mode import _state, no_grad
+from .grad_mode import is_inference_mode_enabled, is_recording, no_grad
 from .gradients import Gradients
 from .graph import AccumulateGrad, Node, RemovableHandle
 from .op_table import op_table
@@ -145,14 +146,15 @@ class Tensor:
     def _set_up(self, data: Any, requires_grad: bool, grad_fn: Node | None) -> None:
         self._data = data
         self._requires_grad = requires_grad
-        self._grad = None
+        self._grad: Tensor | None = None
         self.grad_fn = grad_fn
         self._storage = Storage()  # shared with views
-        self._hooks = {}  # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
-        self._inference = _state.inference
-        self._base = None
+        # RemovableHandle id -> hook (a leaf's; a non-leaf's are on its node)
+        self._hooks: dict[int, Callable[[Tensor], Tensor | None]] = {}
+        self._inference = is_inference_mode_enabled()
+        self._base: Tensor | None = None
         self._cow = False
-        self._accumulator = None
+        self._accumulator: AccumulateGrad | None = None
 
     @classmethod
     def _make_shared(cls, data: Any) -> Tensor:
@@ -213,7 +215,7 @@ class Tensor:
             raise AutogradError(
                 f"only tensors of floating point dtype can require gradients; got {self.dtype}"
             )
-        if requires_grad and self._inference and not _state.inference:
+        if requires_grad and self._inference and not is_inference_mode_enabled():
             raise AutogradError(
                 "setting requires_grad=True on an inference tensor outside inference_mode is "
                 "not allowed; clone it outside inference_mode first"
@@ -434,7 +436,7 @@ class Tensor:
             raise InvalidArgumentTypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Tensor]:
         return (self[i] for i in range(len(self)))
 
     def __bool__(self) -> bool:
@@ -444,7 +446,8 @@ class Tensor:
             )
         return bool(self.item())
 
-    def __float__(self) -> float:
+    # ``builtins.float``: inside the class, ``float`` is the method ``Tensor.float``
+    def __float__(self) -> builtins.float:
         return float(self.item())
 
     def __int__(self) -> int:
@@ -473,9 +476,90 @@ class Tensor:
         return "tensor(" + ", ".join([body, *extra]) + ")"
 
     # ------------------------------------------------------------------ ops as methods
-    # Each op's registration (``@register_op(methods=...)`` in ``core/ops``) makes the op's
-    # function a method here: ``t.exp()`` is ``exp(t)``, ``t + u`` is ``add(t, u)``. Only the
-    # methods built from several ops, or from an op with other arguments, are written here.
+    # Each op's registration (``@register_op(methods=...)`` in ``core/autodiff/ops``) makes
+    # the op's function a method here: ``t.exp()`` is ``exp(t)``, ``t + u`` is ``add(t, u)``.
+    # Type checkers see them declared in the block below, which never runs: it is written
+    # from the op table (``python scripts/op_methods.py``), and a test checks it against the
+    # table. Only the methods built from several ops, or from an op with other arguments,
+    # are written out after it.
+    if TYPE_CHECKING:  # the op methods, written by scripts/op_methods.py
+
+        def abs(self) -> Tensor: ...
+        def add(self, other: Any) -> Tensor: ...
+        def __add__(self, other: Any) -> Tensor: ...
+        def __radd__(self, other: Any) -> Tensor: ...
+        def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor: ...
+        def clamp(self, min: Any = None, max: Any = None) -> Tensor: ...
+        def clip(self, min: Any = None, max: Any = None) -> Tensor: ...
+        def clone(self) -> Tensor: ...
+        def contiguous(self) -> Tensor: ...
+        def div(self, other: Any) -> Tensor: ...
+        def __truediv__(self, other: Any) -> Tensor: ...
+        def __rtruediv__(self, other: Any) -> Tensor: ...
+        def __eq__(self, b: Any) -> Tensor: ...  # type: ignore[override]
+        def erf(self) -> Tensor: ...
+        def exp(self) -> Tensor: ...
+        def expand(self, *shape: Any) -> Tensor: ...
+        def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor: ...
+        def __getitem__(self, index: Any) -> Tensor: ...
+        def __gt__(self, b: Any) -> Tensor: ...
+        def __ge__(self, b: Any) -> Tensor: ...
+        def __lt__(self, b: Any) -> Tensor: ...
+        def __le__(self, b: Any) -> Tensor: ...
+        def log(self) -> Tensor: ...
+        def log_softmax(self, dim: int) -> Tensor: ...
+        def __and__(self, b: Any) -> Tensor: ...
+        def __invert__(self) -> Tensor: ...
+        def __or__(self, b: Any) -> Tensor: ...
+        def matmul(self, other: Tensor) -> Tensor: ...
+        def __matmul__(self, other: Tensor) -> Tensor: ...
+        def __rmatmul__(self, other: Tensor) -> Tensor: ...
+        def max(self, dim: int | None = None, keepdim: bool = False) -> Any: ...
+        def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor: ...
+        def min(self, dim: int | None = None, keepdim: bool = False) -> Any: ...
+        def mul(self, other: Any) -> Tensor: ...
+        def __mul__(self, other: Any) -> Tensor: ...
+        def __rmul__(self, other: Any) -> Tensor: ...
+        def neg(self) -> Tensor: ...
+        def __neg__(self) -> Tensor: ...
+        def __ne__(self, b: Any) -> Tensor: ...  # type: ignore[override]
+        def permute(self, *dims: Any) -> Tensor: ...
+        def pow(self, exponent: Any) -> Tensor: ...
+        def __pow__(self, exponent: Any) -> Tensor: ...
+        def __rpow__(self, other: Any) -> Tensor: ...
+        def relu(self) -> Tensor: ...
+        def reshape(self, *shape: Any) -> Tensor: ...
+        def view(self, *shape: Any) -> Tensor: ...
+        def sigmoid(self) -> Tensor: ...
+        def softmax(self, dim: int) -> Tensor: ...
+        def sqrt(self) -> Tensor: ...
+        def squeeze(self, dim: int | None = None) -> Tensor: ...
+        def std(
+            self,
+            dim: Any = None,
+            *,
+            correction: int = 1,
+            unbiased: bool | None = None,
+            keepdim: bool = False,
+        ) -> Tensor: ...
+        def sub(self, other: Any) -> Tensor: ...
+        def __sub__(self, other: Any) -> Tensor: ...
+        def __rsub__(self, other: Any) -> Tensor: ...
+        def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor: ...
+        def tanh(self) -> Tensor: ...
+        def transpose(self, dim0: int, dim1: int) -> Tensor: ...
+        def unsqueeze(self, dim: int) -> Tensor: ...
+        def var(
+            self,
+            dim: Any = None,
+            *,
+            correction: int = 1,
+            unbiased: bool | None = None,
+            keepdim: bool = False,
+        ) -> Tensor: ...
+
+        # (end of the op methods written by scripts/op_methods.py)
+
     def square(self) -> Tensor:
         return op_table.mul(self, self)
 
@@ -616,7 +700,7 @@ class Tensor:
 
     # ------------------------------------------------------------------ in-place machinery
     def _prepare_write(self, op: str) -> None:
-        if self._inference and not _state.inference:
+        if self._inference and not is_inference_mode_enabled():
             raise AutogradError(
                 f"in-place update ({op}) of an inference tensor outside inference_mode is not "
                 "allowed"
@@ -676,7 +760,7 @@ class Tensor:
         self, op: str, out_of_place: Callable[[Tensor], Tensor], others: Sequence[Any] = ()
     ) -> Tensor:
         """Apply ``out_of_place`` and write its result into this tensor's storage."""
-        recording = (_state.grad_enabled and not _state.inference) and (
+        recording = is_recording() and (
             self.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in others)
         )
         if recording:
@@ -700,13 +784,15 @@ class Tensor:
             result = out_of_place(previous)
             self._prepare_write(op)
             self._data[...] = result._data
-            old_node, self.grad_fn = self.grad_fn, result.grad_fn
+            old_node, new_node = self.grad_fn, result.grad_fn
+            self.grad_fn = new_node
             if (
                 old_node is not None
+                and new_node is not None
                 and old_node.retained is not None
                 and old_node.retained() is self
             ):
-                self.grad_fn.retained = old_node.retained  # retain_grad follows the tensor
+                new_node.retained = old_node.retained  # retain_grad follows the tensor
             self._requires_grad = True
         else:
             with no_grad():
@@ -716,12 +802,12 @@ class Tensor:
         self._bump(op)
         return self
 
-    def add_(self, other: Any, *, alpha: float = 1) -> Tensor:
+    def add_(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
         return self._inplace(
             "add_", lambda s: s + (other * alpha if alpha != 1 else other), (other,)
         )
 
-    def sub_(self, other: Any, *, alpha: float = 1) -> Tensor:
+    def sub_(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
         return self._inplace(
             "sub_", lambda s: s - (other * alpha if alpha != 1 else other), (other,)
         )
@@ -745,9 +831,7 @@ class Tensor:
         return self._fill("fill_", value)
 
     def _fill(self, op: str, value: Any) -> Tensor:
-        if isinstance(value, Tensor) or (
-            _state.grad_enabled and not _state.inference and self.requires_grad
-        ):
+        if isinstance(value, Tensor) or (is_recording() and self.requires_grad):
             return self._inplace(op, lambda s: s * 0 + value, (value,))
         self._prepare_write(op)
         self._data[...] = value
@@ -794,6 +878,7 @@ wrap_shared = Tensor._make_shared
 
 def leaf_node(t: Tensor) -> AccumulateGrad:
     """The AccumulateGrad node of a leaf that requires grad (one per leaf)."""
-    if t._accumulator is None:
-        t._accumulator = AccumulateGrad(t)
-    return t._accumulator
+    accumulator = t._accumulator
+    if accumulator is None:
+        accumulator = t._accumulator = AccumulateGrad(t)
+    return accumulator

@@ -30,7 +30,7 @@ class ParamId:
         self._value = value
 
     @classmethod
-    def parse(cls, text: str) -> ParamId:
+    def parse(cls, text: object) -> ParamId:
         """The ParamId whose text form is ``text``; InvalidParamIdError (a ValueError) if none."""
         if not isinstance(text, str) or not _TEXT.fullmatch(text):
             raise InvalidParamIdError(
@@ -61,6 +61,6 @@ class ParamId:
         return self._value < other._value
 
 
-def as_param_id(value: ParamId | str) -> ParamId:
-    """``value`` as a ParamId (its text form is parsed)."""
+def as_param_id(value: object) -> ParamId:
+    """``value`` as a ParamId (its text form is parsed); InvalidParamIdError for anything else."""
     return value if isinstance(value, ParamId) else ParamId.parse(value)

@@ -184,7 +184,7 @@ class GradientRecordEntry:
         if not self.array.size:
             return memoryview(b"")
         # as bytes: ml_dtypes' bfloat16 offers no buffer of its own
-        return memoryview(self.array.reshape(-1).view(np.uint8))
+        return self.array.reshape(-1).view(np.uint8).data
 
     def validate(self) -> None:
         """Raise the matching RecorderError if a field cannot be written or fields disagree.
@@ -394,12 +394,21 @@ class GradientsParamsRecord:
                 entry.validate()
             by_id[entry.param_id] = entry
         self._by_id: dict[ParamId, GradientRecordEntry] | None = by_id
-        self._ids = self._names = self._dtypes = None
+        # a record made from columns holds these instead of entries (from_columns)
+        self._ids: tuple[ParamId, ...] | None = None
+        self._names: tuple[str, ...] | None = None
+        self._dtypes: tuple[str, ...] | None = None
         self._arrays: tuple[np.ndarray, ...] | None = None
         self._lazy: LazyArrays | None = None
         self._nbytes: int | None = None
         self._metadata: dict[str, Any] = _json_copy(check_metadata(metadata))
         self._format_version = format_version
+
+    def _held_columns(self) -> tuple[tuple[ParamId, ...], tuple[str, ...], tuple[str, ...]]:
+        """The ids, names and dtypes of a record made from columns."""
+        ids, names, dtypes = self._ids, self._names, self._dtypes
+        assert ids is not None and names is not None and dtypes is not None
+        return ids, names, dtypes
 
     def _column_arrays(self) -> tuple[np.ndarray, ...]:
         """The arrays of a record held by column, built now if they are not yet."""
@@ -408,11 +417,12 @@ class GradientsParamsRecord:
             with _LAZY_BUILD:  # two threads reading a new record build its arrays once
                 arrays = self._arrays
                 if arrays is None:
-                    arrays = tuple(self._lazy.build())  # type: ignore[union-attr]
-                    if len(arrays) != len(self._ids):  # type: ignore[arg-type]
+                    lazy, (ids, _, _) = self._lazy, self._held_columns()
+                    assert lazy is not None  # a record made from columns holds one or the other
+                    arrays = tuple(lazy.build())
+                    if len(arrays) != len(ids):
                         raise InvalidArgumentTypeError(
-                            f"record columns differ in length: {len(self._ids)} ids, "  # type: ignore[arg-type]
-                            f"{len(arrays)} arrays"
+                            f"record columns differ in length: {len(ids)} ids, {len(arrays)} arrays"
                         )
                     self._arrays = arrays
         return arrays
@@ -426,7 +436,7 @@ class GradientsParamsRecord:
             with _LAZY_BUILD, paused_gc():
                 entries = self._entries
                 if entries is None:
-                    entries = tuple(map(entry, self._ids, self._names, self._dtypes, arrays))  # type: ignore[arg-type]
+                    entries = tuple(map(entry, *self._held_columns(), arrays))
                     self._entries = entries
         return entries
 
@@ -434,18 +444,14 @@ class GradientsParamsRecord:
         by_id = self._by_id
         if by_id is None:
             entries = self._all_entries()
-            by_id = self._by_id = dict(zip(self._ids, entries, strict=True))  # type: ignore[arg-type]
+            ids, _, _ = self._held_columns()  # made from entries, it has _by_id from the start
+            by_id = self._by_id = dict(zip(ids, entries, strict=True))
         return by_id
 
     def columns(self) -> RecordColumns:
         """The gradients by column (ids, names, dtypes, arrays), without building entries."""
         if self._entries is None or self._ids is not None:
-            return RecordColumns(
-                self._ids,  # type: ignore[arg-type]
-                self._names,  # type: ignore[arg-type]
-                self._dtypes,  # type: ignore[arg-type]
-                self._column_arrays(),
-            )
+            return RecordColumns(*self._held_columns(), self._column_arrays())
         entries = self._entries
         return RecordColumns(
             tuple(e.param_id for e in entries),
@@ -473,11 +479,13 @@ class GradientsParamsRecord:
         return iter(self._all_entries())
 
     def __len__(self) -> int:
-        return len(self._ids) if self._entries is None else len(self._entries)  # type: ignore[arg-type]
+        if self._entries is None:
+            return len(self._held_columns()[0])
+        return len(self._entries)
 
     def __contains__(self, param_id: object) -> bool:
         try:
-            return as_param_id(param_id) in self._index()  # type: ignore[arg-type]
+            return as_param_id(param_id) in self._index()
         except (ValueError, TypeError):
             return False
 
@@ -528,7 +536,8 @@ class GradientsParamsRecord:
                 shapes = self._lazy.shapes(20)
             else:
                 shapes = [array.shape for array in self._column_arrays()[:20]]
-            head = (self._ids[:20], self._names[:20], self._dtypes[:20], shapes[:20])  # type: ignore[index]
+            ids, names, dtypes = self._held_columns()
+            head = (ids[:20], names[:20], dtypes[:20], shapes[:20])
             rows = list(zip(*head, strict=True))
         lines += [f"  {pid} {name!r} {dtype}{list(shape)}" for pid, name, dtype, shape in rows]
         if len(self) > 20:

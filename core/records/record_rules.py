@@ -19,7 +19,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, SupportsInt, cast
 
 import numpy as np
 
@@ -98,7 +98,7 @@ def is_step(value: object) -> bool:
     return (
         isinstance(value, numbers.Integral)
         and not isinstance(value, bool | np.bool_)
-        and 0 <= value <= MAX_STEP
+        and 0 <= int(value) <= MAX_STEP
     )
 
 
@@ -228,7 +228,7 @@ def check_array_shape(
 
 
 def check_snapshot_fields(
-    run: object, step: object, tags: Mapping[str, str] | None
+    run: object, step: object, tags: object
 ) -> tuple[str, int, dict[str, str]]:
     """``(run, step, tags)`` as plain str, int and dict; InvalidFieldError if one is unwritable."""
     if not is_run(run):
@@ -237,8 +237,9 @@ def check_snapshot_fields(
         raise InvalidFieldError(f"step must be {STEP_EXPECTED}; got {shown(step)}")
     if tags is not None and not is_tags(tags):
         raise InvalidFieldError(f"tags must be {TAGS_EXPECTED}; got {shown(tags)}")
-    plain_tags = {str(key): str(text) for key, text in (tags or {}).items()}
-    return str(run), int(step), plain_tags  # type: ignore[call-overload]
+    checked_tags = cast("Mapping[str, str] | None", tags)  # is_tags said so
+    plain_tags = {str(key): str(text) for key, text in (checked_tags or {}).items()}
+    return str(run), int(cast("SupportsInt", step)), plain_tags  # is_step said so
 
 
 def check_metadata(metadata: object) -> dict[str, Any]:

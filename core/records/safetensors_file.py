@@ -537,10 +537,10 @@ def _check_layout(tensors: list[SafetensorsTensor]) -> int:
     """The data's length; InvalidUploadError if tensors overlap or leave a gap."""
     position, previous = 0, None
     for tensor in sorted(tensors, key=lambda t: (t.begin, t.end)):
-        if tensor.begin < position:
+        if tensor.begin < position and previous is not None:  # only past a tensor: begin >= 0
             raise _refuse(
                 f"tensor {_show(tensor.key)} at bytes [{tensor.begin}, {tensor.end}) overlaps "
-                f"tensor {_show(previous.key)} at [{previous.begin}, {previous.end})"  # type: ignore[union-attr]
+                f"tensor {_show(previous.key)} at [{previous.begin}, {previous.end})"
             )
         if tensor.begin > position:
             after = (

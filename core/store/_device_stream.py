@@ -275,7 +275,7 @@ class CupyCopier:
         memory = self._cupy.cuda.alloc_pinned_memory(nbytes)
         # the view holds the array, whose base holds the allocation: it goes back to
         # CuPy's pinned pool once the ring that holds the view is dropped
-        return memoryview(np.frombuffer(memory, np.uint8, nbytes))
+        return np.frombuffer(memory, np.uint8, nbytes).data
 
     def copy_async(self, source: Any, offset: int, length: int, target: memoryview) -> Any:
         cupy = self._cupy

@@ -199,7 +199,7 @@ def _read_file(root: str, key: str, max_size: int | None = None) -> memoryview:
     try:
         if max_size is not None and size > max_size:
             raise UnexpectedObjectError(f"is {size} bytes; at most {max_size} expected")
-        buffer = memoryview(np.empty(size, dtype=np.uint8))  # not zero-filled: read over
+        buffer = np.empty(size, dtype=np.uint8).data  # not zero-filled: read over
         _fill(fd, [buffer], size)
         return buffer
     finally:
@@ -742,7 +742,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
 
     def _missing_files(self) -> list[str]:
         """The files this writer wrote that are no longer in its staging folder."""
-        present = set()
+        present: set[str] = set()
         for folder, _, files in os.walk(self._folder):
             relative = os.path.relpath(folder, self._folder)
             prefix = "" if relative == "." else relative.replace(os.sep, "/") + "/"

@@ -76,7 +76,7 @@ HUGE_PAGE_BYTES = 2 << 20
 
 def _allocate(nbytes: int) -> memoryview:
     """Writable memory for ``nbytes``, not zero-filled first (every byte is read into)."""
-    return memoryview(np.empty(nbytes, dtype=np.uint8))
+    return np.empty(nbytes, dtype=np.uint8).data
 
 
 def _allocate_gradient(nbytes: int) -> memoryview:
@@ -95,7 +95,7 @@ def _allocate_gradient(nbytes: int) -> memoryview:
         return _allocate(nbytes)
     block = np.empty(nbytes + HUGE_PAGE_BYTES, dtype=np.uint8)
     start = -block.ctypes.data % HUGE_PAGE_BYTES
-    return memoryview(block[start : start + nbytes])
+    return block[start : start + nbytes].data
 
 
 def _group_by_array(objects: dict[str, int | None]) -> dict[str, ArrayObjects]:
@@ -289,7 +289,7 @@ class SnapshotReader:
         self, position: int, start: int, end: int, packed: PackedChunks
     ) -> AsyncIterator[memoryview]:
         columns = self._manifest.columns
-        chunk = self._manifest.packed["chunk_bytes"]  # type: ignore[index]
+        chunk = self._manifest.packed_fields()["chunk_bytes"]
         begin, stop = columns["offset"][position] + start, columns["offset"][position] + end
         who = f"{self._manifest.describe(position)}, in the packed array"
         whole = start == 0 and end == columns["nbytes"][position]
@@ -312,8 +312,10 @@ class SnapshotReader:
             if cache.objects is None:
                 cache.objects = await self._backend.object_sizes(self._key(PACKED_ARRAY))
             cache.checked = True
+        objects = cache.objects
+        assert objects is not None  # listed when the cache was checked
         wanted = [self._manifest.packed_chunk(index)]
-        (span,) = await self._present_chunks(PACKED_ARRAY, wanted, cache.objects, who)
+        (span,) = await self._present_chunks(PACKED_ARRAY, wanted, objects, who)
         out = _allocate(span.padded_length)
         await self._read_chunk(PACKED_ARRAY, span, out, who)
         return out
@@ -348,7 +350,7 @@ class SnapshotReader:
         )
 
     def _packed_claim(self) -> ArrayClaim:
-        packed: dict[str, Any] = self._manifest.packed  # type: ignore[assignment]
+        packed = self._manifest.packed_fields()
         return ArrayClaim(
             who="the packed array",
             shape=[packed["nbytes"]],
@@ -444,7 +446,7 @@ class SnapshotReader:
         if not positions:
             return []
         manifest = self._manifest
-        chunk = manifest.packed["chunk_bytes"]  # type: ignore[index]
+        chunk = manifest.packed_fields()["chunk_bytes"]
         await self._check_document(PACKED_ARRAY, self._packed_claim())
         offsets, sizes = manifest.columns["offset"], manifest.columns["nbytes"]
         holding = [i for i in positions if sizes[i]]
@@ -518,9 +520,9 @@ class SnapshotReader:
         present = []
         for span in spans:
             size = objects.get(span.key, _ABSENT)
-            if size is not None and size is not _ABSENT:
+            if isinstance(size, int):  # neither absent nor a folder, link or FIFO (None)
                 least, most = encoded_size_bounds(span.padded_length, compression)
-                if least <= size <= most:  # type: ignore[operator]
+                if least <= size <= most:
                     present.append(span)
                     continue
             name = who(span) if callable(who) else who

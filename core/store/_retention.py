@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatVersionError, InvalidArgumentError, SnapshotNotFoundError
 from ._manifest import SnapshotInfo
@@ -26,7 +26,7 @@ _log = logging.getLogger("gradvault.store")
 RETENTION_ROUNDS = 3
 
 
-def _count(name: str, value: object, least: int) -> int | None:
+def _count(name: str, value: Any, least: int) -> int | None:
     """``value`` as an int >= ``least`` (None stays None); InvalidArgumentError (a
     ValueError) naming ``name`` otherwise."""
     if value is None:

@@ -107,7 +107,7 @@ def describe_s3_error(error: BaseException) -> str:
     or what failed on the way to it, without the request's URL or the Rust debug dump
     (both stay on the error, which the service logs)."""
     text = str(error).split(_DEBUG_SOURCE, 1)[0]
-    fields = dict(match.groups() for match in _XML_FIELD.finditer(text))
+    fields = {match[1]: match[2] for match in _XML_FIELD.finditer(text)}
     status = _STATUS.search(text)
     if status:
         said = ": ".join(fields[key] for key in ("Code", "Message") if key in fields)
@@ -150,8 +150,8 @@ def _get_into(store: S3Store, key: str, buffers: list[memoryview], expected: int
     if size != expected:
         raise UnexpectedObjectError(f"is {size} bytes; expected {expected}")
     views = [view for view in buffers if len(view)]
-    for piece in result.stream(min_chunk_size=_STREAM_PIECE):
-        piece = memoryview(piece)
+    for streamed in result.stream(min_chunk_size=_STREAM_PIECE):
+        piece = memoryview(streamed)
         while len(piece):
             if not views:
                 raise UnexpectedObjectError(f"grew while read; it had {size} bytes")
@@ -333,7 +333,8 @@ class S3Backend(StoreBackend):
         or None if there is none; StoreUnavailableError if the request fails."""
         async with self._requests:
             try:
-                return await self._request(obstore.head, self._store, key)  # type: ignore[return-value]
+                meta = await self._request(obstore.head, self._store, key)
+                return dict(meta)
             except (NotFoundError, FileNotFoundError):
                 return None
             except Exception as error:

@@ -119,4 +119,5 @@ async def publish_shard(
         committed = await steps.commit_shard_set(document)
         if committed is Taken.COLLECTED:
             raise collected_error(snapshot_id, steps.written_where)
+        assert not isinstance(committed, Taken), f"commit_shard_set answered {committed}"
         return committed

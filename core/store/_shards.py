@@ -12,8 +12,9 @@ docs/FORMAT.md, "Sharded snapshots", is the layout and the protocol.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -132,7 +133,7 @@ class ShardedSet:
                     f"write the same run, step and tags"
                 )
 
-    def check(self, published: dict[str, bytes | memoryview]) -> dict[int, dict[str, Any]]:
+    def check(self, published: Mapping[str, bytes | memoryview]) -> dict[int, dict[str, Any]]:
         """The published shards' manifests by rank, once each is seen to agree with this one.
 
         ``published`` maps folder names under ``ranks/`` to their raw ``zarr.json``.
@@ -147,7 +148,7 @@ class ShardedSet:
             manifests[rank] = manifest
         return manifests
 
-    def commit_document(self, published: dict[str, bytes | memoryview]) -> bytes | None:
+    def commit_document(self, published: Mapping[str, bytes | memoryview]) -> bytes | None:
         """The sharded manifest's group document once every rank is published, else None."""
         manifests = self.check(published)
         if len(manifests) < self.world_size:
@@ -204,7 +205,7 @@ class ShardedManifest:
         self.snapshot_id = snapshot_id
         self.document = document
 
-        def fail(field: str, expected: str, found: object) -> None:
+        def fail(field: str, expected: str, found: object) -> NoReturn:
             raise ManifestError(
                 f"snapshot {snapshot_id}: sharded manifest field {field!r} should be "
                 f"{expected}; found {found!r}"[:600]

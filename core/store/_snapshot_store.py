@@ -8,8 +8,9 @@ manifest (``_manifest``) and leaves the commit protocol to its backend (``_local
 from __future__ import annotations
 
 import asyncio
+import builtins  # builtins.list in annotations: inside the classes, list is a method
 import copy
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from typing import Any
 
 import numpy as np
@@ -341,7 +342,7 @@ class SnapshotStore:
 
     async def iter_safetensors(
         self, snapshot_id: str, *, rank: int | None = None
-    ) -> tuple[int, AsyncIterator[bytes | memoryview]]:
+    ) -> tuple[int, AsyncGenerator[bytes | memoryview, None]]:
         """The snapshot as one safetensors file: its length in bytes, and its pieces.
 
         The header is built from the manifest alone (keys: ParamId texts; names and the
@@ -368,7 +369,7 @@ class SnapshotStore:
         else:
             header = encode_header(entries, metadata)
 
-        async def pieces() -> AsyncIterator[bytes | memoryview]:
+        async def pieces() -> AsyncGenerator[bytes | memoryview, None]:
             yield header
             packed = reader.packed_chunks(objects.get(PACKED_ARRAY, {}))
             arrays = columns["array"]
@@ -450,7 +451,7 @@ class SnapshotStore:
                 f"no committed snapshot {snapshot_id} in store {self.location}"
             )
 
-    async def gc(self, grace_seconds: float = 3600) -> list[str]:
+    async def gc(self, grace_seconds: float = 3600) -> builtins.list[str]:
         """Remove leftovers of writes that never committed, untouched for ``grace_seconds``.
 
         Returns the names of what was removed (snapshot ids; locally, staging folder names).
@@ -466,7 +467,7 @@ class SnapshotStore:
         run: str | None = None,
         *,
         keep: Collection[str] = (),
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Delete snapshots (of ``run``, or all) that no rule keeps; the deleted ids.
 
         Kept: the ``keep_last`` newest by id (creation order, as ``list()`` sorts), every

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import chain, compress, repeat
 from operator import add, eq, mul, ne, not_, or_
 from typing import Any, NoReturn
@@ -224,7 +224,7 @@ class _ManifestCheck:
                     f"gradients.stats.{key}", expected, _Said(f"a list of {len(column)} entries")
                 )
 
-    def first(self, column: list, ok: Any) -> int:
+    def first(self, column: Sequence[Any], ok: Any) -> int:
         """The position of the first entry of ``column`` that ``ok`` rejects."""
         return next(i for i, value in enumerate(column) if not ok(value))
 
@@ -250,15 +250,15 @@ class _ManifestCheck:
                     )
                 seen[pid] = i
         # the writer's own rules (record_rules): what it can write, this reads
-        i = first_invalid_name(names)
-        if i is not None:
-            self.fail("gradients.name", NAME_EXPECTED, names[i], i)
-        i = first_invalid_dtype(dtypes)
-        if i is not None:
-            self.fail("gradients.dtype", DTYPE_EXPECTED, dtypes[i], i)
-        i = first_invalid_shape(shapes)
-        if i is not None:
-            self.fail("gradients.shape", SHAPE_EXPECTED, shapes[i], i)
+        invalid = first_invalid_name(names)
+        if invalid is not None:
+            self.fail("gradients.name", NAME_EXPECTED, names[invalid], invalid)
+        invalid = first_invalid_dtype(dtypes)
+        if invalid is not None:
+            self.fail("gradients.dtype", DTYPE_EXPECTED, dtypes[invalid], invalid)
+        invalid = first_invalid_shape(shapes)
+        if invalid is not None:
+            self.fail("gradients.shape", SHAPE_EXPECTED, shapes[invalid], invalid)
         if not _types(sizes) <= {int} or sizes != list(
             map(mul, map(math.prod, shapes), map(_ITEMSIZE.__getitem__, dtypes))
         ):
@@ -521,7 +521,7 @@ def validate_array_document(raw: memoryview, claim: ArrayClaim, snapshot_id: str
         fail(
             "codecs", _Said(", ".join(expected_names)), _Said(", ".join(names)) if names else codecs
         )
-    if _endian(codecs) != "little":  # type: ignore[arg-type]
+    if _endian(codecs) != "little":
         fail("codecs", _Said("bytes with endian 'little'"), codecs)
     if claim.attributes is not None:
         attributes = get("attributes")

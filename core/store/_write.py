@@ -138,10 +138,10 @@ class _StreamedChunks(_GradientChunks):
         self._device = device
         self._dtype = np.dtype(entry.array.dtype)
 
-    def __iter__(self) -> Iterator[EncodedChunk]:
+    def __iter__(self) -> Generator[EncodedChunk, None, None]:
         return self._streamed_chunks()
 
-    def _streamed_chunks(self) -> Iterator[EncodedChunk]:
+    def _streamed_chunks(self) -> Generator[EncodedChunk, None, None]:
         entry = self._entry
         pieces = self._ring.stream(
             entry.array, entry.nbytes, lengths=[span.length for span in self._spans]
@@ -273,6 +273,7 @@ class SnapshotWrite:
                 failures = [r for r in results if isinstance(r, BaseException)]
                 if failures:
                     raise next((f for f in failures if not isinstance(f, _Abandoned)), failures[0])
+                written = [r for r in results if not isinstance(r, BaseException)]  # all of them
                 manifest = build_manifest(
                     record,
                     snapshot_id=self._id,
@@ -282,8 +283,8 @@ class SnapshotWrite:
                     device=device,
                     compression=self._compression,
                     packed_positions=packed_positions,
-                    packed=results[-1] if packed_positions else None,
-                    own_arrays=dict(zip(own_positions, results, strict=False)),
+                    packed=written[-1] if packed_positions else None,
+                    own_arrays=dict(zip(own_positions, written, strict=False)),
                     shard=None if shard is None else (shard.rank, shard.world_size),
                 )
                 group_document = await self._threads.run(
@@ -397,11 +398,11 @@ class SnapshotWrite:
         return packed
 
 
-def _end(stream: Iterator[EncodedChunk]) -> None:
+def _end(stream: Generator[EncodedChunk, None, None]) -> None:
     """Close a chunk stream that may be left suspended (not one still running in a thread:
     its ring is then dropped by the pool, not reused)."""
     try:
-        stream.close()  # type: ignore[attr-defined]
+        stream.close()
     except ValueError:  # "generator already executing": a backend thread still in it
         pass
 

@@ -43,10 +43,12 @@ class Compression:
         return {"name": "zstd", "configuration": {"level": self.level, "checksum": False}}
 
 
-def parse_compression(text: str | None) -> Compression | None:
+def parse_compression(text: object) -> Compression | None:
     """``None`` for no compression, ``"zstd"`` or ``"zstd:<level>"``; ValueError otherwise."""
     if text is None or text == "none":
         return None
+    if not isinstance(text, str):
+        raise ValueError(f"compression is None, 'zstd' or 'zstd:<level>'; got {text!r}")
     name, _, level = text.partition(":")
     if name != "zstd" or (level and not level.lstrip("-").isdigit()):
         raise ValueError(f"compression is None, 'zstd' or 'zstd:<level>'; got {text!r}")

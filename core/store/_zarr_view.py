@@ -61,12 +61,12 @@ def checked_range(start: object, end: object, size: int, what: str) -> tuple[int
     """``(start, end)`` with ``end=None`` as ``size``; InvalidRangeError unless within ``size``."""
     if end is None:
         end = size
-    for value in (start, end):
-        if type(value) is not int:
-            raise InvalidRangeError(f"{what}: a byte range is two ints; got {value!r}")
-    if not 0 <= start <= end <= size:  # type: ignore[operator]
+    if type(start) is not int or type(end) is not int:
+        value = start if type(start) is not int else end
+        raise InvalidRangeError(f"{what}: a byte range is two ints; got {value!r}")
+    if not 0 <= start <= end <= size:
         raise InvalidRangeError(f"{what}: bytes [{start}, {end}) are not within its {size} bytes")
-    return start, end  # type: ignore[return-value]
+    return start, end
 
 
 def parse_store_path(path: object) -> list[str]:
@@ -158,6 +158,11 @@ class _Key:
     owner: str = ""  # how messages name the gradients a chunk holds
     rank: int | None = None  # the shard of a sharded snapshot the key is in
 
+    def snapshot(self) -> str:
+        """The snapshot of a key inside one (an array's document or chunk)."""
+        assert self.snapshot_id is not None, f"store key {self.key} is in no snapshot"
+        return self.snapshot_id
+
 
 class ZarrView:
     """Reads single keys of the store for Zarr readers, only those the rules above allow."""
@@ -174,9 +179,9 @@ class ZarrView:
     async def read(self, path: str, start: int = 0, end: int | None = None) -> memoryview:
         """The bytes ``[start, end)`` of the key at ``path`` (a chunk's crc32c verified)."""
         found = await self._resolve(path)
-        limit = _DOCUMENT_LIMIT
+        limit: int | None = _DOCUMENT_LIMIT
         if found.chunk is not None:
-            manifest = await self._manifests.manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
+            manifest = await self._manifests.manifest(found.snapshot(), found.rank)
             compression = manifest.compression
             limit = encoded_size_bounds(found.chunk.padded_length, compression)[1]
         elif found.snapshot_id is not None and found.array is None:
@@ -188,7 +193,7 @@ class ZarrView:
         if found.chunk is not None:
             self._verify_chunk(found, data)
         elif found.array is not None:
-            manifest = await self._manifests.manifest(found.snapshot_id, found.rank)  # type: ignore[arg-type]
+            manifest = await self._manifests.manifest(found.snapshot(), found.rank)
             claim = self._manifests.reader(manifest).array_claim(found.array)
             validate_array_document(data, claim, manifest.snapshot_id, found.key)
         start, end = checked_range(start, end, len(data), f"store key {found.key}")
@@ -249,7 +254,8 @@ class ZarrView:
 
     @staticmethod
     def _chunk_problem(found: _Key, problem: str) -> str:
-        chunk = found.chunk.key  # type: ignore[union-attr]
+        assert found.chunk is not None  # asked only about a chunk
+        chunk = found.chunk.key
         return (
             f"snapshot {found.snapshot_id}: chunk {found.array}/{chunk} of {found.owner} {problem}"
         )
@@ -277,6 +283,7 @@ def _chunk_of(manifest: Manifest, array: str, chunk_key: str) -> tuple[ChunkSpan
         span = manifest.packed_chunk(int(chunk_key.removeprefix("c/")))
         return span, manifest.describe_packed_chunk(span) or "the packed array"
     position = manifest.position(array)
+    assert position is not None  # the caller found the key in the manifest
     itemsize = np.dtype(columns["dtype"][position]).itemsize
     padded = itemsize * math.prod(columns["chunk_shape"][position])
     return ChunkSpan(chunk_key, 0, padded, padded), manifest.describe(position)

@@ -11,6 +11,7 @@ copy-on-write capture whose cost grows with the number of parameters) and return
 from __future__ import annotations
 
 import asyncio
+import builtins  # builtins.list in annotations: inside the classes, list is a method
 import concurrent.futures
 import logging
 import os
@@ -66,7 +67,7 @@ class SnapshotHandle(Generic[R]):
     """
 
     def __init__(self, future: concurrent.futures.Future[R], nbytes: int, num_params: int) -> None:
-        self._future = future
+        self._future: concurrent.futures.Future[R] = future
         self.nbytes = nbytes
         self.num_params = num_params
 
@@ -471,13 +472,13 @@ class Recorder:
         """Delete one committed snapshot."""
         await self._read(lambda store: store.delete(snapshot_id))
 
-    async def gc(self, grace_seconds: float = 3600.0) -> list[str]:
+    async def gc(self, grace_seconds: float = 3600.0) -> builtins.list[str]:
         """Remove leftovers of interrupted snapshots older than ``grace_seconds``."""
         return await self._read(lambda store: store.gc(grace_seconds=grace_seconds))
 
     async def apply_retention(
         self, keep_last: int | None = None, keep_every: int | None = None, run: str | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Delete what the retention policy does not keep; returns the deleted ids."""
         return await self._read(lambda store: store.apply_retention(keep_last, keep_every, run=run))
 
@@ -674,12 +675,12 @@ class SyncRecorder:
     def delete(self, snapshot_id: str) -> None:
         self._run("delete", self._recorder.delete(snapshot_id))
 
-    def gc(self, grace_seconds: float = 3600.0) -> list[str]:
+    def gc(self, grace_seconds: float = 3600.0) -> builtins.list[str]:
         return self._run("gc", self._recorder.gc(grace_seconds))
 
     def apply_retention(
         self, keep_last: int | None = None, keep_every: int | None = None, run: str | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         return self._run(
             "apply_retention", self._recorder.apply_retention(keep_last, keep_every, run)
         )

@@ -46,8 +46,9 @@ class CollateRecorder:
             self._pending.append(state)
             with generators_at(state):  # the generators go on as they were before
                 return self.collate_fn(features)
-        if self._then is not None:
-            self._then, then = None, self._then
+        then = self._then
+        if then is not None:
+            self._then = None
             then.restore()
         self._pending.append(RngStates.capture())
         return self.collate_fn(features)

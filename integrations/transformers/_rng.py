@@ -34,7 +34,9 @@ class RngStates:
         """The generators' states now."""
         cuda = tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_initialized() else ()
         mps = torch.mps.get_rng_state() if torch.backends.mps.is_available() else None
-        return cls(random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda, mps)
+        numpy = np.random.get_state(legacy=True)
+        assert isinstance(numpy, tuple)  # the legacy generator's (NumPy's stubs allow a dict)
+        return cls(random.getstate(), numpy, torch.get_rng_state(), cuda, mps)
 
     def restore(self) -> None:
         """Set every generator to this state."""

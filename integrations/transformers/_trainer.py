@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import Trainer
@@ -90,7 +90,16 @@ class _Resume:
     gradients: GradientsParams
 
 
-class GradvaultTrainerMixin(RngLoadHook):
+# Type checkers read the mixin as a Trainer, so that its super() calls reach Trainer's
+# methods; at run time it has no base but the hook, and sits before a Trainer in the bases
+# of a class.
+if TYPE_CHECKING:
+    from transformers import Trainer as _MixinBase
+else:
+    _MixinBase = object
+
+
+class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
     """Put first among a ``transformers.Trainer`` subclass's bases to resume mid-window.
 
     ``class MyTrainer(GradvaultTrainerMixin, SFTTrainer): ...``; ``GradvaultTrainer`` is
@@ -138,7 +147,7 @@ class GradvaultTrainerMixin(RngLoadHook):
                 else:
                     self._gradvault_logging = read_logging_state(folder)
                 resume_from_checkpoint = os.fspath(resume_from_checkpoint)
-            return super().train(  # type: ignore[misc]
+            return super().train(
                 resume_from_checkpoint=resume_from_checkpoint,
                 trial=trial,
                 ignore_keys_for_eval=ignore_keys_for_eval,
@@ -243,7 +252,7 @@ class GradvaultTrainerMixin(RngLoadHook):
         recorder = CollateRecorder(collator)
         trainer.data_collator = recorder  # only while the dataloader is built around it
         try:
-            loader = super().get_train_dataloader()  # type: ignore[misc]
+            loader = super().get_train_dataloader()
         finally:
             trainer.data_collator = collator
         self._gradvault_collates = recorder
@@ -252,7 +261,7 @@ class GradvaultTrainerMixin(RngLoadHook):
     def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
         """``Trainer.get_resumed_dataloader``: the epoch resumes after its first windows."""
         self._gradvault_epoch_fresh = False
-        return super().get_resumed_dataloader(dataloader, num_batches)  # type: ignore[misc]
+        return super().get_resumed_dataloader(dataloader, num_batches)
 
     def gradvault_rng_state_loaded(self) -> None:
         """After the Trainer loaded a checkpoint's generator states (which it does after a
@@ -315,9 +324,7 @@ class GradvaultTrainerMixin(RngLoadHook):
             if recorder is not None:
                 recorder.replay(replayed, then=window_start)
         tr_loss = running_loss(trainer).detach().clone()
-        batches, num_items_in_batch = super().get_batch_samples(  # type: ignore[misc]
-            epoch_iterator, num_batches, device
-        )
+        batches, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
         if replayed is not None and resume is None:
             self._gradvault_rng_after_prefetch = RngStates.capture()
         collated = None if recorder is None else recorder.take(len(batches))
@@ -360,7 +367,7 @@ class GradvaultTrainerMixin(RngLoadHook):
                 window.losses.append(loss)
                 return loss
             self._gradvault_finish_resume(resume)
-        loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+        loss = super().training_step(model, inputs, num_items_in_batch)
         if window is not None:
             window.losses.append(loss.detach())
         return loss

@@ -86,7 +86,8 @@ async def read_login_form(request: Request) -> LoginForm:
             f"fields); got {found}"
         ) from None
     token = (fields.get("token") or [""])[0].strip()
-    return LoginForm(token=token, next_path=safe_next((fields.get("next") or [None])[0]))
+    next_values = fields.get("next")
+    return LoginForm(token=token, next_path=safe_next(next_values[0] if next_values else None))
 
 
 def _here(request: Request) -> str:

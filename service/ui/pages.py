@@ -221,8 +221,12 @@ _COLUMNS = [
     ("nan_count", "NaN"),
     ("inf_count", "Inf"),
 ]
-_NO_GRADIENTS = {key: [] for key in ("param_id", "name", "dtype", "shape", "nbytes")}
-_NO_STATS = {key: [] for key in ("l2_norm", "max_abs", "nan_count", "inf_count")}
+_NO_GRADIENTS: dict[str, list[Any]] = {
+    key: [] for key in ("param_id", "name", "dtype", "shape", "nbytes")
+}
+_NO_STATS: dict[str, list[Any]] = {
+    key: [] for key in ("l2_norm", "max_abs", "nan_count", "inf_count")
+}
 
 
 def _as_number(value: float | str) -> float:
@@ -400,10 +404,15 @@ def _diff_rows(first: SnapshotStats, second: SnapshotStats) -> list[dict[str, An
             ratio = norm_b / norm_a if math.isfinite(norm_b) else math.inf
         bad_a = i is not None and not _finite_at(first, i)
         bad_b = j is not None and not _finite_at(second, j)
+        if i is not None:
+            name = first.names[i]
+        else:
+            assert j is not None  # the id is in one snapshot at least
+            name = second.names[j]
         rows.append(
             {
                 "param_id": param_id,
-                "name": first.names[i] if i is not None else second.names[j],  # type: ignore[index]
+                "name": name,
                 "norm_a": norm_a,
                 "norm_b": norm_b,
                 "bad_a": bad_a,

@@ -189,7 +189,8 @@ def run_series(run: str, snapshots: list[SnapshotStats], max_points: int) -> dic
             for param_id, norm in zip(stats.param_ids, stats.l2_norms, strict=True):
                 value = _drawable(norm)
                 position = layer_of[param_id]
-                if value is not None and (largest[position] is None or value > largest[position]):
+                current = largest[position]
+                if value is not None and (current is None or value > current):
                     largest[position] = value
         steps.append(bucket[-1].step)
         ids.append(bucket[-1].id)

@@ -16,7 +16,7 @@ from ...errors import AutogradError, ConflictingOptionsError, InvalidArgumentTyp
 from .. import backend
 from ..factories import ones_like, zeros_like
 from ..function import Function, sum_to_shape
-from ..grad_mode import _state
+from ..grad_mode import set_grad_enabled
 from ..gradients import Gradients
 from ..graph import AccumulateGrad, Context, Hook, Node
 from ..tensor import Tensor, array_of, leaf_node
@@ -92,17 +92,15 @@ def run_backward(
             capture_nodes.add(_root_node(t, 0))
     counts = _needed(roots, capture_nodes)
     buffers: dict[Node, Tensor] = {}
-    for node, grad in zip(roots, grad_outputs, strict=True):
+    for node, root_grad in zip(roots, grad_outputs, strict=True):
         if node in counts:
-            buffers[node] = grad if node not in buffers else buffers[node] + grad
+            buffers[node] = root_grad if node not in buffers else buffers[node] + root_grad
     captured: dict[Node, Tensor] = {}
     delivered: dict[int, tuple[Tensor, Tensor]] = {}
     # newest node first, like PyTorch's sequence-number order
     ready = [(-node.sequence, node) for node in dict.fromkeys(roots) if counts.get(node, 1) == 0]
     heapq.heapify(ready)
-    saved_mode = _state.grad_enabled
-    _state.grad_enabled = create_graph
-    try:
+    with set_grad_enabled(create_graph):  # the rules record a graph only for create_graph
         while ready:
             _, node = heapq.heappop(ready)
             grad = buffers.pop(node, None)
@@ -121,7 +119,7 @@ def run_backward(
             if isinstance(node, AccumulateGrad):
                 if leaf is not None:
                     delivered[id(leaf)] = (leaf, grad)
-                    if accumulate and (capture is None or node in capture_nodes):
+                    if accumulate and (capture_nodes is None or node in capture_nodes):
                         _accumulate_into(leaf, grad, create_graph)
                 continue
             input_grads = node.apply(grad)
@@ -139,8 +137,6 @@ def run_backward(
                 counts[child] -= 1
                 if counts[child] == 0:
                     heapq.heappush(ready, (-child.sequence, child))
-    finally:
-        _state.grad_enabled = saved_mode
     return captured, delivered
 
 

@@ -59,6 +59,11 @@ class ModuleRecord:
 class Module:
     """Base class of layers and models, as in PyTorch: define ``forward``, call ``module(x)``."""
 
+    # set in __init__ through object.__setattr__ (this class's own __setattr__ files them)
+    _params: dict[str, Param]
+    _modules: dict[str, Module]
+    training: bool
+
     def __init__(self) -> None:
         object.__setattr__(self, "_params", {})
         object.__setattr__(self, "_modules", {})

@@ -36,7 +36,7 @@ class Sub(Function):
         return g, -g
 
 
-def _needs(ctx: Context) -> tuple[bool, bool]:
+def _needs(ctx: Context) -> tuple[bool, ...]:
     return ctx.needs_input_grad if ctx.needs_input_grad else (False, False)
 
 

@@ -7,7 +7,9 @@ registrations say.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,10 +17,16 @@ import pytest
 
 import gradvault.core as gv
 from gradvault.core import InvalidArgumentError, InvalidArgumentTypeError
+from gradvault.core.autodiff import tensor as tensor_module
 from gradvault.core.autodiff.autograd import Context, gradcheck
 from gradvault.core.autodiff.autograd.function import Function
-from gradvault.core.autodiff.op_table import op_table, register_op
-from gradvault.core.autodiff.tensor import array_of, wrap
+from gradvault.core.autodiff.op_table import (
+    DECLARATIONS_BEGIN,
+    DECLARATIONS_END,
+    op_table,
+    register_op,
+)
+from gradvault.core.autodiff.tensor import Tensor, array_of, wrap
 
 
 class Remainder(Function):
@@ -142,3 +150,82 @@ def test_the_packages_export_and_tensor_has_what_the_registrations_say() -> None
     # the two names of gradvault.core.autodiff.ops that are no op registration of their own
     assert set(gv.ops.__all__) - set(names) == {"ValuesIndices", "view"}
     assert gv.ops.view is gv.ops.reshape
+
+
+def _declared_in_tensor_py() -> str:
+    text = Path(tensor_module.__file__).read_text()
+    assert text.count(DECLARATIONS_BEGIN) == 1 and text.count(DECLARATIONS_END) == 1
+    return text.split(DECLARATIONS_BEGIN)[1].split(DECLARATIONS_END)[0]
+
+
+def test_tensor_declares_for_type_checkers_the_methods_the_registrations_add() -> None:
+    declared = _declared_in_tensor_py()
+    assert declared == op_table.method_declarations(), (
+        "core/autodiff/tensor.py declares other op methods than the op table adds; "
+        "rewrite them with: .venv/bin/python scripts/op_methods.py"
+    )
+    stubs = ast.parse("class Tensor:\n    if True:\n" + declared).body[0].body[0].body
+    names = [stub.name for stub in stubs]
+    added = [
+        method
+        for name in op_table
+        for method in (*op_table.entry(name).methods, *op_table.entry(name).reflected)
+    ]
+    assert sorted(names) == sorted(added) and len(names) == len(set(names))
+    assert {"matmul", "__matmul__", "__rmatmul__", "sum", "reshape", "__getitem__"} <= set(names)
+    # each declaration has the parameters of the method the table adds (self first)
+    for stub in stubs:
+        entry = next(
+            op_table.entry(name)
+            for name in op_table
+            if stub.name in (*op_table.entry(name).methods, *op_table.entry(name).reflected)
+        )
+        parameters = [a.arg for a in (*stub.args.args, *stub.args.kwonlyargs)]
+        if stub.args.vararg is not None:
+            parameters.insert(len(stub.args.args), stub.args.vararg.arg)
+        if stub.name in entry.reflected:
+            assert parameters == ["self", "other"], stub.name
+        else:
+            function = entry.function.__code__
+            count = function.co_argcount + function.co_kwonlyargcount + bool(stub.args.vararg)
+            assert parameters[1:] == list(function.co_varnames[1:count]), stub.name
+
+
+def test_a_registration_adds_its_declarations() -> None:
+    @register_op(methods=("fmod", "__mod__"), reflected=("__rmod__",))
+    def fmod(a: Tensor, other: Any, *, exact: bool = False) -> Tensor:
+        return a
+
+    try:
+        declarations = op_table.method_declarations()
+    finally:
+        op_table.unregister("fmod")
+    assert "        def fmod(self, other: Any, *, exact: bool = False) -> Tensor: ...\n" in (
+        declarations
+    )
+    assert "        def __rmod__(self, other: Tensor) -> Tensor: ...\n" in declarations
+    assert declarations != op_table.method_declarations()  # what tensor.py then lacks
+
+
+def test_declarations_refuse_what_tensor_py_could_not_read() -> None:
+    def shadowed(a: Tensor, scale: float) -> Tensor:
+        return a
+
+    def foreign(a: Tensor, other: gv.Tensor) -> Tensor:
+        return a
+
+    def unannotated(a: Tensor, other) -> Tensor:
+        return a
+
+    for function, message in (
+        (shadowed, "annotation 'float' names 'float', which inside Tensor is its attribute"),
+        (foreign, "annotation 'gv.Tensor' names 'gv', which .*tensor does not define"),
+        (unannotated, "every parameter and the result need annotations"),
+    ):
+        register_op(methods=(f"{function.__name__}_method",))(function)
+        try:
+            with pytest.raises(InvalidArgumentError, match=f"op '{function.__name__}': {message}"):
+                op_table.method_declarations()
+        finally:
+            op_table.unregister(function.__name__)
+    assert op_table.method_declarations() == _declared_in_tensor_py()

@@ -663,3 +663,9 @@ async def test_zarr_rejects_a_corrupted_chunk_too(tmp_path: Path) -> None:
     chunk.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="checksum"):
         zarr.open_group(tmp_path / "snapshots" / info.id, mode="r")[pid][...]
+
+
+@pytest.mark.parametrize("compression", [5, b"zstd", ["zstd"]])
+def test_a_compression_that_is_not_text_is_refused_naming_it(compression: object) -> None:
+    with pytest.raises(ValueError, match=r"compression is None, 'zstd' or 'zstd:<level>'; got "):
+        store_package.parse_compression(compression)
