@@ -284,6 +284,10 @@ def _seeds(outputs: tuple[Any, ...], given: Any, name: str) -> list[Any]:
             raise AutogradError(
                 f"{name} entry has shape {seed.shape}; its output has shape {out.shape}"
             )
+        elif seed.device != out.device:
+            raise AutogradError(
+                f"{name} entry is on {seed.device}; its output is on {out.device}: move it there"
+            )
         prepared.append(seed)
     return prepared
 

@@ -144,7 +144,10 @@ def gradgradcheck(
         outs = _flat_outputs(fn, inputs)
     if grad_outputs is None:
         rng = np.random.default_rng(seed)
-        grad_outputs = tuple(wrap(rng.standard_normal(o.shape)).requires_grad_() for o in outs)
+        grad_outputs = tuple(
+            Tensor(rng.standard_normal(o.shape), dtype=float64, device=o.device).requires_grad_()
+            for o in outs
+        )
     grad_outputs = _prepare(grad_outputs)
     count = len(inputs)
 

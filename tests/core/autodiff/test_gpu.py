@@ -76,3 +76,19 @@ def test_moving_between_cpu_and_gpu_is_differentiable() -> None:
     (on_gpu * on_gpu).sum().backward()
     assert str(x.grad.device) == "cpu"
     np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0])
+
+
+def test_a_seed_gradient_on_another_device_is_refused_naming_both() -> None:
+    x = gv.tensor([1.0, 2.0], dtype=gv.float64, device=DEVICE, requires_grad=True)
+    out = x * 3
+    on_cpu = gv.tensor([1.0, 1.0], dtype=gv.float64)
+    with pytest.raises(gv.AutogradError, match=rf"grad_outputs entry is on cpu; .* on {DEVICE}"):
+        gv.autograd.grad(out, x, grad_outputs=on_cpu)
+    with pytest.raises(gv.AutogradError, match=rf"entry is on cpu; its output is on {DEVICE}"):
+        out.backward(on_cpu)
+    assert x.grad is None
+
+
+def test_gradgradcheck_draws_its_grad_outputs_on_the_outputs_device() -> None:
+    x = gv.tensor([[0.5, -0.25]], dtype=gv.float64, device=DEVICE, requires_grad=True)
+    assert gv.autograd.gradgradcheck(lambda t: (t * t).mT, (x,))
