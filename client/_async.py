@@ -117,9 +117,10 @@ class AsyncClient(BaseClient):
             for summary in page:
                 yield summary
 
-    async def info(self, snapshot_id: str) -> dict[str, Any]:
-        """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict."""
-        return await self._run(self._info_of(snapshot_id))
+    async def info(self, snapshot_id: str, *, rank: int | None = None) -> dict[str, Any]:
+        """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict; of a sharded
+        snapshot its ranks (``world_size``, ``shards``), or with ``rank`` that rank's shard's."""
+        return await self._run(self._info_of(snapshot_id, rank))
 
     async def push(
         self,
@@ -137,13 +138,19 @@ class AsyncClient(BaseClient):
         return await self._run(self._pushing(grads_or_record, run, step, tags, progress))
 
     async def fetch(
-        self, snapshot_id: str, *, progress: ProgressCallback | None = None
+        self,
+        snapshot_id: str,
+        *,
+        rank: int | None = None,
+        progress: ProgressCallback | None = None,
     ) -> GradientsParamsRecord:
         """The snapshot as a record, every gradient checked against the manifest's crc32c.
 
+        A sharded snapshot needs ``rank``: that rank's shard (ShardedSnapshotError without).
+
         ``progress(done_bytes, total_bytes)`` is told as the file's bytes arrive.
         """
-        return await self._run(self._fetching(snapshot_id, progress))
+        return await self._run(self._fetching(snapshot_id, progress, rank))
 
     async def restore(
         self,
@@ -152,20 +159,24 @@ class AsyncClient(BaseClient):
         *,
         module: Any = None,
         match: str = "id",
+        rank: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> GradientsParams:
-        """The snapshot as gradients on ``device`` (``GradientsParams.from_record``)."""
-        return await self._run(self._restoring(snapshot_id, device, module, match, progress))
+        """The snapshot as gradients on ``device`` (``GradientsParams.from_record``); of a
+        sharded snapshot, rank ``rank``'s shard (ShardedSnapshotError without)."""
+        return await self._run(self._restoring(snapshot_id, device, module, match, progress, rank))
 
     async def download(
         self,
         snapshot_id: str,
         path: str | os.PathLike[str],
         *,
+        rank: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> Path:
-        """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors."""
-        return await self._run(self._downloading_to(snapshot_id, path, progress))
+        """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors; of a
+        sharded snapshot, rank ``rank``'s shard (ShardedSnapshotError without)."""
+        return await self._run(self._downloading_to(snapshot_id, path, progress, rank))
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete the snapshot; SnapshotNotFoundError if there is none by that id."""

@@ -112,9 +112,10 @@ class Client(BaseClient):
             page, params = self._run(self._page_of(params))
             yield from page
 
-    def info(self, snapshot_id: str) -> dict[str, Any]:
-        """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict."""
-        return self._run(self._info_of(snapshot_id))
+    def info(self, snapshot_id: str, *, rank: int | None = None) -> dict[str, Any]:
+        """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict; of a sharded
+        snapshot its ranks (``world_size``, ``shards``), or with ``rank`` that rank's shard's."""
+        return self._run(self._info_of(snapshot_id, rank))
 
     def push(
         self,
@@ -132,13 +133,19 @@ class Client(BaseClient):
         return self._run(self._pushing(grads_or_record, run, step, tags, progress))
 
     def fetch(
-        self, snapshot_id: str, *, progress: ProgressCallback | None = None
+        self,
+        snapshot_id: str,
+        *,
+        rank: int | None = None,
+        progress: ProgressCallback | None = None,
     ) -> GradientsParamsRecord:
         """The snapshot as a record, every gradient checked against the manifest's crc32c.
 
+        A sharded snapshot needs ``rank``: that rank's shard (ShardedSnapshotError without).
+
         ``progress(done_bytes, total_bytes)`` is told as the file's bytes arrive.
         """
-        return self._run(self._fetching(snapshot_id, progress))
+        return self._run(self._fetching(snapshot_id, progress, rank))
 
     def restore(
         self,
@@ -147,20 +154,24 @@ class Client(BaseClient):
         *,
         module: Any = None,
         match: str = "id",
+        rank: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> GradientsParams:
-        """The snapshot as gradients on ``device`` (``GradientsParams.from_record``)."""
-        return self._run(self._restoring(snapshot_id, device, module, match, progress))
+        """The snapshot as gradients on ``device`` (``GradientsParams.from_record``); of a
+        sharded snapshot, rank ``rank``'s shard (ShardedSnapshotError without)."""
+        return self._run(self._restoring(snapshot_id, device, module, match, progress, rank))
 
     def download(
         self,
         snapshot_id: str,
         path: str | os.PathLike[str],
         *,
+        rank: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> Path:
-        """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors."""
-        return self._run(self._downloading_to(snapshot_id, path, progress))
+        """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors; of a
+        sharded snapshot, rank ``rank``'s shard (ShardedSnapshotError without)."""
+        return self._run(self._downloading_to(snapshot_id, path, progress, rank))
 
     def delete(self, snapshot_id: str) -> None:
         """Delete the snapshot; SnapshotNotFoundError if there is none by that id."""

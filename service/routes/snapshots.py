@@ -16,9 +16,16 @@ from gradvault.core.store import parse_snapshot_id
 
 from ..deps import IndexDep, MetricsDep, ReadAccess, SettingsDep, StoreDep, WriteAccess
 from ..error_handlers import error_responses
-from ..params import MAX_STEP, SNAPSHOT_ID_PATTERN, SnapshotIdPath
+from ..params import MAX_STEP, SNAPSHOT_ID_PATTERN, RankQuery, SnapshotIdPath
 from ..queries import snapshot_manifest
-from ..schemas import GradientStats, SnapshotDetail, SnapshotPage, SnapshotSummary
+from ..schemas import (
+    GradientStats,
+    SnapshotDetail,
+    SnapshotPage,
+    SnapshotSummary,
+    shard_rows,
+    sharding_of,
+)
 from ..uploads import receive_safetensors, remove_spool
 
 router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
@@ -61,9 +68,12 @@ async def list_snapshots(
     dependencies=[ReadAccess],
     responses=error_responses(400, *_AUTH_ERRORS, 404, 422, 500, 503),
 )
-async def get_snapshot(snapshot_id: SnapshotIdPath, store: StoreDep) -> Response:
-    """The snapshot's manifest: summary, tags, metadata and every gradient with its stats."""
-    manifest = await snapshot_manifest(store, snapshot_id)
+async def get_snapshot(
+    snapshot_id: SnapshotIdPath, store: StoreDep, rank: RankQuery = None
+) -> Response:
+    """The snapshot's manifest: summary, tags, metadata and every gradient with its stats
+    (of a sharded snapshot: its ranks, or with ``rank`` that rank's shard's manifest)."""
+    manifest = await snapshot_manifest(store, snapshot_id, rank)
     # 100,000 gradients are ~20 MB of JSON: encoded off the event loop, without a model each
     body = await asyncio.to_thread(detail_json, manifest)
     return Response(body, media_type="application/json")
@@ -93,15 +103,26 @@ def detail_json(manifest: dict[str, Any]) -> bytes:
                 zip(*columns, strict=True), zip(*stats, strict=True), strict=True
             )
         ]
+    rank, world_size = sharding_of(manifest)
+    shards = shard_rows(manifest.get("shards"))
+    computed = {
+        "gradients": gradients,
+        "world_size": world_size,
+        "shards": None if shards is None else [shard.model_dump() for shard in shards],
+        "rank": rank,
+    }
     # the model's fields in its order: a field added to SnapshotDetail is served here too
     document = {
-        name: gradients
-        if name == "gradients"
+        name: computed[name]
+        if name in computed
         else manifest[name]
         if field.is_required()
         else manifest.get(name)
         for name, field in SnapshotDetail.model_fields.items()
     }
+    for name in SnapshotDetail.SHARDING_ONLY:  # as the model leaves them out
+        if document[name] is None:
+            del document[name]
     return orjson.dumps(document)
 
 
