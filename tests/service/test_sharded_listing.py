@@ -82,7 +82,8 @@ async def test_the_detail_of_a_sharded_snapshot_and_of_each_rank(
         assert (shard["id"], shard["rank"], shard["world_size"]) == (snapshot_id, 2, 3)
         assert (shard["nbytes"], shard["num_params"]) == (rank_nbytes(2), 2)
         assert [(g["param_id"], g["name"], g["shape"]) for g in shard["gradients"]] == [
-            (str(pid), name, shape) for (pid, name), shape in zip(PARAMS, ([3, 6], [5]))
+            (str(pid), name, shape)
+            for (pid, name), shape in zip(PARAMS, ([3, 6], [5]), strict=True)
         ]
 
         plain = await client.get(f"/v1/snapshots/{whole.id}")
