@@ -8,7 +8,7 @@ rank ``r``'s first gradient has ``r`` more columns, so the ranks' sizes differ.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,14 +27,17 @@ from gradvault.core import (
 PARAMS = ((ParamId(0x1F2E3D4C5B6A7988), "fc1.weight"), (ParamId(0x0123456789ABCDEF), "fc1.bias"))
 
 
-def rank_record(rank: int) -> GradientsParamsRecord:
-    """Rank ``rank``'s gradients: float32, (3, 4 + rank) and (5,), values drawn from the rank."""
+def rank_record(rank: int, *, nonfinite: bool = False) -> GradientsParamsRecord:
+    """Rank ``rank``'s gradients: float32, (3, 4 + rank) and (5,), values drawn from the rank;
+    with ``nonfinite``, the first holds a NaN and an Inf."""
     rng = np.random.default_rng(1000 + rank)
-    shapes = ((3, 4 + rank), (5,))
+    arrays = [rng.standard_normal((3, 4 + rank), "f4"), rng.standard_normal(5, "f4")]
+    if nonfinite:
+        arrays[0][0, 0], arrays[0][1, 1] = np.nan, np.inf
     return GradientsParamsRecord(
         [
-            GradientRecordEntry.from_array(param_id, name, rng.standard_normal(shape, "f4"))
-            for (param_id, name), shape in zip(PARAMS, shapes, strict=True)
+            GradientRecordEntry.from_array(param_id, name, array)
+            for (param_id, name), array in zip(PARAMS, arrays, strict=True)
         ]
     )
 
@@ -51,15 +54,17 @@ def write_sharded(
     run: str,
     step: int,
     tags: Mapping[str, str] | None = None,
+    record_of: Callable[[int], GradientsParamsRecord] = rank_record,
     **store_options: object,
 ) -> str:
-    """Write one snapshot from ``world_size`` ranks at once; its id, once committed."""
+    """Write one snapshot from ``world_size`` ranks at once (rank ``r`` writes
+    ``record_of(r)``); its id, once committed."""
     snapshot_id = new_snapshot_id()
 
     def rank_writes(rank: int) -> ShardInfo:
         with Recorder(store, **store_options) as recorder:
             return recorder.sync.snapshot_shard(
-                rank_record(rank),
+                record_of(rank),
                 snapshot_id=snapshot_id,
                 rank=rank,
                 world_size=world_size,
