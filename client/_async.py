@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from gradvault.core import GradientsParams, GradientsParamsRecord
+from gradvault.core import GradientsParams, GradientsParamsRecord, ShardInfo
 
 from ._base import BaseClient, ProgressCallback, SnapshotSummary, Upload
 from ._steps import Blocking, Capture, Close, Discard, Receive, Send, Sleep, Step, Steps
@@ -136,6 +136,32 @@ class AsyncClient(BaseClient):
         ``progress(done_bytes, total_bytes)`` is told as the body's pieces are sent.
         """
         return await self._run(self._pushing(grads_or_record, run, step, tags, progress))
+
+    async def push_shard(
+        self,
+        grads_or_record: GradientsParams | GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> ShardInfo:
+        """Upload gradients as rank ``rank``'s shard of the sharded snapshot ``snapshot_id``;
+        its ``ShardInfo`` once durable (``committed``: this upload completed the snapshot).
+
+        Every rank passes the same id (drawn once, e.g. by rank 0 with
+        :func:`gradvault.core.new_snapshot_id`), world size, run, step and tags, as the
+        store's ``write_shard`` asks. ``progress(done_bytes, total_bytes)`` is told as the
+        body's pieces are sent.
+        """
+        return await self._run(
+            self._pushing_shard(
+                grads_or_record, (snapshot_id, rank, world_size), run, step, tags, progress
+            )
+        )
 
     async def fetch(
         self,

@@ -35,6 +35,7 @@ from gradvault.core import (
     InvalidArgumentError,
     ParamIdMismatchError,
     ShardedSnapshotError,
+    ShardInfo,
     SnapshotNotFoundError,
 )
 from gradvault.core.autodiff.torch_adapter import is_torch_module
@@ -43,7 +44,7 @@ from gradvault.core.records.safetensors_file import (
     record_header,
     safetensors_chunks,
 )
-from gradvault.core.store import RetentionRules, SnapshotInfo
+from gradvault.core.store import RetentionRules, SnapshotInfo, check_rank, parse_snapshot_id
 
 from ._files import part_beside, place
 from ._steps import Blocking, Capture, Close, Discard, Receive, Send, Sleep, Steps
@@ -58,6 +59,11 @@ DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 SNAPSHOTS = "/v1/snapshots"
 #: The most snapshots one listing page asks for (the service's own limit).
 MAX_PAGE_SIZE = 1000
+#: What a shard upload's answer says of the shard, besides the committed snapshot's summary.
+_SHARD_FIELDS = (
+    *("id", "run", "step", "created_at", "rank", "world_size", "nbytes", "num_params"),
+    "committed",
+)
 #: The service's error names for a manifest that readers refuse (answered 500).
 UNREADABLE_ERRORS = frozenset({"FormatVersionError", "ManifestError"})
 
@@ -436,6 +442,37 @@ class BaseClient(ABC):
             upload=Upload(record, progress),
         )
         return self._summary(body)
+
+    def _pushing_shard(
+        self,
+        grads_or_record: GradientsParams | GradientsParamsRecord,
+        shard: tuple[str, int, int],
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None,
+        progress: ProgressCallback | None,
+    ) -> Steps[ShardInfo]:
+        """Upload one rank's shard of a sharded snapshot (docs/SERVICE.md, "Shard uploads")."""
+        snapshot_id, rank, world_size = shard
+        snapshot_id = parse_snapshot_id(snapshot_id)  # before any capture or request
+        rank, world_size = check_rank(rank, world_size)
+        record = (
+            (yield Capture(grads_or_record))
+            if isinstance(grads_or_record, GradientsParams)
+            else grads_or_record
+        )
+        params = {**self._push_params(run, step, tags), "rank": rank, "world_size": world_size}
+        body = yield from self._json_of(
+            "POST",
+            self._snapshot_path(snapshot_id) + "/shards",
+            params=params,
+            upload=Upload(record, progress),
+        )
+        snapshot = body.get("snapshot")
+        return ShardInfo(
+            **{key: body[key] for key in _SHARD_FIELDS},
+            snapshot=None if snapshot is None else self._summary(snapshot),
+        )
 
     def _downloading(
         self,

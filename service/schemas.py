@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
+from gradvault.core import ShardInfo as WrittenShard
 from gradvault.core import SnapshotInfo
 
 
@@ -180,6 +181,38 @@ def sharding_of(manifest: dict[str, Any]) -> tuple[int | None, int | None]:
     if isinstance(shard, dict):
         return shard["rank"], shard["world_size"]
     return None, manifest.get("world_size")
+
+
+class ShardInfo(BaseModel):
+    """One rank's uploaded shard, durable: which snapshot, which rank, and whether the
+    snapshot is committed (``snapshot`` is then its summary; else null, and the snapshot
+    commits with the upload that completes its ranks)."""
+
+    id: str = Field(description="the sharded snapshot's id")
+    run: str
+    step: int = Field(ge=0)
+    created_at: str = Field(description="ISO 8601 UTC with milliseconds")
+    rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    nbytes: int = Field(ge=0, description="this shard's gradient bytes")
+    num_params: int = Field(ge=0, description="this shard's number of gradients")
+    committed: bool
+    snapshot: SnapshotSummary | None = None
+
+    @classmethod
+    def of(cls, shard: WrittenShard) -> ShardInfo:
+        return cls.model_construct(
+            id=shard.id,
+            run=shard.run,
+            step=shard.step,
+            created_at=shard.created_at,
+            rank=shard.rank,
+            world_size=shard.world_size,
+            nbytes=shard.nbytes,
+            num_params=shard.num_params,
+            committed=shard.committed,
+            snapshot=None if shard.snapshot is None else SnapshotSummary.of(shard.snapshot),
+        )
 
 
 class SnapshotPage(BaseModel):

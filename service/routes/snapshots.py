@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
-from starlette.requests import ClientDisconnect
 
-from gradvault.core import InvalidFieldError, InvalidUploadError
 from gradvault.core.records.record_rules import check_snapshot_fields
 from gradvault.core.store import parse_snapshot_id
 
@@ -26,7 +23,7 @@ from ..schemas import (
     shard_rows,
     sharding_of,
 )
-from ..uploads import receive_safetensors, remove_spool
+from ..uploads import parse_tags, receive_upload, remove_spool
 
 router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
 
@@ -126,30 +123,7 @@ def detail_json(manifest: dict[str, Any]) -> bytes:
     return orjson.dumps(document)
 
 
-def _parse_tags(text: str | None) -> dict[str, str]:
-    if text is None:
-        return {}
-    try:
-        tags = json.loads(text)
-    except (ValueError, RecursionError):  # nested past the parser's depth: not tags either
-        tags = None
-    if not isinstance(tags, dict):
-        raise InvalidFieldError(
-            f'tags is a JSON object of strings, e.g. {{"lr": "0.1"}}; got {text[:200]!r}'
-        )
-    return tags
-
-
-def _content_length(request: Request) -> int | None:
-    text = request.headers.get("content-length")
-    if text is None:
-        return None
-    if not text.isdigit():
-        raise InvalidUploadError(f"Content-Length {text[:40]!r} is not a byte count")
-    return int(text)
-
-
-_SAFETENSORS_BODY = {
+SAFETENSORS_BODY = {
     "required": True,
     "description": "a safetensors file whose keys are ParamIds (docs/SERVICE.md, Uploads)",
     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
@@ -173,7 +147,7 @@ _SAFETENSORS_BODY = {
         },
         **error_responses(400, *_AUTH_ERRORS, 413, 422, 503, 507),
     },
-    openapi_extra={"requestBody": _SAFETENSORS_BODY},
+    openapi_extra={"requestBody": SAFETENSORS_BODY},
 )
 async def upload_snapshot(
     request: Request,
@@ -189,20 +163,8 @@ async def upload_snapshot(
     ] = None,
 ) -> SnapshotSummary:
     """Upload a safetensors file (streamed) as a new snapshot; its summary once committed."""
-    run, step, tag_map = check_snapshot_fields(run, step, _parse_tags(tags))
-    content_length = _content_length(request)
-    try:
-        record, spool = await receive_safetensors(
-            request.stream(),
-            content_length=content_length,
-            max_upload_bytes=settings.max_upload_bytes,
-            max_header_bytes=settings.max_header_bytes,
-            spool_dir=settings.spool_dir,
-        )
-    except ClientDisconnect:
-        raise InvalidUploadError(
-            "safetensors file: the body ends early: the client closed the connection"
-        ) from None
+    run, step, tag_map = check_snapshot_fields(run, step, parse_tags(tags))
+    record, spool = await receive_upload(request, settings)
     try:
         info = await store.write_snapshot(record, run=run, step=step, tags=tag_map)
     finally:
