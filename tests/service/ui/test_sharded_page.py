@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
+import numpy as np
 import pytest
 
 from gradvault.core import open_store
@@ -151,3 +152,19 @@ def test_in_chromium_from_the_overview_to_a_rank(page: PageWatch, sharded: Shard
     page.page.locator("#all-ranks").click()
     page.page.wait_for_url(f"**/ui/snapshots/{snapshot_id}")
     assert page.problems == [], page.problems
+
+
+def test_the_run_chart_counts_every_rank_and_the_diff_page_answers(sharded: ShardedStore):
+    stats = _get(sharded.served, "/ui/api/run-stats?run=ddp").json()
+    assert stats["snapshots"] == 2
+    assert stats["ids"] == [sharded.sharded_id, sharded.whole_id]  # steps 7 and 8
+    weight = stats["param_ids"].index(str(PARAMS[0][0]))
+    weights = [next(iter(_nan_on_rank_1(rank))).array for rank in range(3)]
+    # the largest over the ranks, each norm over its finite values (rank 1 has a NaN, an Inf)
+    largest = max(float(np.linalg.norm(w[np.isfinite(w)].astype(np.float64))) for w in weights)
+    assert stats["l2_norm"][weight][0] == pytest.approx(largest, rel=1e-6)
+    (flagged,) = stats["nonfinite"]
+    assert (flagged["id"], flagged["nan_count"], flagged["inf_count"]) == (sharded.sharded_id, 1, 1)
+    assert flagged["layers"] == [PARAMS[0][1]]
+    page = _get(sharded.served, f"/ui/diff?a={sharded.sharded_id}&b={sharded.whole_id}")
+    assert page.status_code == 200
