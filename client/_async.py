@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from gradvault.core import GradientsParams, GradientsParamsRecord
+from gradvault.core import GradientsParams, GradientsParamsRecord, ShardInfo
 
 from ._base import BaseClient, ProgressCallback, SnapshotSummary, Upload
 from ._steps import Blocking, Capture, Close, Discard, Receive, Send, Sleep, Step, Steps
@@ -117,9 +117,10 @@ class AsyncClient(BaseClient):
             for summary in page:
                 yield summary
 
-    async def info(self, snapshot_id: str) -> dict[str, Any]:
-        """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict."""
-        return await self._run(self._info_of(snapshot_id))
+    async def info(self, snapshot_id: str, *, rank: int | None = None) -> dict[str, Any]:
+        """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict; of a sharded
+        snapshot its ranks (``world_size``, ``shards``), or with ``rank`` that rank's shard's."""
+        return await self._run(self._info_of(snapshot_id, rank))
 
     async def push(
         self,
@@ -136,14 +137,46 @@ class AsyncClient(BaseClient):
         """
         return await self._run(self._pushing(grads_or_record, run, step, tags, progress))
 
+    async def push_shard(
+        self,
+        grads_or_record: GradientsParams | GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> ShardInfo:
+        """Upload gradients as rank ``rank``'s shard of the sharded snapshot ``snapshot_id``;
+        its ``ShardInfo`` once durable (``committed``: this upload completed the snapshot).
+
+        Every rank passes the same id (drawn once, e.g. by rank 0 with
+        :func:`gradvault.core.new_snapshot_id`), world size, run, step and tags, as the
+        store's ``write_shard`` asks. ``progress(done_bytes, total_bytes)`` is told as the
+        body's pieces are sent.
+        """
+        return await self._run(
+            self._pushing_shard(
+                grads_or_record, (snapshot_id, rank, world_size), run, step, tags, progress
+            )
+        )
+
     async def fetch(
-        self, snapshot_id: str, *, progress: ProgressCallback | None = None
+        self,
+        snapshot_id: str,
+        *,
+        rank: int | None = None,
+        progress: ProgressCallback | None = None,
     ) -> GradientsParamsRecord:
         """The snapshot as a record, every gradient checked against the manifest's crc32c.
 
+        A sharded snapshot needs ``rank``: that rank's shard (ShardedSnapshotError without).
+
         ``progress(done_bytes, total_bytes)`` is told as the file's bytes arrive.
         """
-        return await self._run(self._fetching(snapshot_id, progress))
+        return await self._run(self._fetching(snapshot_id, progress, rank))
 
     async def restore(
         self,
@@ -152,20 +185,24 @@ class AsyncClient(BaseClient):
         *,
         module: Any = None,
         match: str = "id",
+        rank: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> GradientsParams:
-        """The snapshot as gradients on ``device`` (``GradientsParams.from_record``)."""
-        return await self._run(self._restoring(snapshot_id, device, module, match, progress))
+        """The snapshot as gradients on ``device`` (``GradientsParams.from_record``); of a
+        sharded snapshot, rank ``rank``'s shard (ShardedSnapshotError without)."""
+        return await self._run(self._restoring(snapshot_id, device, module, match, progress, rank))
 
     async def download(
         self,
         snapshot_id: str,
         path: str | os.PathLike[str],
         *,
+        rank: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> Path:
-        """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors."""
-        return await self._run(self._downloading_to(snapshot_id, path, progress))
+        """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors; of a
+        sharded snapshot, rank ``rank``'s shard (ShardedSnapshotError without)."""
+        return await self._run(self._downloading_to(snapshot_id, path, progress, rank))
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete the snapshot; SnapshotNotFoundError if there is none by that id."""

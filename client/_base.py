@@ -32,7 +32,10 @@ from gradvault.core import (
     GradientsParams,
     GradientsParamsRecord,
     GradvaultError,
+    InvalidArgumentError,
     ParamIdMismatchError,
+    ShardedSnapshotError,
+    ShardInfo,
     SnapshotNotFoundError,
 )
 from gradvault.core.autodiff.torch_adapter import is_torch_module
@@ -41,7 +44,7 @@ from gradvault.core.records.safetensors_file import (
     record_header,
     safetensors_chunks,
 )
-from gradvault.core.store import RetentionRules, SnapshotInfo
+from gradvault.core.store import RetentionRules, SnapshotInfo, check_rank, parse_snapshot_id
 
 from ._files import part_beside, place
 from ._steps import Blocking, Capture, Close, Discard, Receive, Send, Sleep, Steps
@@ -56,6 +59,11 @@ DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 SNAPSHOTS = "/v1/snapshots"
 #: The most snapshots one listing page asks for (the service's own limit).
 MAX_PAGE_SIZE = 1000
+#: What a shard upload's answer says of the shard, besides the committed snapshot's summary.
+_SHARD_FIELDS = (
+    *("id", "run", "step", "created_at", "rank", "world_size", "nbytes", "num_params"),
+    "committed",
+)
 #: The service's error names for a manifest that readers refuse (answered 500).
 UNREADABLE_ERRORS = frozenset({"FormatVersionError", "ManifestError"})
 
@@ -295,8 +303,38 @@ class BaseClient(ABC):
         return int(text) if text.isdigit() else None
 
     @staticmethod
-    def _page(body: Mapping[str, Any]) -> tuple[list[SnapshotSummary], str | None]:
-        return [SnapshotSummary.from_manifest(item) for item in body["data"]], body["next_cursor"]
+    def _summary(item: Mapping[str, Any]) -> SnapshotSummary:
+        """A summary from the service's JSON, whose ``shards`` (a sharded snapshot's) are one
+        object per rank where a manifest has them by column."""
+        rows = item.get("shards")
+        if not rows:
+            return SnapshotSummary.from_manifest(dict(item))
+        columns = {key: [row[key] for row in rows] for key in rows[0]}
+        return SnapshotSummary.from_manifest({**item, "shards": columns})
+
+    @classmethod
+    def _page(cls, body: Mapping[str, Any]) -> tuple[list[SnapshotSummary], str | None]:
+        return [cls._summary(item) for item in body["data"]], body["next_cursor"]
+
+    @staticmethod
+    def _rank_params(rank: int | None) -> dict[str, Any]:
+        """The query that picks rank ``rank``'s shard of a sharded snapshot (none for None)."""
+        if rank is None:
+            return {}
+        if type(rank) is not int or rank < 0:  # bools are refused
+            raise InvalidArgumentError(f"rank must be an int >= 0 or None; got {rank!r}")
+        return {"rank": rank}
+
+    @staticmethod
+    def _whole_or_shard(manifest: Mapping[str, Any], rank: int | None) -> None:
+        """ShardedSnapshotError if ``manifest`` is a sharded snapshot's and no rank is given:
+        its gradients are in its ranks' shards, and ParamIds may repeat across them."""
+        world_size = manifest.get("world_size")
+        if rank is None and manifest.get("rank") is None and world_size is not None:
+            raise ShardedSnapshotError(
+                f"snapshot {manifest['id']} is sharded over {world_size} ranks: pass rank= "
+                f"(0..{world_size - 1}) to get one rank's shard"
+            )
 
     @staticmethod
     def _verify(
@@ -380,8 +418,9 @@ class BaseClient(ABC):
         page, cursor = self._page((yield from self._json_of("GET", SNAPSHOTS, params=params)))
         return page, (None if cursor is None else {**params, "cursor": cursor})
 
-    def _info_of(self, snapshot_id: str) -> Steps[dict[str, Any]]:
-        return (yield from self._json_of("GET", self._snapshot_path(snapshot_id)))
+    def _info_of(self, snapshot_id: str, rank: int | None = None) -> Steps[dict[str, Any]]:
+        params = self._rank_params(rank)
+        return (yield from self._json_of("GET", self._snapshot_path(snapshot_id), params=params))
 
     def _pushing(
         self,
@@ -402,13 +441,50 @@ class BaseClient(ABC):
             params=self._push_params(run, step, tags),
             upload=Upload(record, progress),
         )
-        return SnapshotSummary.from_manifest(body)
+        return self._summary(body)
+
+    def _pushing_shard(
+        self,
+        grads_or_record: GradientsParams | GradientsParamsRecord,
+        shard: tuple[str, int, int],
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None,
+        progress: ProgressCallback | None,
+    ) -> Steps[ShardInfo]:
+        """Upload one rank's shard of a sharded snapshot (docs/SERVICE.md, "Shard uploads")."""
+        snapshot_id, rank, world_size = shard
+        snapshot_id = parse_snapshot_id(snapshot_id)  # before any capture or request
+        rank, world_size = check_rank(rank, world_size)
+        record = (
+            (yield Capture(grads_or_record))
+            if isinstance(grads_or_record, GradientsParams)
+            else grads_or_record
+        )
+        params = {**self._push_params(run, step, tags), "rank": rank, "world_size": world_size}
+        body = yield from self._json_of(
+            "POST",
+            self._snapshot_path(snapshot_id) + "/shards",
+            params=params,
+            upload=Upload(record, progress),
+        )
+        snapshot = body.get("snapshot")
+        return ShardInfo(
+            **{key: body[key] for key in _SHARD_FIELDS},
+            snapshot=None if snapshot is None else self._summary(snapshot),
+        )
 
     def _downloading(
-        self, snapshot_id: str, path: Path, progress: ProgressCallback | None
+        self,
+        snapshot_id: str,
+        path: Path,
+        progress: ProgressCallback | None,
+        rank: int | None = None,
     ) -> Steps[GradientsParamsRecord]:
-        """Download the file to ``path`` (resumed after a drop), fsync it, verify it."""
-        manifest = yield from self._info_of(snapshot_id)
+        """Download the file to ``path`` (resumed after a drop), fsync it, verify it; of a
+        sharded snapshot, rank ``rank``'s shard."""
+        manifest = yield from self._info_of(snapshot_id, rank)
+        self._whole_or_shard(manifest, rank)
         meter = TransferMeter(progress)
         resumption = Resumption()
 
@@ -422,6 +498,7 @@ class BaseClient(ABC):
                 response = yield from self._sending(
                     "GET",
                     self._snapshot_path(snapshot_id) + "/safetensors",
+                    params=self._rank_params(rank),
                     headers=resumption.request_headers(),
                     stream=True,
                 )
@@ -443,18 +520,18 @@ class BaseClient(ABC):
                 attempt += 1
             yield Blocking(_flush_to_disk, (file,))
         if resumption.changed:  # the file changed between tries: check against its manifest
-            manifest = yield from self._info_of(snapshot_id)
+            manifest = yield from self._info_of(snapshot_id, rank)
         record = yield Blocking(record_from_safetensors, (path,))
         yield Blocking(self._verify, (snapshot_id, record, manifest))
         return record
 
     def _fetching(
-        self, snapshot_id: str, progress: ProgressCallback | None
+        self, snapshot_id: str, progress: ProgressCallback | None, rank: int | None = None
     ) -> Steps[GradientsParamsRecord]:
         descriptor, name = tempfile.mkstemp(suffix=".safetensors")
         os.close(descriptor)
         try:  # the record maps the file; the mapping outlives its name
-            return (yield from self._downloading(snapshot_id, Path(name), progress))
+            return (yield from self._downloading(snapshot_id, Path(name), progress, rank))
         finally:
             os.unlink(name)
 
@@ -465,17 +542,22 @@ class BaseClient(ABC):
         module: Any,
         match: str,
         progress: ProgressCallback | None,
+        rank: int | None = None,
     ) -> Steps[GradientsParams]:
-        record = yield from self._fetching(snapshot_id, progress)
+        record = yield from self._fetching(snapshot_id, progress, rank)
         return self._restored(record, device, module, match)
 
     def _downloading_to(
-        self, snapshot_id: str, path: str | os.PathLike[str], progress: ProgressCallback | None
+        self,
+        snapshot_id: str,
+        path: str | os.PathLike[str],
+        progress: ProgressCallback | None,
+        rank: int | None = None,
     ) -> Steps[Path]:
         path = Path(path)
         part = part_beside(path)
         try:
-            record = yield from self._downloading(snapshot_id, part, progress)
+            record = yield from self._downloading(snapshot_id, part, progress, rank)
             yield Blocking(place, (path, part, record))
         finally:
             part.unlink(missing_ok=True)

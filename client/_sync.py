@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from gradvault.core import GradientsParams, GradientsParamsRecord
+from gradvault.core import GradientsParams, GradientsParamsRecord, ShardInfo
 
 from ._base import BaseClient, ProgressCallback, SnapshotSummary, Upload
 from ._steps import Blocking, Capture, Close, Discard, Receive, Send, Sleep, Step, Steps
@@ -112,9 +112,10 @@ class Client(BaseClient):
             page, params = self._run(self._page_of(params))
             yield from page
 
-    def info(self, snapshot_id: str) -> dict[str, Any]:
-        """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict."""
-        return self._run(self._info_of(snapshot_id))
+    def info(self, snapshot_id: str, *, rank: int | None = None) -> dict[str, Any]:
+        """The snapshot's manifest (``GET /v1/snapshots/{id}``) as a dict; of a sharded
+        snapshot its ranks (``world_size``, ``shards``), or with ``rank`` that rank's shard's."""
+        return self._run(self._info_of(snapshot_id, rank))
 
     def push(
         self,
@@ -131,14 +132,46 @@ class Client(BaseClient):
         """
         return self._run(self._pushing(grads_or_record, run, step, tags, progress))
 
+    def push_shard(
+        self,
+        grads_or_record: GradientsParams | GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: Mapping[str, str] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> ShardInfo:
+        """Upload gradients as rank ``rank``'s shard of the sharded snapshot ``snapshot_id``;
+        its ``ShardInfo`` once durable (``committed``: this upload completed the snapshot).
+
+        Every rank passes the same id (drawn once, e.g. by rank 0 with
+        :func:`gradvault.core.new_snapshot_id`), world size, run, step and tags, as the
+        store's ``write_shard`` asks. ``progress(done_bytes, total_bytes)`` is told as the
+        body's pieces are sent.
+        """
+        return self._run(
+            self._pushing_shard(
+                grads_or_record, (snapshot_id, rank, world_size), run, step, tags, progress
+            )
+        )
+
     def fetch(
-        self, snapshot_id: str, *, progress: ProgressCallback | None = None
+        self,
+        snapshot_id: str,
+        *,
+        rank: int | None = None,
+        progress: ProgressCallback | None = None,
     ) -> GradientsParamsRecord:
         """The snapshot as a record, every gradient checked against the manifest's crc32c.
 
+        A sharded snapshot needs ``rank``: that rank's shard (ShardedSnapshotError without).
+
         ``progress(done_bytes, total_bytes)`` is told as the file's bytes arrive.
         """
-        return self._run(self._fetching(snapshot_id, progress))
+        return self._run(self._fetching(snapshot_id, progress, rank))
 
     def restore(
         self,
@@ -147,20 +180,24 @@ class Client(BaseClient):
         *,
         module: Any = None,
         match: str = "id",
+        rank: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> GradientsParams:
-        """The snapshot as gradients on ``device`` (``GradientsParams.from_record``)."""
-        return self._run(self._restoring(snapshot_id, device, module, match, progress))
+        """The snapshot as gradients on ``device`` (``GradientsParams.from_record``); of a
+        sharded snapshot, rank ``rank``'s shard (ShardedSnapshotError without)."""
+        return self._run(self._restoring(snapshot_id, device, module, match, progress, rank))
 
     def download(
         self,
         snapshot_id: str,
         path: str | os.PathLike[str],
         *,
+        rank: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> Path:
-        """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors."""
-        return self._run(self._downloading_to(snapshot_id, path, progress))
+        """Write the snapshot to ``path``: ``.npz`` by its suffix, else safetensors; of a
+        sharded snapshot, rank ``rank``'s shard (ShardedSnapshotError without)."""
+        return self._run(self._downloading_to(snapshot_id, path, progress, rank))
 
     def delete(self, snapshot_id: str) -> None:
         """Delete the snapshot; SnapshotNotFoundError if there is none by that id."""

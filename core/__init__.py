@@ -113,7 +113,7 @@ from .errors import (
 from .records import record_rules
 from .records.param_id import ParamId
 from .records.record import GradientRecordEntry, GradientsParamsRecord
-from .store import ShardInfo, SnapshotInfo, SnapshotStore, new_snapshot_id, open_store
+from .store import ShardInfo, ShardSummary, SnapshotInfo, SnapshotStore, new_snapshot_id, open_store
 from .store.recorder import Recorder, SnapshotHandle, SyncRecorder
 
 __all__ = [
@@ -138,6 +138,7 @@ __all__ = [
     "Recorder",
     "Sequential",
     "ShardInfo",
+    "ShardSummary",
     "SnapshotHandle",
     "SnapshotInfo",
     "SnapshotStore",

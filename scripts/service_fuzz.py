@@ -3,8 +3,9 @@
     python scripts/service_fuzz.py [--max-examples N] [extra schemathesis options]
 
 Starts ``python -m gradvault.service`` on 127.0.0.1 (a free port) over a temporary local
-store holding a few snapshots, with one write token, and runs ``schemathesis run`` on its
-``/openapi.json`` with that token and ``--checks all``. Exits with schemathesis's status:
+store holding a few snapshots (one of them sharded over two ranks), with one write token,
+and runs ``schemathesis run`` on its ``/openapi.json`` with that token and ``--checks
+all``. Exits with schemathesis's status:
 0 when no response was a 5xx and none broke the schema it documents.
 """
 
@@ -43,6 +44,13 @@ async def _seed(store_path: Path) -> list[str]:
                 ]
             )
             ids.append((await store.write_snapshot(record, run="fuzz", step=step)).id)
+        # and one written by two ranks, so that ?rank= and the 409 of a whole read are met
+        sharded = gv.new_snapshot_id()
+        for rank in range(2):
+            await store.write_shard(
+                record, snapshot_id=sharded, rank=rank, world_size=2, run="fuzz", step=3
+            )
+        ids.append(sharded)
         return ids
     finally:
         await store.close()

@@ -19,7 +19,7 @@ from .index import SnapshotIndex
 from .limits import RequestLimits
 from .lister import StoreLister
 from .metrics import ServiceMetrics
-from .routes import gradients, health, metrics, snapshots, zarr
+from .routes import gradients, health, metrics, shards, snapshots, zarr
 from .settings import Settings
 from .spool import sweep_spool
 from .ui import install_ui
@@ -28,7 +28,7 @@ _log = logging.getLogger("gradvault.service")
 
 #: routes that stream their body to disk and bound it themselves (max_upload_bytes); every
 #: other route that reads a body reads it whole, at most max_body_bytes
-STREAMED_BODY_ENDPOINTS = (snapshots.upload_snapshot,)
+STREAMED_BODY_ENDPOINTS = (snapshots.upload_snapshot, shards.upload_shard)
 
 
 def _document_refusals(app: FastAPI) -> None:
@@ -110,7 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = ServiceMetrics()
     install_error_handlers(app)
-    routers = [module.router for module in (health, snapshots, gradients, zarr, metrics)]
+    routers = [module.router for module in (health, snapshots, shards, gradients, zarr, metrics)]
     for router in routers:
         app.include_router(router)
     app.state.api_routes = [route for router in routers for route in router.routes]

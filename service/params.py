@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Path
+from fastapi import Path, Query
 
 SNAPSHOT_ID_PATTERN = r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$"
 PARAM_ID_PATTERN = r"^[0-9a-f]{16}$"
@@ -27,5 +27,14 @@ ParamIdPath = Annotated[
     Path(
         description="a ParamId: 16 lowercase hex digits",
         json_schema_extra={"pattern": PARAM_ID_PATTERN},
+    ),
+]
+
+RankQuery = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        description="a sharded snapshot's rank (0..world_size-1): that rank's shard; "
+        "refused for a snapshot written whole",
     ),
 ]

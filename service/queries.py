@@ -27,31 +27,38 @@ GradientForm = Literal["raw", "npy"]
 ZARR_METADATA_NAME = "zarr.json"
 
 
-async def snapshot_manifest(store: SnapshotStore, snapshot_id: str) -> dict[str, Any]:
-    """The manifest of snapshot ``snapshot_id`` (a copy; docs/FORMAT.md)."""
-    return await store.info(parse_snapshot_id(snapshot_id))
+async def snapshot_manifest(
+    store: SnapshotStore, snapshot_id: str, rank: int | None = None
+) -> dict[str, Any]:
+    """The manifest of snapshot ``snapshot_id``, or of rank ``rank``'s shard of a sharded
+    one (a copy; docs/FORMAT.md)."""
+    return await store.info(parse_snapshot_id(snapshot_id), rank=rank)
+
+
+def refuse_sharded(manifest: dict[str, Any]) -> None:
+    """ShardedSnapshotError (409) if ``manifest`` is a sharded snapshot's, whose gradients
+    are in its ranks' shards: the error names the ``rank`` query that reads one."""
+    world_size = manifest.get("world_size")
+    if world_size is not None:
+        raise ShardedSnapshotError(
+            f"snapshot {manifest['id']} is sharded over {world_size} ranks and its gradients "
+            f"are in the ranks' shards: pass ?rank= (0..{world_size - 1}) to read one rank's"
+        )
 
 
 def gradient_row(manifest: dict[str, Any], param_id: str) -> dict[str, Any]:
     """The manifest's entry for ``param_id``: name, dtype, shape, nbytes and checksum.
 
     ShardedSnapshotError (409) for a sharded snapshot, MissingGradientError (404) for a
-    param id the snapshot lacks.
+    param id the snapshot (or the shard) lacks.
     """
-    snapshot_id = manifest["id"]
-    table = manifest.get("gradients")
-    if table is None:  # a sharded snapshot: each rank's gradients are in its shard
-        raise ShardedSnapshotError(
-            f"snapshot {snapshot_id} is sharded over {manifest.get('world_size')} ranks; this "
-            f"route serves the gradients of a snapshot written whole (read a shard's arrays "
-            f"under /v1/zarr/snapshots/{snapshot_id}/ranks/<rank>/)"
-        )
+    refuse_sharded(manifest)
+    table, shard = manifest["gradients"], manifest.get("shard")
+    where = f"snapshot {manifest['id']}" + (f" (rank {shard['rank']}'s shard)" if shard else "")
     try:
         position = table["param_id"].index(param_id)
     except ValueError:
-        raise MissingGradientError(
-            f"snapshot {snapshot_id} has no gradient for param {param_id}"
-        ) from None
+        raise MissingGradientError(f"{where} has no gradient for param {param_id}") from None
     return {key: table[key][position] for key in ("name", "dtype", "shape", "nbytes", "checksum")}
 
 
@@ -65,8 +72,10 @@ class GradientBytes(RangedResource):
         param_id: str,
         row: dict[str, Any],
         form: GradientForm,
+        rank: int | None = None,
     ) -> None:
         self.store, self.snapshot_id, self.param_id = store, snapshot_id, param_id
+        self.rank = rank
         self.name = row["name"]
         self.prefix = npy_header(row["dtype"], tuple(row["shape"])) if form == "npy" else b""
         self.size = len(self.prefix) + row["nbytes"]
@@ -78,25 +87,33 @@ class GradientBytes(RangedResource):
         }
 
     def describe(self) -> str:
-        return f"gradient {self.param_id} ({self.name!r}) of snapshot {self.snapshot_id}"
+        shard = "" if self.rank is None else f", rank {self.rank}'s shard"
+        return f"gradient {self.param_id} ({self.name!r}) of snapshot {self.snapshot_id}{shard}"
 
     def open(self, start: int, stop: int) -> tuple[bytes, AsyncIterator[bytes | memoryview] | None]:
         held = len(self.prefix)
         first, last = max(start - held, 0), stop - held
         stored = None
         if last > first:
-            stored = self.store.iter_gradient(self.snapshot_id, self.param_id, first, last)
+            stored = self.store.iter_gradient(
+                self.snapshot_id, self.param_id, first, last, rank=self.rank
+            )
         return self.prefix[start:stop], stored
 
 
 async def open_gradient(
-    store: SnapshotStore, snapshot_id: str, param_id: str, form: GradientForm
+    store: SnapshotStore,
+    snapshot_id: str,
+    param_id: str,
+    form: GradientForm,
+    rank: int | None = None,
 ) -> GradientBytes:
-    """Gradient ``param_id`` of snapshot ``snapshot_id``, as ``form``, ready to serve."""
+    """Gradient ``param_id`` of snapshot ``snapshot_id`` (of rank ``rank``'s shard of a
+    sharded one), as ``form``, ready to serve."""
     snapshot_id = parse_snapshot_id(snapshot_id)
     param_id = str(ParamId.parse(param_id))
-    row = gradient_row(await store.info(snapshot_id), param_id)
-    return GradientBytes(store, snapshot_id, param_id, row, form)
+    row = gradient_row(await store.info(snapshot_id, rank=rank), param_id)
+    return GradientBytes(store, snapshot_id, param_id, row, form, rank)
 
 
 def safetensors_etag(header: bytes, manifest: dict[str, Any]) -> str:
@@ -121,17 +138,19 @@ class SafetensorsFile(RangedResource):
         size: int,
         header: bytes,
         rest: AsyncGenerator[bytes | memoryview, None],
+        rank: int | None = None,
     ) -> None:
         self.store, self.manifest, self.snapshot_id = store, manifest, manifest["id"]
+        self.rank = rank
         self.size, self.header = size, header
         self._rest: AsyncGenerator[bytes | memoryview, None] | None = rest
         self.etag = safetensors_etag(header, manifest)
-        self.headers = {
-            "Content-Disposition": f'attachment; filename="{self.snapshot_id}.safetensors"'
-        }
+        name = self.snapshot_id if rank is None else f"{self.snapshot_id}-rank{rank}"
+        self.headers = {"Content-Disposition": f'attachment; filename="{name}.safetensors"'}
 
     def describe(self) -> str:
-        return f"the safetensors file of snapshot {self.snapshot_id}"
+        shard = "" if self.rank is None else f", rank {self.rank}'s shard"
+        return f"the safetensors file of snapshot {self.snapshot_id}{shard}"
 
     def open(self, start: int, stop: int) -> tuple[bytes, AsyncIterator[bytes | memoryview] | None]:
         if (start, stop) == (0, self.size) and self._rest is not None:
@@ -151,7 +170,9 @@ class SafetensorsFile(RangedResource):
             param_id, nbytes = entries[position][0], entries[position][3]
             first, last = max(start - offset, 0), min(stop - offset, nbytes)
             if first < last:
-                async for piece in store.iter_gradient(self.snapshot_id, param_id, first, last):
+                async for piece in store.iter_gradient(
+                    self.snapshot_id, param_id, first, last, rank=self.rank
+                ):
                     yield piece
                     del piece  # not kept while the next piece is read
             offset += nbytes
@@ -164,18 +185,21 @@ class SafetensorsFile(RangedResource):
             await rest.aclose()
 
 
-async def open_safetensors(store: SnapshotStore, snapshot_id: str) -> SafetensorsFile:
-    """Snapshot ``snapshot_id`` as one safetensors file, ready to serve (ShardedSnapshotError
-    for a sharded one)."""
+async def open_safetensors(
+    store: SnapshotStore, snapshot_id: str, rank: int | None = None
+) -> SafetensorsFile:
+    """Snapshot ``snapshot_id`` as one safetensors file, ready to serve; of a sharded one,
+    rank ``rank``'s shard (ShardedSnapshotError without ``rank``)."""
     snapshot_id = parse_snapshot_id(snapshot_id)
-    manifest = await store.info(snapshot_id)
-    size, pieces = await store.iter_safetensors(snapshot_id)
+    manifest = await store.info(snapshot_id, rank=rank)
+    refuse_sharded(manifest)
+    size, pieces = await store.iter_safetensors(snapshot_id, rank=rank)
     try:
         header = bytes(await anext(pieces))  # iter_safetensors yields the header first
     except BaseException:
         await pieces.aclose()
         raise
-    return SafetensorsFile(store, manifest, size, header, pieces)
+    return SafetensorsFile(store, manifest, size, header, pieces, rank)
 
 
 class StoreKey(RangedResource):

@@ -19,15 +19,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 from collections.abc import AsyncIterator
 
 import aiofiles
 import aiofiles.os
+from fastapi import Request
+from starlette.requests import ClientDisconnect
 
-from gradvault.core import GradientsParamsRecord, InvalidUploadError
+from gradvault.core import GradientsParamsRecord, InvalidFieldError, InvalidUploadError
 from gradvault.core.records.safetensors_file import SafetensorsHeader, record_from_safetensors
 
 from .errors import InsufficientStorageError, UploadTooLargeError
+from .settings import Settings
 from .spool import spool_locks
 
 _LENGTH_BYTES = 8
@@ -158,3 +162,47 @@ async def remove_spool(path: str) -> None:
             await aiofiles.os.remove(path)
     finally:
         spool_locks.release(path)
+
+
+def parse_tags(text: str | None) -> dict[str, str]:
+    """The ``tags`` query of an upload (a JSON object of strings), or {} without one."""
+    if text is None:
+        return {}
+    try:
+        tags = json.loads(text)
+    except (ValueError, RecursionError):  # nested past the parser's depth: not tags either
+        tags = None
+    if not isinstance(tags, dict):
+        raise InvalidFieldError(
+            f'tags is a JSON object of strings, e.g. {{"lr": "0.1"}}; got {text[:200]!r}'
+        )
+    return tags
+
+
+def content_length(request: Request) -> int | None:
+    """The request's ``Content-Length``, None if it has none; InvalidUploadError if it is
+    not a byte count."""
+    text = request.headers.get("content-length")
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise InvalidUploadError(f"Content-Length {text[:40]!r} is not a byte count")
+    return int(text)
+
+
+async def receive_upload(request: Request, settings: Settings) -> tuple[GradientsParamsRecord, str]:
+    """The record the request's safetensors body holds, and its spool file, within the
+    settings' limits (:func:`receive_safetensors`); a client that goes away mid-body is
+    InvalidUploadError. The caller removes the spool file once done with the record."""
+    try:
+        return await receive_safetensors(
+            request.stream(),
+            content_length=content_length(request),
+            max_upload_bytes=settings.max_upload_bytes,
+            max_header_bytes=settings.max_header_bytes,
+            spool_dir=settings.spool_dir,
+        )
+    except ClientDisconnect:
+        raise InvalidUploadError(
+            "safetensors file: the body ends early: the client closed the connection"
+        ) from None

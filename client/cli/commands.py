@@ -17,6 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from gradvault.core.store import SnapshotInfo
+
 from .errors import UsageError
 from .main import EXIT_OK, count, seconds, service_token, service_url
 from .progress import TransferProgress
@@ -49,6 +51,47 @@ def _print_json(value: Any) -> None:
     sys.stdout.write("\n")
 
 
+def _summary_json(info: SnapshotInfo) -> dict[str, Any]:
+    """A summary as the JSON outputs print it: ``shards`` only for a sharded snapshot."""
+    document = asdict(info)
+    if info.world_size is None:
+        del document["shards"]
+    return document
+
+
+def _shard_details(target: CommandTarget, detail: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each rank's detail of a sharded snapshot, in rank order (none for one written whole)."""
+    return [target.detail(detail["id"], rank) for rank in range(len(detail.get("shards", ())))]
+
+
+def _nonfinite(target: CommandTarget, info: SnapshotInfo) -> tuple[int, int]:
+    """NaN and Inf counts of a snapshot, over every rank of a sharded one."""
+    from . import tables
+
+    if info.world_size is None:
+        return tables.nonfinite_counts(target.detail(info.id))
+    counts = [tables.nonfinite_counts(target.detail(info.id, r)) for r in range(info.world_size)]
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+def _check_rank(detail: dict[str, Any], rank: int | None, command: str) -> None:
+    """UsageError unless ``rank`` fits the snapshot: needed by a sharded one (an existing
+    rank), refused by one written whole."""
+    world_size, snapshot_id = detail.get("world_size"), detail["id"]
+    if world_size is None and rank is not None:
+        raise UsageError(
+            f"snapshot {snapshot_id} was written whole; --rank is for sharded snapshots",
+            prog=f"gradvault {command}",
+        )
+    if world_size is not None and (rank is None or rank >= world_size):
+        given = "" if rank is None else f"; got --rank {rank}"
+        raise UsageError(
+            f"snapshot {snapshot_id} is sharded over {world_size} ranks: give --rank "
+            f"(0..{world_size - 1}) to {command} one rank's shard{given}",
+            prog=f"gradvault {command}",
+        )
+
+
 # ---------------------------------------------------------------------- commands
 def ls(args: argparse.Namespace) -> int:
     """List snapshots, newest first, with each one's NaN/Inf counts."""
@@ -56,11 +99,11 @@ def ls(args: argparse.Namespace) -> int:
 
     with open_target(args) as target:
         infos = target.list(args.run, args.step_min, args.step_max, args.limit or None)
-        counts = [tables.nonfinite_counts(target.detail(info.id)) for info in infos]
+        counts = [_nonfinite(target, info) for info in infos]
     if args.json:
         _print_json(
             [
-                {**asdict(info), "nan_count": nan, "inf_count": inf}
+                {**_summary_json(info), "nan_count": nan, "inf_count": inf}
                 for info, (nan, inf) in zip(infos, counts, strict=True)
             ]
         )
@@ -76,11 +119,16 @@ def show(args: argparse.Namespace) -> int:
     from . import tables
 
     with open_target(args) as target:
-        detail = target.detail(args.id)
+        if args.rank is None:
+            detail = target.detail(args.id)
+            shard_details = [] if args.json else _shard_details(target, detail)
+        else:
+            _check_rank(target.detail(args.id), args.rank, "show")
+            detail, shard_details = target.detail(args.id, args.rank), []
     if args.json:
         _print_json(detail)
     else:
-        print(tables.snapshot_detail(detail))
+        print(tables.snapshot_detail(detail, shard_details))
     return EXIT_OK
 
 
@@ -92,12 +140,15 @@ def pull(args: argparse.Namespace) -> int:
     files.check_suffix(path, "pull")
     if not path.parent.is_dir():
         raise FileNotFoundError(2, "no such folder", str(path.parent))
-    with open_target(args) as target, TransferProgress(f"pull {args.id}") as progress:
-        target.pull(args.id, path, progress)
-        detail = target.detail(args.id)
+    with open_target(args) as target:
+        _check_rank(target.detail(args.id), args.rank, "pull")
+        with TransferProgress(f"pull {args.id}") as progress:
+            target.pull(args.id, path, progress, args.rank)
+        detail = target.detail(args.id, args.rank)
+    shard = "" if args.rank is None else f", rank {args.rank} of {detail['world_size']}"
     print(
-        f"wrote {path}: snapshot {detail['id']} (run {detail['run']}, step {detail['step']}), "
-        f"{detail['num_params']} gradients, {tables.size(path.stat().st_size)}"
+        f"wrote {path}: snapshot {detail['id']} (run {detail['run']}, step {detail['step']}"
+        f"{shard}), {detail['num_params']} gradients, {tables.size(path.stat().st_size)}"
     )
     return EXIT_OK
 
@@ -126,7 +177,7 @@ def push(args: argparse.Namespace) -> int:
     ):
         info = target.push(record, run=args.run, step=args.step, tags=tags, progress=progress)
     if args.json:
-        _print_json(asdict(info))
+        _print_json(_summary_json(info))
     else:
         print(
             f"pushed {info.id}: run {info.run}, step {info.step}, {info.num_params} gradients, "
@@ -214,12 +265,18 @@ def add_parsers(
 
     sub = add("show", "print a snapshot's manifest and per-gradient stats", show, parents=parents)
     sub.add_argument("id", metavar="ID", help="the snapshot id")
+    sub.add_argument(
+        "--rank", type=count(0), help="of a sharded snapshot: this rank's shard, its gradients"
+    )
     sub.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
     sub = add("pull", "download a snapshot to a .safetensors or .npz file", pull, parents=parents)
     sub.add_argument("id", metavar="ID", help="the snapshot id")
     sub.add_argument(
         "-o", "--output", metavar="FILE", required=True, help="FILE.safetensors or FILE.npz"
+    )
+    sub.add_argument(
+        "--rank", type=count(0), help="of a sharded snapshot (needed): this rank's shard"
     )
 
     sub = add("push", "upload a .safetensors or .npz file as a new snapshot", push, parents=parents)

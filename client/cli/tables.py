@@ -62,8 +62,29 @@ def nonfinite_flag(nan: int, inf: int) -> str:
     return ", ".join(found) or "none"
 
 
+#: the most ranks whose sizes a RANKS cell lists one by one; past it, the smallest and largest
+MAX_RANK_SIZES_LISTED = 4
+
+
+def ranks(info: SnapshotInfo) -> str:
+    """A RANKS cell: ``"-"`` for a snapshot written whole, else the world size and the ranks'
+    sizes in rank order (``"2: 1.5 KiB, 1.6 KiB"``), or their range past a few ranks
+    (``"64: 255.0 MiB..273.0 MiB"``)."""
+    if info.world_size is None:
+        return "-"
+    sizes = [shard.nbytes for shard in info.shards]
+    if len(sizes) <= MAX_RANK_SIZES_LISTED:
+        return f"{info.world_size}: " + ", ".join(size(n) for n in sizes)
+    return f"{info.world_size}: {size(min(sizes))}..{size(max(sizes))}"
+
+
 def listing(infos: Sequence[SnapshotInfo], flags: Sequence[str]) -> str:
-    """The ``ls`` table: one row per snapshot, its NaN/Inf flag from ``flags``."""
+    """The ``ls`` table: one row per snapshot, its NaN/Inf flag from ``flags``.
+
+    A RANKS column (world size and per-rank sizes) comes after PARAMS when a listed
+    snapshot is sharded; without one, the table is the same as ever.
+    """
+    sharded = any(info.world_size is not None for info in infos)
     rows = [
         [
             info.id,
@@ -72,11 +93,13 @@ def listing(infos: Sequence[SnapshotInfo], flags: Sequence[str]) -> str:
             when(info.created_at),
             size(info.nbytes),
             str(info.num_params),
+            *([ranks(info)] if sharded else []),
             flag,
         ]
         for info, flag in zip(infos, flags, strict=True)
     ]
-    headers = ["ID", "RUN", "STEP", "TIME (UTC)", "SIZE", "PARAMS", "NaN/Inf"]
+    headers = ["ID", "RUN", "STEP", "TIME (UTC)", "SIZE", "PARAMS"]
+    headers += ["RANKS", "NaN/Inf"] if sharded else ["NaN/Inf"]
     return table(headers, rows, right=(2, 4, 5))
 
 
@@ -88,12 +111,26 @@ def _number(value: Any) -> str:
     return f"{value:.6g}"
 
 
-def snapshot_detail(detail: Mapping[str, Any]) -> str:
-    """The ``show`` text: the manifest's fields, then a table of the gradients' stats."""
-    nan, inf = nonfinite_counts(detail)
+def snapshot_detail(
+    detail: Mapping[str, Any], shard_details: Sequence[Mapping[str, Any]] = ()
+) -> str:
+    """The ``show`` text: the manifest's fields, then a table of the gradients' stats.
+
+    Of a sharded snapshot, a table of its ranks instead (their NaN/Inf counts from
+    ``shard_details``, each rank's detail in rank order); of one rank's shard, the fields
+    say which rank.
+    """
+    sharded = "shards" in detail
+    if sharded:
+        counts = [nonfinite_counts(shard) for shard in shard_details]
+        nan, inf = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    else:
+        nan, inf = nonfinite_counts(detail)
     tags = detail.get("tags") or {}
     fields = [
         ("snapshot", detail["id"]),
+        *([("rank", f"{detail['rank']} of {detail['world_size']}")] if "rank" in detail else []),
+        *([("ranks", str(detail["world_size"]))] if sharded else []),
         ("run", detail["run"]),
         ("step", str(detail["step"])),
         ("created", detail["created_at"]),
@@ -109,6 +146,8 @@ def snapshot_detail(detail: Mapping[str, Any]) -> str:
         fields.append(("metadata", json.dumps(detail["metadata"], sort_keys=True)))
     width = max(len(name) for name, _ in fields)
     head = "\n".join(f"{name.ljust(width)}  {value}" for name, value in fields)
+    if sharded:
+        return head + "\n\n" + rank_table(detail["shards"], counts)
     rows = [
         [
             g["name"],
@@ -125,3 +164,20 @@ def snapshot_detail(detail: Mapping[str, Any]) -> str:
     ]
     headers = ["NAME", "PARAM ID", "DTYPE", "SHAPE", "SIZE", "L2 NORM", "MAX |G|", "NaN", "Inf"]
     return head + "\n\n" + table(headers, rows, right=(4, 5, 6, 7, 8))
+
+
+def rank_table(shards: Sequence[Mapping[str, Any]], counts: Sequence[tuple[int, int]]) -> str:
+    """A sharded snapshot's ranks: device, backend, size, gradients and NaN/Inf of each."""
+    rows = [
+        [
+            str(shard["rank"]),
+            str(shard["device"]),
+            str(shard.get("backend") or "-"),
+            size(shard["nbytes"]),
+            str(shard["num_params"]),
+            nonfinite_flag(*count),
+        ]
+        for shard, count in zip(shards, counts, strict=True)
+    ]
+    headers = ["RANK", "DEVICE", "BACKEND", "SIZE", "PARAMS", "NaN/Inf"]
+    return table(headers, rows, right=(0, 3, 4))

@@ -37,9 +37,11 @@ class CommandTarget(Protocol):
         self, run: str | None, step_min: int | None, step_max: int | None, limit: int | None
     ) -> list[SnapshotInfo]: ...
 
-    def detail(self, snapshot_id: str) -> dict[str, Any]: ...
+    def detail(self, snapshot_id: str, rank: int | None = None) -> dict[str, Any]: ...
 
-    def pull(self, snapshot_id: str, path: Path, progress: Progress | None) -> Path: ...
+    def pull(
+        self, snapshot_id: str, path: Path, progress: Progress | None, rank: int | None = None
+    ) -> Path: ...
 
     def push(
         self,
@@ -66,7 +68,8 @@ def detail_from_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """A store manifest (gradients by column) in the service's detail shape (by row).
 
     A sharded snapshot's manifest has no gradients (they are in its shards), and says
-    ``world_size``.
+    ``world_size`` and ``shards`` (one object per rank); a shard's manifest is a snapshot's
+    that also says its ``rank`` and ``world_size``.
     """
     table = manifest.get("gradients") or {"param_id": [], "stats": {}}
     stats = table["stats"]
@@ -83,15 +86,23 @@ def detail_from_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
         for i in range(len(table["param_id"]))
     ]
     summary = ("id", "run", "step", "created_at", "nbytes", "num_params", "device")
-    return {
+    shard = manifest.get("shard") or {}
+    detail = {
         **{key: manifest[key] for key in summary},
         "backend": manifest.get("backend"),
         "tags": manifest.get("tags", {}),
         "metadata": manifest.get("metadata"),
         "compression": manifest.get("compression"),
         "gradients": gradients,
-        "world_size": manifest.get("world_size"),
+        "world_size": shard.get("world_size", manifest.get("world_size")),
     }
+    shards = manifest.get("shards")
+    if shards is not None:  # by column in the manifest, one object per rank here
+        rows = zip(*shards.values(), strict=True)
+        detail["shards"] = [dict(zip(shards, row, strict=True)) for row in rows]
+    if shard:
+        detail["rank"] = shard["rank"]
+    return detail
 
 
 class ServiceTarget:
@@ -115,11 +126,13 @@ class ServiceTarget:
         found = self.client.list(run=run, step_min=step_min, step_max=step_max, page_size=page_size)
         return list(itertools.islice(found, limit))
 
-    def detail(self, snapshot_id: str) -> dict[str, Any]:
-        return self.client.info(snapshot_id)
+    def detail(self, snapshot_id: str, rank: int | None = None) -> dict[str, Any]:
+        return self.client.info(snapshot_id, rank=rank)
 
-    def pull(self, snapshot_id: str, path: Path, progress: Progress | None) -> Path:
-        return self.client.download(snapshot_id, path, progress=progress)
+    def pull(
+        self, snapshot_id: str, path: Path, progress: Progress | None, rank: int | None = None
+    ) -> Path:
+        return self.client.download(snapshot_id, path, rank=rank, progress=progress)
 
     def push(
         self,
@@ -180,16 +193,18 @@ class StoreTarget:
         found = self._run(self._store.list(run=run, step_min=step_min, step_max=step_max))
         return found[:limit] if limit else found
 
-    def detail(self, snapshot_id: str) -> dict[str, Any]:
-        return detail_from_manifest(self._run(self._store.info(snapshot_id)))
+    def detail(self, snapshot_id: str, rank: int | None = None) -> dict[str, Any]:
+        return detail_from_manifest(self._run(self._store.info(snapshot_id, rank=rank)))
 
-    def pull(self, snapshot_id: str, path: Path, progress: Progress | None) -> Path:
+    def pull(
+        self, snapshot_id: str, path: Path, progress: Progress | None, rank: int | None = None
+    ) -> Path:
         if path.suffix == ".npz":
-            save_npz(path, self._run(self._store.read_snapshot(snapshot_id)))
+            save_npz(path, self._run(self._store.read_snapshot(snapshot_id, rank=rank)))
             return path
 
         async def write() -> None:
-            total, pieces = await self._store.iter_safetensors(snapshot_id)
+            total, pieces = await self._store.iter_safetensors(snapshot_id, rank=rank)
             await save_stream(path, pieces, progress, total)
 
         self._run(write())

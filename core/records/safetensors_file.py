@@ -579,7 +579,8 @@ def _nesting_depth(value: object) -> int:
 
 
 def _record_metadata(manifest: dict[str, Any] | None) -> dict[str, Any]:
-    """The record's metadata: the manifest's ``metadata``, and ``snapshot`` for a snapshot's."""
+    """The record's metadata: the manifest's ``metadata``, and ``snapshot`` for a snapshot's
+    (with ``rank`` and ``world_size`` for a shard's)."""
     if manifest is None:
         return {}
     depth = _nesting_depth(manifest)
@@ -599,6 +600,11 @@ def _record_metadata(manifest: dict[str, Any] | None) -> dict[str, Any]:
     metadata = dict(metadata)
     if all(field in manifest for field in SNAPSHOT_FIELDS):
         metadata["snapshot"] = {field: manifest[field] for field in SNAPSHOT_FIELDS}
+        shard = manifest.get("shard")
+        if isinstance(shard, dict):  # one rank's shard: as the store's read of it says
+            metadata["snapshot"].update(
+                {key: shard[key] for key in ("rank", "world_size") if key in shard}
+            )
     problem = json_problem(metadata, "the record's metadata")
     if problem is not None:
         raise _refuse(f"{problem}; expected {METADATA_EXPECTED}")

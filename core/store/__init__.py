@@ -9,7 +9,7 @@ device-streaming machinery it hands gradients on a CUDA device to (``_commit_ord
 
 from ._backend import GC_MARKER_NAME, ShardWriter, SnapshotWriter, StoreBackend
 from ._ids import new_snapshot_id, parse_snapshot_id
-from ._manifest import SnapshotInfo
+from ._manifest import ShardSummary, SnapshotInfo
 from ._open import open_store
 from ._retention import RetentionRules
 from ._shards import ShardInfo, check_rank
@@ -28,6 +28,7 @@ __all__ = [
     "STORE_FORMAT_VERSION",
     "RetentionRules",
     "ShardInfo",
+    "ShardSummary",
     "ShardWriter",
     "SnapshotInfo",
     "SnapshotStore",

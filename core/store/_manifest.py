@@ -10,7 +10,7 @@ docs/FORMAT.md documents every field.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,10 +37,24 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class ShardSummary:
+    """One rank's shard of a sharded snapshot, as its manifest's ``shards`` table says."""
+
+    rank: int
+    device: str
+    backend: str | None
+    compression: str | None
+    nbytes: int
+    num_params: int
+
+
+@dataclass(frozen=True)
 class SnapshotInfo:
     """A committed snapshot: id, run, step, creation time (ISO 8601 UTC), bytes, gradients.
 
-    ``world_size`` is the number of ranks of a sharded snapshot, None for one written whole.
+    ``world_size`` is the number of ranks of a sharded snapshot, None for one written whole;
+    ``shards`` is then one :class:`ShardSummary` per rank, in rank order (empty for one
+    written whole).
     """
 
     id: str
@@ -50,9 +64,18 @@ class SnapshotInfo:
     nbytes: int
     num_params: int
     world_size: int | None = None
+    shards: tuple[ShardSummary, ...] = ()
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any]) -> SnapshotInfo:
+        table = manifest.get("shards")
+        shards: tuple[ShardSummary, ...] = ()
+        if table:  # by column, one entry per rank (docs/FORMAT.md, "Sharded snapshots")
+            names = [f.name for f in fields(ShardSummary)]
+            shards = tuple(
+                ShardSummary(**dict(zip(names, values, strict=True)))
+                for values in zip(*(table[name] for name in names), strict=True)
+            )
         return cls(
             id=manifest["id"],
             run=manifest["run"],
@@ -61,6 +84,7 @@ class SnapshotInfo:
             nbytes=manifest["nbytes"],
             num_params=manifest["num_params"],
             world_size=manifest.get("world_size"),
+            shards=shards,
         )
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response
 
 from ..deps import ConditionsDep, MetricsDep, ReadAccess, StoreDep
 from ..error_handlers import error_responses
-from ..params import ParamIdPath, SnapshotIdPath
+from ..params import ParamIdPath, RankQuery, SnapshotIdPath
 from ..queries import GradientForm, open_gradient, open_safetensors
 from ..ranges import ranged_response
 from ..streaming import OctetStreamResponse
@@ -51,7 +51,7 @@ _GRADIENT_ROUTE: dict[str, Any] = {
             "description": "If-None-Match names the ETag",
             "headers": {"ETag": _GRADIENT_HEADERS["ETag"]},
         },
-        **error_responses(400, 401, 403, 404, 416, 422, 500, 503, binary_route=True),
+        **error_responses(400, 401, 403, 404, 409, 416, 422, 500, 503, binary_route=True),
     },
 }
 
@@ -67,9 +67,11 @@ async def get_gradient(
     format: Annotated[
         GradientForm, Query(description="raw little-endian bytes, or a .npy file")
     ] = "raw",
+    rank: RankQuery = None,
 ) -> Response:
-    """One gradient's bytes, streamed and verified; dtype and shape in headers; Range, ETag."""
-    gradient = await open_gradient(store, snapshot_id, param_id, format)
+    """One gradient's bytes (of a sharded snapshot: of rank ``rank``'s shard), streamed and
+    verified; dtype and shape in headers; Range, ETag."""
+    gradient = await open_gradient(store, snapshot_id, param_id, format, rank)
     return await ranged_response(conditions, gradient, metrics)
 
 
@@ -102,7 +104,7 @@ _SAFETENSORS_ROUTE: dict[str, Any] = {
             "description": "If-None-Match names the ETag",
             "headers": {"ETag": _SAFETENSORS_HEADERS["ETag"]},
         },
-        **error_responses(400, 401, 403, 404, 416, 422, 500, 503, binary_route=True),
+        **error_responses(400, 401, 403, 404, 409, 416, 422, 500, 503, binary_route=True),
     },
 }
 
@@ -114,8 +116,10 @@ async def get_safetensors(
     store: StoreDep,
     metrics: MetricsDep,
     conditions: ConditionsDep,
+    rank: RankQuery = None,
 ) -> Response:
-    """The whole snapshot as one safetensors file (keys: ParamIds), streamed and verified;
-    Range (one), If-Range and ETag, so that a broken download resumes."""
-    safetensors = await open_safetensors(store, snapshot_id)
+    """The whole snapshot (of a sharded one: rank ``rank``'s shard) as one safetensors file
+    (keys: ParamIds), streamed and verified; Range (one), If-Range and ETag, so that a
+    broken download resumes."""
+    safetensors = await open_safetensors(store, snapshot_id, rank)
     return await ranged_response(conditions, safetensors, metrics)

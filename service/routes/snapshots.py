@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
-from starlette.requests import ClientDisconnect
 
-from gradvault.core import InvalidFieldError, InvalidUploadError
 from gradvault.core.records.record_rules import check_snapshot_fields
 from gradvault.core.store import parse_snapshot_id
 
 from ..deps import IndexDep, MetricsDep, ReadAccess, SettingsDep, StoreDep, WriteAccess
 from ..error_handlers import error_responses
-from ..params import MAX_STEP, SNAPSHOT_ID_PATTERN, SnapshotIdPath
+from ..params import MAX_STEP, SNAPSHOT_ID_PATTERN, RankQuery, SnapshotIdPath
 from ..queries import snapshot_manifest
-from ..schemas import GradientStats, SnapshotDetail, SnapshotPage, SnapshotSummary
-from ..uploads import receive_safetensors, remove_spool
+from ..schemas import (
+    GradientStats,
+    SnapshotDetail,
+    SnapshotPage,
+    SnapshotSummary,
+    shard_rows,
+    sharding_of,
+)
+from ..uploads import parse_tags, receive_upload, remove_spool
 
 router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
 
@@ -61,9 +65,12 @@ async def list_snapshots(
     dependencies=[ReadAccess],
     responses=error_responses(400, *_AUTH_ERRORS, 404, 422, 500, 503),
 )
-async def get_snapshot(snapshot_id: SnapshotIdPath, store: StoreDep) -> Response:
-    """The snapshot's manifest: summary, tags, metadata and every gradient with its stats."""
-    manifest = await snapshot_manifest(store, snapshot_id)
+async def get_snapshot(
+    snapshot_id: SnapshotIdPath, store: StoreDep, rank: RankQuery = None
+) -> Response:
+    """The snapshot's manifest: summary, tags, metadata and every gradient with its stats
+    (of a sharded snapshot: its ranks, or with ``rank`` that rank's shard's manifest)."""
+    manifest = await snapshot_manifest(store, snapshot_id, rank)
     # 100,000 gradients are ~20 MB of JSON: encoded off the event loop, without a model each
     body = await asyncio.to_thread(detail_json, manifest)
     return Response(body, media_type="application/json")
@@ -93,42 +100,30 @@ def detail_json(manifest: dict[str, Any]) -> bytes:
                 zip(*columns, strict=True), zip(*stats, strict=True), strict=True
             )
         ]
+    rank, world_size = sharding_of(manifest)
+    shards = shard_rows(manifest.get("shards"))
+    computed = {
+        "gradients": gradients,
+        "world_size": world_size,
+        "shards": None if shards is None else [shard.model_dump() for shard in shards],
+        "rank": rank,
+    }
     # the model's fields in its order: a field added to SnapshotDetail is served here too
     document = {
-        name: gradients
-        if name == "gradients"
+        name: computed[name]
+        if name in computed
         else manifest[name]
         if field.is_required()
         else manifest.get(name)
         for name, field in SnapshotDetail.model_fields.items()
     }
+    for name in SnapshotDetail.SHARDING_ONLY:  # as the model leaves them out
+        if document[name] is None:
+            del document[name]
     return orjson.dumps(document)
 
 
-def _parse_tags(text: str | None) -> dict[str, str]:
-    if text is None:
-        return {}
-    try:
-        tags = json.loads(text)
-    except (ValueError, RecursionError):  # nested past the parser's depth: not tags either
-        tags = None
-    if not isinstance(tags, dict):
-        raise InvalidFieldError(
-            f'tags is a JSON object of strings, e.g. {{"lr": "0.1"}}; got {text[:200]!r}'
-        )
-    return tags
-
-
-def _content_length(request: Request) -> int | None:
-    text = request.headers.get("content-length")
-    if text is None:
-        return None
-    if not text.isdigit():
-        raise InvalidUploadError(f"Content-Length {text[:40]!r} is not a byte count")
-    return int(text)
-
-
-_SAFETENSORS_BODY = {
+SAFETENSORS_BODY = {
     "required": True,
     "description": "a safetensors file whose keys are ParamIds (docs/SERVICE.md, Uploads)",
     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
@@ -152,7 +147,7 @@ _SAFETENSORS_BODY = {
         },
         **error_responses(400, *_AUTH_ERRORS, 413, 422, 503, 507),
     },
-    openapi_extra={"requestBody": _SAFETENSORS_BODY},
+    openapi_extra={"requestBody": SAFETENSORS_BODY},
 )
 async def upload_snapshot(
     request: Request,
@@ -168,20 +163,8 @@ async def upload_snapshot(
     ] = None,
 ) -> SnapshotSummary:
     """Upload a safetensors file (streamed) as a new snapshot; its summary once committed."""
-    run, step, tag_map = check_snapshot_fields(run, step, _parse_tags(tags))
-    content_length = _content_length(request)
-    try:
-        record, spool = await receive_safetensors(
-            request.stream(),
-            content_length=content_length,
-            max_upload_bytes=settings.max_upload_bytes,
-            max_header_bytes=settings.max_header_bytes,
-            spool_dir=settings.spool_dir,
-        )
-    except ClientDisconnect:
-        raise InvalidUploadError(
-            "safetensors file: the body ends early: the client closed the connection"
-        ) from None
+    run, step, tag_map = check_snapshot_fields(run, step, parse_tags(tags))
+    record, spool = await receive_upload(request, settings)
     try:
         info = await store.write_snapshot(record, run=run, step=step, tags=tag_map)
     finally:

@@ -19,10 +19,12 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
+from gradvault.core import SnapshotNotFoundError
+
 from ..auth import access_refusal
 from ..deps import ConditionsDep, IndexDep, MetricsDep, SettingsDep, StoreDep
 from ..errors import PageOutOfRangeError
-from ..params import MAX_STEP, SNAPSHOT_ID_PATTERN, ParamIdPath, SnapshotIdPath
+from ..params import MAX_STEP, SNAPSHOT_ID_PATTERN, ParamIdPath, RankQuery, SnapshotIdPath
 from ..queries import open_gradient, open_safetensors, snapshot_manifest
 from ..ranges import ranged_response
 from ..schemas import SnapshotDetail
@@ -254,15 +256,50 @@ async def snapshot_page(
     sort: SortColumn = "position",
     order: SortOrder = "asc",
     page: PageQuery = 1,
+    rank: RankQuery = None,
 ) -> HTMLResponse:
-    """One snapshot: a sortable table of its gradients, a page at a time, and their norms."""
-    manifest = await snapshot_manifest(store, snapshot_id)
+    """One snapshot: a sortable table of its gradients, a page at a time, and their norms;
+    of a sharded snapshot, a table of its ranks (``rank``: one rank's shard, as a snapshot)."""
+    manifest = await snapshot_manifest(store, snapshot_id, rank)
+    if rank is None and manifest.get("world_size") is not None:
+        return await _sharded_page(request, store, manifest)
     # sorting 100,000 gradients and rendering a page take CPU: off the event loop
-    return await asyncio.to_thread(_snapshot_page, request, manifest, sort, order, page)
+    return await asyncio.to_thread(_snapshot_page, request, manifest, sort, order, page, rank)
+
+
+async def _sharded_page(
+    request: Request, store: StoreDep, manifest: dict[str, Any]
+) -> HTMLResponse:
+    """A sharded snapshot: its summary and its ranks, each with its health and links."""
+    snapshot_id = manifest["id"]
+    found = await _stats_cache(request, store).many([snapshot_id])
+    if not found:
+        raise SnapshotNotFoundError(f"snapshot {snapshot_id} was deleted while it was read")
+    stats = found[0]
+    detail = SnapshotDetail.of_manifest(manifest)
+    ranks = [
+        {
+            "shard": shard,
+            "stats": rank_stats,
+            "link": _link(f"/snapshots/{snapshot_id}", rank=shard.rank),
+            "safetensors_link": _link(f"/snapshots/{snapshot_id}/safetensors", rank=shard.rank),
+        }
+        for shard, rank_stats in zip(detail.shards or [], stats.ranks, strict=True)
+    ]
+    return _render(
+        request,
+        "sharded.html",
+        {"detail": detail, "stats": stats, "ranks": ranks, "run_link": _run_link(detail.run)},
+    )
 
 
 def _snapshot_page(
-    request: Request, manifest: dict[str, Any], sort: SortColumn, order: SortOrder, page: int
+    request: Request,
+    manifest: dict[str, Any],
+    sort: SortColumn,
+    order: SortOrder,
+    page: int,
+    rank: int | None = None,
 ) -> HTMLResponse:
     snapshot_id = manifest["id"]
     table = manifest.get("gradients") or {**_NO_GRADIENTS, "stats": _NO_STATS}
@@ -293,7 +330,9 @@ def _snapshot_page(
             "max_abs": _as_number(stats["max_abs"][i]),
             "nan_count": stats["nan_count"][i],
             "inf_count": stats["inf_count"][i],
-            "npy_link": _link(f"/snapshots/{snapshot_id}/grads/{table['param_id'][i]}.npy"),
+            "npy_link": _link(
+                f"/snapshots/{snapshot_id}/grads/{table['param_id'][i]}.npy", rank=rank
+            ),
         }
         for i in shown
     ]
@@ -310,6 +349,7 @@ def _snapshot_page(
             "sorted": order if key == sort else None,
             "link": _link(
                 f"/snapshots/{snapshot_id}",
+                rank=rank,
                 sort=key,
                 order="desc" if key == sort and order == "asc" else "asc",
             ),
@@ -323,6 +363,7 @@ def _snapshot_page(
         default = sort == "position" and order == "asc"
         return _link(
             f"/snapshots/{snapshot_id}",
+            rank=rank,
             sort=None if default else sort,
             order=None if default else order,
             page=number if number > 1 else None,
@@ -350,7 +391,8 @@ def _snapshot_page(
                 "last": page_link(pages),
             },
             "run_link": _run_link(detail.run),
-            "safetensors_link": _link(f"/snapshots/{snapshot_id}/safetensors"),
+            "safetensors_link": _link(f"/snapshots/{snapshot_id}/safetensors", rank=rank),
+            "whole_link": None if rank is None else _link(f"/snapshots/{snapshot_id}"),
         },
     )
 
@@ -450,22 +492,29 @@ async def download_gradient(
     store: StoreDep,
     metrics: MetricsDep,
     conditions: ConditionsDep,
+    rank: RankQuery = None,
 ) -> Response:
     """The gradient as a .npy file: the API's answer, with a file name to save it under."""
-    gradient = await open_gradient(store, snapshot_id, param_id, "npy")
+    gradient = await open_gradient(store, snapshot_id, param_id, "npy", rank)
     response = await ranged_response(conditions, gradient, metrics)
+    shard = "" if rank is None else f"-rank{rank}"
     response.headers["Content-Disposition"] = (
-        f'attachment; filename="{gradient.snapshot_id}-{gradient.param_id}.npy"'
+        f'attachment; filename="{gradient.snapshot_id}{shard}-{gradient.param_id}.npy"'
     )
     return response
 
 
 @router.get("/snapshots/{snapshot_id}/safetensors", dependencies=[DataReader])
 async def download_safetensors(
-    snapshot_id: SnapshotIdPath, store: StoreDep, metrics: MetricsDep, conditions: ConditionsDep
+    snapshot_id: SnapshotIdPath,
+    store: StoreDep,
+    metrics: MetricsDep,
+    conditions: ConditionsDep,
+    rank: RankQuery = None,
 ) -> Response:
-    """The whole snapshot as one safetensors file: the API's answer."""
-    safetensors = await open_safetensors(store, snapshot_id)
+    """The whole snapshot (a sharded one's rank ``rank``) as one safetensors file: the API's
+    answer."""
+    safetensors = await open_safetensors(store, snapshot_id, rank)
     return await ranged_response(conditions, safetensors, metrics)
 
 

@@ -2,6 +2,7 @@
 
 Everything here comes from the stats every manifest already holds (L2 norm, max |g|,
 NaN and Inf counts per gradient, docs/FORMAT.md); no gradient byte is ever read. A
+sharded snapshot's stats are its ranks', from each rank's shard manifest. A
 snapshot never changes once committed, so its stats are cached by id for the life of
 the process: the first look at a run of 10,000 snapshots reads 10,000 manifests, every
 later one only walks the cache.
@@ -49,6 +50,32 @@ class SnapshotStats:
     max_abs: tuple[float, ...]
     nan_counts: tuple[int, ...]
     inf_counts: tuple[int, ...]
+    #: a sharded snapshot's ranks, each one's stats (its gradients are theirs, in rank order)
+    ranks: tuple[SnapshotStats, ...] = ()
+
+    @property
+    def world_size(self) -> int | None:
+        """The number of ranks of a sharded snapshot; None for one written whole."""
+        return len(self.ranks) or None
+
+    @classmethod
+    def of_shards(cls, manifest: dict[str, Any], ranks: Sequence[SnapshotStats]) -> SnapshotStats:
+        """A sharded snapshot's stats: its ranks' gradients one after another, in rank order
+        (a ParamId that several ranks hold is there once per rank)."""
+        return cls(
+            id=manifest["id"],
+            run=manifest["run"],
+            step=manifest["step"],
+            created_at=manifest["created_at"],
+            nbytes=manifest["nbytes"],
+            param_ids=tuple(p for rank in ranks for p in rank.param_ids),
+            names=tuple(n for rank in ranks for n in rank.names),
+            l2_norms=tuple(v for rank in ranks for v in rank.l2_norms),
+            max_abs=tuple(v for rank in ranks for v in rank.max_abs),
+            nan_counts=tuple(v for rank in ranks for v in rank.nan_counts),
+            inf_counts=tuple(v for rank in ranks for v in rank.inf_counts),
+            ranks=tuple(ranks),
+        )
 
     @classmethod
     def of_manifest(cls, manifest: dict[str, Any]) -> SnapshotStats:
@@ -118,9 +145,18 @@ class SnapshotStatsCache:
         async with self._slots:
             try:
                 manifest = await self.store.info(snapshot_id)
+                world_size = manifest.get("world_size")
+                if world_size is None:
+                    stats = SnapshotStats.of_manifest(manifest)
+                else:  # the stats are in the ranks' manifests
+                    ranks = [
+                        SnapshotStats.of_manifest(await self.store.info(snapshot_id, rank=rank))
+                        for rank in range(world_size)
+                    ]
+                    stats = SnapshotStats.of_shards(manifest, ranks)
             except (SnapshotNotFoundError, FormatVersionError):
                 return  # deleted since the listing, or unlisted: nothing to show
-            self._remember(SnapshotStats.of_manifest(manifest))
+            self._remember(stats)
 
     def _load(self, snapshot_id: str) -> asyncio.Task[None]:
         load = self._loading.get(snapshot_id)

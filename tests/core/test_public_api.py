@@ -86,6 +86,7 @@ EXPORTED_NAMES = [
     "Sequential",
     "ShapeMismatchError",
     "ShardInfo",
+    "ShardSummary",
     "ShardedSnapshotError",
     "SizeMismatchError",
     "SnapshotBusyError",

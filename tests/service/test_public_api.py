@@ -38,6 +38,7 @@ def test_the_openapi_document_describes_every_route_and_error_body():
         "/v1/snapshots/{snapshot_id}",
         "/v1/snapshots/{snapshot_id}/grads/{param_id}",
         "/v1/snapshots/{snapshot_id}/safetensors",
+        "/v1/snapshots/{snapshot_id}/shards",
         "/v1/zarr/{path}",
     }
     assert "HTTPValidationError" not in document["components"]["schemas"]

@@ -171,6 +171,7 @@ def test_public_names_are_pinned() -> None:
         "RetentionRules",
         "STORE_FORMAT_VERSION",
         "ShardInfo",
+        "ShardSummary",
         "ShardWriter",
         "SnapshotInfo",
         "SnapshotStore",
