@@ -65,6 +65,7 @@ def _run_phase(
     os.environ.update(env)
     from tests.integrations import hf_run  # imported by the server already: no cost
 
+    sys.argv = [hf_run.__file__, *argv]  # as ``python -m`` sets it
     sys.exit(hf_run.main(argv))
 
 
