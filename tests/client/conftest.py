@@ -1,20 +1,25 @@
-"""Both clients against a real uvicorn on 127.0.0.1 over this test's store (local and S3).
+"""Both clients against a real uvicorn on 127.0.0.1 over a local and an S3 store.
 
-``api`` is a :class:`ClientUnderTest` for the blocking or the asyncio client (the
-``client_kind`` parameter), so one test body checks both.
+One service per store kind serves the whole test session (``service``, started at the
+first test that needs it): tests keep apart by run names of their own (``run_named``) and
+look only at their own snapshots. ``api`` is a :class:`ClientUnderTest` for the blocking or
+the asyncio client (the ``client_kind`` parameter), so one test body checks both.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from gradvault.client import AsyncClient, Client
 from gradvault.service import Settings, create_app
+from tests.conftest import S3_BUCKET, S3_CREDENTIALS
 from tests.service.conftest import UvicornThread
 
 WRITE_TOKEN = "client-test-write-token"
@@ -56,21 +61,60 @@ def client_kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-@pytest.fixture
-async def service_url(store_url: str, connection_options: dict[str, object]) -> AsyncIterator[str]:
-    """A uvicorn on loopback over this test's store; it writes for ``WRITE_TOKEN`` only."""
+@dataclass(frozen=True)
+class SharedService:
+    """A uvicorn on loopback over ``store_url``; it writes for ``WRITE_TOKEN`` only."""
+
+    base_url: str
+    store_url: str
+    store_options: dict[str, object] = field(default_factory=dict)
+
+
+def serve(store_url: str, store_options: dict[str, object]) -> Iterator[SharedService]:
     settings = Settings(
         store=store_url,
-        store_options=dict(connection_options),
+        store_options=dict(store_options),
         index_refresh_seconds=0,
         tokens=f"{WRITE_TOKEN}:write,{READ_TOKEN}:read",
     )
     server = UvicornThread(create_app(settings))
-    await asyncio.to_thread(server.start)
+    server.start()
     try:
-        yield server.base_url
+        yield SharedService(server.base_url, store_url, dict(store_options))
     finally:
-        await asyncio.to_thread(server.stop)
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def local_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedService]:
+    """The session's service over a local folder."""
+    yield from serve(str(tmp_path_factory.mktemp("client-service") / "store"), {})
+
+
+@pytest.fixture(scope="session")
+def s3_service(s3_endpoint: str) -> Iterator[SharedService]:
+    """The session's service over a prefix of its own in the S3 bucket."""
+    options: dict[str, object] = {"endpoint": s3_endpoint, "allow_http": True, **S3_CREDENTIALS}
+    yield from serve(f"s3://{S3_BUCKET}/{uuid.uuid4().hex}/client-service", options)
+
+
+@pytest.fixture
+def service(store_kind: str, request: pytest.FixtureRequest) -> SharedService:
+    """The session's service over this test's kind of store."""
+    return request.getfixturevalue(f"{store_kind}_service")
+
+
+@pytest.fixture
+def service_url(service: SharedService) -> str:
+    return service.base_url
+
+
+@pytest.fixture
+def run_named() -> Callable[[str], str]:
+    """``run_named("paged")``: the same run name each time this test asks, and one no other
+    test on the shared service uses."""
+    suffix = uuid.uuid4().hex[:12]
+    return lambda name: f"{name}-{suffix}"
 
 
 @pytest.fixture

@@ -215,15 +215,15 @@ def proxy(service_url: str) -> Iterator[Proxy]:
     ids=["503", "429"],
 )
 async def test_a_503_or_429_in_front_of_the_service_is_retried(
-    client_kind: str, service_url: str, answer: bytes
+    client_kind: str, service_url: str, answer: bytes, run_named: Callable[[str], str]
 ) -> None:
     direct = ClientUnderTest(client_kind, service_url, WRITE_TOKEN)
-    summary = await direct.call("push", small_record(), run="retried", step=0)
+    summary = await direct.call("push", small_record(), run=run_named("retried"), step=0)
     await direct.close()
     in_front = Proxy(int(service_url.rsplit(":", 1)[1]), first_answer=answer)
     api = ClientUnderTest(client_kind, f"http://127.0.0.1:{in_front.port}", WRITE_TOKEN)
     try:
-        listed = await api.list(run="retried")
+        listed = await api.list(run=run_named("retried"))
         assert [s.id for s in listed] == [summary.id]
         assert in_front.connections == 2  # the refused try, then the one that got through
     finally:

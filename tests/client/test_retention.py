@@ -20,7 +20,7 @@ from gradvault.client import Client
 from gradvault.core.store import SnapshotStore, open_store
 from tests.service.conftest import make_record
 
-from .conftest import WRITE_TOKEN, ClientUnderTest
+from .conftest import WRITE_TOKEN, ClientUnderTest, SharedService
 
 STEPS = range(5)
 KEEP_LAST = 2
@@ -126,16 +126,16 @@ async def store_pass_keeps(
 
 async def test_over_http_retention_keeps_what_the_store_pass_keeps(
     client_kind: str,
-    service_url: str,
-    store_url: str,
-    connection_options: dict[str, object],
+    service: SharedService,
+    run_named: Callable[[str], str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    by_store = await asyncio.to_thread(push_run, service_url, "by-store")
-    by_http = await asyncio.to_thread(push_run, service_url, "by-http")
+    service_url = service.base_url
+    by_store = await asyncio.to_thread(push_run, service_url, run_named("by-store"))
+    by_http = await asyncio.to_thread(push_run, service_url, run_named("by-http"))
 
     kept_by_store, deleted_by_store = await store_pass_keeps(
-        store_url, connection_options, "by-store", by_store[0], monkeypatch
+        service.store_url, service.store_options, run_named("by-store"), by_store[0], monkeypatch
     )
 
     transport: Any = (
@@ -145,9 +145,11 @@ async def test_over_http_retention_keeps_what_the_store_pass_keeps(
     )
     api = ClientUnderTest(client_kind, service_url, WRITE_TOKEN, transport=transport)
     try:
-        deleted_over_http = await api.call("apply_retention", keep_last=KEEP_LAST, run="by-http")
+        deleted_over_http = await api.call(
+            "apply_retention", keep_last=KEEP_LAST, run=run_named("by-http")
+        )
         assert transport.deleted == [by_http[0]]
-        kept_over_http = [summary.step for summary in await api.list(run="by-http")]
+        kept_over_http = [summary.step for summary in await api.list(run=run_named("by-http"))]
     finally:
         await api.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -70,19 +71,25 @@ async def test_download_writes_safetensors_and_npz(api: ClientUnderTest, tmp_pat
     assert sorted(p.name for p in out.iterdir()) == ["s.npz", "s.safetensors"]
 
 
-async def test_list_follows_the_cursor_across_pages(api: ClientUnderTest) -> None:
-    ids = [(await api.call("push", make_record(seed=i), run="paged", step=i)).id for i in range(5)]
-    await api.call("push", make_record(seed=9), run="other", step=0)
+async def test_list_follows_the_cursor_across_pages(
+    api: ClientUnderTest, run_named: Callable[[str], str]
+) -> None:
+    paged = run_named("paged")
+    ids = [(await api.call("push", make_record(seed=i), run=paged, step=i)).id for i in range(5)]
+    await api.call("push", make_record(seed=9), run=run_named("other"), step=0)
 
-    listed = await api.list(run="paged", page_size=2)
+    listed = await api.list(run=paged, page_size=2)
     assert [s.id for s in listed] == ids[::-1]  # newest first, over three pages
-    assert [s.step for s in await api.list(run="paged", step_min=1, step_max=3)] == [3, 2, 1]
+    assert [s.step for s in await api.list(run=paged, step_min=1, step_max=3)] == [3, 2, 1]
 
 
-async def test_delete_removes_the_snapshot(api: ClientUnderTest) -> None:
-    summary = await api.call("push", make_record(), run="r", step=1)
+async def test_delete_removes_the_snapshot(
+    api: ClientUnderTest, run_named: Callable[[str], str]
+) -> None:
+    summary = await api.call("push", make_record(), run=run_named("r"), step=1)
     await api.call("delete", summary.id)
-    assert await api.list() == []
+    assert await api.list(run=run_named("r")) == []
+    assert summary.id not in {s.id for s in await api.list()}
     with pytest.raises(SnapshotNotFoundError, match=summary.id):
         await api.call("info", summary.id)
 
@@ -96,16 +103,16 @@ async def test_a_missing_snapshot_is_snapshot_not_found(api: ClientUnderTest) ->
         assert caught.value.error == "SnapshotNotFoundError"  # type: ignore[attr-defined]
 
 
-async def test_a_wrong_token_is_auth_error(make_api) -> None:  # type: ignore[no-untyped-def]
+async def test_a_wrong_token_is_auth_error(make_api, run_named) -> None:  # type: ignore[no-untyped-def]
     wrong = await make_api(token="not-the-token")
     with pytest.raises(AuthError, match="HTTP 401") as caught:
-        await wrong.call("push", make_record(), run="r", step=0)
+        await wrong.call("push", make_record(), run=run_named("r"), step=0)
     assert caught.value.request.method == "POST"  # type: ignore[attr-defined]
     anonymous = await make_api(token=None)
     with pytest.raises(AuthError):
         await anonymous.call("delete", MISSING_ID)
     reader = await make_api(token=READ_TOKEN)
-    assert await reader.list() == []
+    assert run_named("r") not in {s.run for s in await reader.list()}  # nothing was stored
     with pytest.raises(AuthError, match="HTTP 403") as caught:
         await reader.call("delete", MISSING_ID)
     assert caught.value.status == 403  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +99,11 @@ async def test_every_n_steps_to_a_store(
         assert (await recorder.info(listed[0].id))["tags"] == {"lr": "0.1"}
 
 
-async def test_every_n_steps_to_a_service(client_kind: str, service_url: str) -> None:
+async def test_every_n_steps_to_a_service(
+    client_kind: str, service_url: str, run_named: Callable[[str], str]
+) -> None:
     grads, weight = training_gradients()
-    snap = Driver(client_kind, service_url, run="svc", every=2, token=WRITE_TOKEN)
+    snap = Driver(client_kind, service_url, run=run_named("svc"), every=2, token=WRITE_TOKEN)
     for step in range(5):
         weight.add_(1.0)
         await snap.step(step, grads)
@@ -111,7 +113,7 @@ async def test_every_n_steps_to_a_service(client_kind: str, service_url: str) ->
 
     reader = ClientUnderTest(client_kind, service_url, READ_TOKEN)
     try:
-        listed = await reader.list(run="svc")
+        listed = await reader.list(run=run_named("svc"))
         assert [s.step for s in listed] == [4, 2, 0]
         record = await reader.call("fetch", listed[0].id)
         np.testing.assert_array_equal(record[WEIGHT].array, np.full((64, 3), 5.0))
@@ -120,18 +122,18 @@ async def test_every_n_steps_to_a_service(client_kind: str, service_url: str) ->
 
 
 async def test_a_client_or_recorder_passed_in_is_used_and_left_open(
-    kind: str, service_url: str, tmp_path: Path
+    kind: str, service_url: str, tmp_path: Path, run_named: Callable[[str], str]
 ) -> None:
     grads, _ = training_gradients()
     client: Any = (Client if kind == "sync" else AsyncClient)(service_url, WRITE_TOKEN)
     recorder = Recorder(tmp_path / "snapshotter-store")  # not the service's store
     try:
         for target in (client, recorder):
-            snap = Driver(kind, target, run="given")
+            snap = Driver(kind, target, run=run_named("given"))
             await snap.step(0, grads)
             assert (await snap.close()).committed == 1
-        assert len(await recorder.list(run="given")) == 1
-        pages = client.list(run="given")
+        assert len(await recorder.list(run=run_named("given"))) == 1
+        pages = client.list(run=run_named("given"))
         listed = list(pages) if kind == "sync" else [s async for s in pages]
         assert len(listed) == 1  # the client still works: it was not closed
     finally:
@@ -296,18 +298,18 @@ async def test_snapshotter_takes_a_service_url_in_capitals(kind: str, service_ur
 
 
 async def test_snapshotter_takes_the_token_from_the_environment(
-    kind: str, service_url: str, monkeypatch: pytest.MonkeyPatch
+    kind: str, service_url: str, monkeypatch: pytest.MonkeyPatch, run_named: Callable[[str], str]
 ) -> None:
     """As the command line and the Hugging Face callback do: $GRADVAULT_TOKEN."""
     monkeypatch.setenv("GRADVAULT_TOKEN", WRITE_TOKEN)
     grads, _ = training_gradients()
-    snap = Driver(kind, service_url, run="env-token")
+    snap = Driver(kind, service_url, run=run_named("env-token"))
     await snap.step(0, grads)
     summary = await snap.close()
     assert (summary.committed, summary.failed) == (1, 0), summary.errors
     reader = ClientUnderTest(kind, service_url, WRITE_TOKEN)
     try:
-        assert [s.step for s in await reader.list(run="env-token")] == [0]
+        assert [s.step for s in await reader.list(run=run_named("env-token"))] == [0]
     finally:
         await reader.close()
 

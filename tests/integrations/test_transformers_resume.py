@@ -1,6 +1,7 @@
 """Resuming a Hugging Face Trainer run inside an accumulation window, bit for bit.
 
-Each interrupted run and each resume is its own process (``tests/integrations/hf_run.py``):
+Each interrupted run and each resume is its own process (``tests/integrations/hf_run.py``,
+forked from a process that has imported it: ``tests/integrations/processes.py``):
 a tiny GPT-2 with dropout, accumulation 8, stopped after micro-batch 5 of step 3 by the
 callback's ``every=`` snapshot and a SIGKILL, or by a real SIGTERM, and resumed in a
 fresh process. Final parameters, optimizer state and logged losses must equal, bit for
@@ -14,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ pytest.importorskip("accelerate", reason="the hf extra (accelerate) is not insta
 import torch  # noqa: E402 - after the skips
 
 from gradvault.core import Recorder  # noqa: E402
-from tests.integrations import hf_run  # noqa: E402
+from tests.integrations import hf_run, processes  # noqa: E402
 from tests.integrations.runs import assert_bit_identical, in_process, result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,14 +35,10 @@ PHASE_TIMEOUT_SECONDS = 300
 
 def phase(mode: str, out: Path, store: str = "", *extra: str) -> subprocess.CompletedProcess[str]:
     """Run one training phase in its own process; its exit status is the caller's to check."""
-    return subprocess.run(
-        [sys.executable, "-m", "tests.integrations.hf_run", mode, "--out", str(out)]
-        + (["--store", store] if store else [])
-        + list(extra),
+    return processes.run(
+        [mode, "--out", str(out)] + (["--store", store] if store else []) + list(extra),
         cwd=REPO,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
         timeout=PHASE_TIMEOUT_SECONDS,
     )
 
@@ -62,27 +58,18 @@ def sigterm_during(
     cwd: Path = REPO,
 ) -> None:
     """Run the ``mode`` phase and send it a real SIGTERM in micro-batch ``micro`` of ``step``."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.integrations.hf_run", mode, "--out", str(out)]
+    with processes.started(
+        [mode, "--out", str(out)]
         + (["--store", store] if store else [])
         + ["--step", str(step), "--micro", str(micro), *extra],
         cwd=cwd,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
+    ) as process:
         for line in process.stdout:  # READY: the micro-batch has begun, and waits for us
             if line.strip() == "READY":
-                process.send_signal(signal.SIGTERM)
+                os.kill(process.pid, signal.SIGTERM)
                 break
         assert process.wait(PHASE_TIMEOUT_SECONDS) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def resume_state(run_dir: Path) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Every snapshot command through a new process, against ``gradvault serve`` on loopback:
-what it prints, what it leaves behind, and its exit status and error line when it fails."""
+"""Every snapshot command as ``main(argv)`` runs it (the console script and ``python -m``
+through a new process), against ``gradvault serve`` on loopback: what it prints, what it
+leaves behind, and its exit status and error line when it fails."""
 
 from __future__ import annotations
 

@@ -32,9 +32,9 @@ def check_bit_identical(out: str) -> None:
     assert re.search(r"restored snapshot \w{26} from http://127\.0\.0\.1:\d+", out)
 
 
-def test_demo_on_a_service_it_starts(gradvault, tmp_path: Path) -> None:
+def test_demo_on_a_service_it_starts(gradvault, gradvault_process, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    result = gradvault("demo", "--service-store", str(store))
+    result = gradvault_process("demo", "--service-store", str(store))
     assert result.code == 0, result.out + result.err
     check_bit_identical(result.out)
     assert "the trainer pushed 13 snapshots; keeping the newest 3, retention deleted 10:" in (
@@ -49,8 +49,8 @@ def test_demo_on_a_service_it_starts(gradvault, tmp_path: Path) -> None:
     assert f"gradvault serve --store {store}" in result.out
 
 
-def test_demo_against_a_given_service(gradvault, service: ServeProcess) -> None:
-    result = gradvault("demo", "--url", service.url, "--token", WRITE_TOKEN)
+def test_demo_against_a_given_service(gradvault_process, service: ServeProcess) -> None:
+    result = gradvault_process("demo", "--url", service.url, "--token", WRITE_TOKEN)
     assert result.code == 0, result.out + result.err
     check_bit_identical(result.out)
     assert f"service: {service.url}" in result.out

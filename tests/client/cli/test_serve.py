@@ -46,12 +46,12 @@ def test_flags_win_over_the_environment(gradvault, tmp_path: Path, gradients_fil
         assert served.stop() == 0
 
 
-def test_a_port_in_use_fails_with_exit_1(gradvault, tmp_path: Path) -> None:
+def test_a_port_in_use_fails_with_exit_1(gradvault_process, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = gradvault("serve", "--store", str(tmp_path / "store"), "--port", str(port))
+        result = gradvault_process("serve", "--store", str(tmp_path / "store"), "--port", str(port))
     assert result.code == 1
     assert "address already in use" in result.err.lower()
     assert "Traceback" not in result.err
