@@ -257,9 +257,8 @@ def _faulty_snapshot(
     rank: int, folder: Path, options: dict[str, Any], kill_rank: int | None
 ) -> None:
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(Net())
-    with model.no_sync():
-        micro_batch(model, 0, 0, rank)
+    model = Net()  # each rank's own gradients, as DDP's mid-window (DDP's set-up is collective)
+    micro_batch(model, 0, 0, rank)
     if rank == kill_rank:
         import os
 
