@@ -71,7 +71,9 @@ def restore(
     grads: dict[str, Any] = {}
     params: list[tuple[str, Any, Placement]] = []
     try:
-        params = [(name, param, Placement.of(name, param)) for name, param in named_parameters(module)]
+        params = [
+            (name, param, Placement.of(name, param)) for name, param in named_parameters(module)
+        ]
         arrays = _run(_read(location, dict(store_options or {}), snapshot_id, params, ranks))
         grads = {name: _gradient(param, arrays[name]) for name, param, _ in params}
     except Exception as failure:
@@ -137,9 +139,7 @@ class _Source:
 
     async def shard(self, rank: int) -> dict[str, StoredGradient]:
         if rank not in self._shards:
-            manifest = (
-                await self.store.info(self.id, rank=rank) if self.sharded else self._top
-            )
+            manifest = await self.store.info(self.id, rank=rank) if self.sharded else self._top
             self._shards[rank] = stored_gradients(manifest)
         return self._shards[rank]
 

@@ -14,7 +14,6 @@ from gradvault.core import Recorder
 from gradvault.integrations import torch as gv_torch
 from tests.integrations import torch_loops, torch_ranks
 
-
 WORLD_SIZE = 2
 
 

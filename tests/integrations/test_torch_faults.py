@@ -42,7 +42,9 @@ def test_a_rank_killed_mid_snapshot_leaves_nothing_and_gc_collects(tmp_path: Pat
 
 def test_a_rank_that_never_calls_fails_the_others_after_the_timeout(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    launch = torch_ranks.start(tmp_path / "run", 2, "absent_rank", store=str(store), timeout=TIMEOUT)
+    launch = torch_ranks.start(
+        tmp_path / "run", 2, "absent_rank", store=str(store), timeout=TIMEOUT
+    )
     assert launch.join() == [0, 0], launch.output()
     found = outcome(launch.folder, 0)
     assert found.startswith("DistributedSnapshotError: rank 0 of 2: not every rank reached")
@@ -52,7 +54,12 @@ def test_a_rank_that_never_calls_fails_the_others_after_the_timeout(tmp_path: Pa
 
 def test_a_rank_that_exited_fails_the_others(tmp_path: Path) -> None:
     launch = torch_ranks.start(
-        tmp_path / "run", 2, "absent_rank", store=str(tmp_path / "store"), timeout=TIMEOUT, exit=True
+        tmp_path / "run",
+        2,
+        "absent_rank",
+        store=str(tmp_path / "store"),
+        timeout=TIMEOUT,
+        exit=True,
     )
     assert launch.join() == [0, 0], launch.output()
     assert outcome(launch.folder, 0).startswith("DistributedSnapshotError: rank 0 of 2")

@@ -16,7 +16,7 @@ from tests.integrations.torch_loops import Net, micro_batch
 def accumulated(seed: int = 0, dtype: torch.dtype = torch.float32) -> Net:
     torch.manual_seed(seed)
     model = Net().to(dtype)
-    for micro in range(2):  # half a window
+    for _micro in range(2):  # half a window
         x, y = torch.randn(5, 6, dtype=dtype), torch.tensor([0, 1, 2, 0, 1])
         (torch.nn.functional.cross_entropy(model(x), y) / 4).backward()
     return model
