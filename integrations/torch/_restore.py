@@ -172,8 +172,19 @@ async def _read(
             array = np.empty(placement.local_shape, dtype=numpy_dtype(stored.dtype))
             arrays[name] = array
             buffers[name] = (array, placement, start)
+        ranges = [await _byte_range(source, piece, buffers) for piece in pieces]
+        by_rank: dict[int, list[_Range]] = {}
+        for byte_range in ranges:
+            by_rank.setdefault(byte_range.rank, []).append(byte_range)
         limit = asyncio.Semaphore(_READS_IN_FLIGHT)
-        await asyncio.gather(*(_fill(source, piece, buffers, limit) for piece in pieces))
+        reads = []
+        for rank, wanted in by_rank.items():
+            held = await source.shard(rank)
+            if len(wanted) == len(held) and all(r.begin == 0 and r.end == r.nbytes for r in wanted):
+                reads.append(_read_whole_shard(source, rank, wanted, limit))  # one read
+            else:
+                reads.extend(_read_range(source, byte_range, limit) for byte_range in wanted)
+        await asyncio.gather(*reads)
         return arrays
 
 
@@ -222,43 +233,81 @@ def _holders(
     )
 
 
-async def _fill(
-    source: _Source,
-    piece: _Piece,
-    buffers: dict[str, tuple[np.ndarray, Placement, int]],
-    limit: asyncio.Semaphore,
-) -> None:
-    """Read the piece's rows from its source shard into this rank's gradient."""
+@dataclass(frozen=True)
+class _Range:
+    """Bytes ``[begin, end)`` of one stored gradient (of ``nbytes``) of source rank
+    ``rank``, which go to ``target[at:]`` (this rank's gradient, as bytes)."""
+
+    rank: int
+    param_id: str
+    begin: int
+    end: int
+    nbytes: int
+    target: np.ndarray
+    at: int
+
+
+async def _byte_range(
+    source: _Source, piece: _Piece, buffers: dict[str, tuple[np.ndarray, Placement, int]]
+) -> _Range:
+    """Where the piece's rows are in its source shard (checked against that shard's
+    manifest) and where they go."""
     array, placement, first_needed = buffers[piece.name]
     stored = (await source.shard(piece.rank)).get(piece.param_id)
     if stored is None:
         raise ManifestError(
             f"snapshot {source.id}: rank {piece.rank}'s shard has no gradient of "
-            f"{placement.name!r} (param {piece.param_id}), which its rank {piece.rank} holds "
-            "rows of"
+            f"{placement.name!r} (param {piece.param_id}), whose rows it holds"
         )
-    row_bytes = array.dtype.itemsize * math.prod(placement.global_shape[1:])
     held_first = stored.placement.offset
     expected = _holder_rows(stored, source.world_size, piece.rank)
-    if (stored.placement.offset, stored.placement.rows) != expected:
+    if (held_first, stored.placement.rows) != expected:
         raise ManifestError(
             f"snapshot {source.id}: rank {piece.rank}'s shard holds rows "
             f"[{held_first}, {held_first + stored.placement.rows}) of {placement.name!r}; "
-            f"Shard(0) gives it [{expected[0]}, {expected[0] + expected[1]})"
+            f"its layout gives it [{expected[0]}, {expected[0] + expected[1]})"
         )
-    begin = (piece.start - held_first) * row_bytes
-    end = (piece.stop - held_first) * row_bytes
-    if not placement.global_shape:  # a 0-d gradient: its bytes whole
-        begin, end = 0, stored.nbytes
     target = array.reshape(-1).view(np.uint8)
-    at = (piece.start - first_needed) * row_bytes
+    if not placement.global_shape:  # a 0-d gradient: its bytes whole
+        return _Range(piece.rank, piece.param_id, 0, stored.nbytes, stored.nbytes, target, 0)
+    row_bytes = array.dtype.itemsize * math.prod(placement.global_shape[1:])
+    return _Range(
+        piece.rank,
+        piece.param_id,
+        (piece.start - held_first) * row_bytes,
+        (piece.stop - held_first) * row_bytes,
+        stored.nbytes,
+        target,
+        (piece.start - first_needed) * row_bytes,
+    )
+
+
+async def _read_range(source: _Source, byte_range: _Range, limit: asyncio.Semaphore) -> None:
+    """One gradient's bytes, chunk by chunk (checksums verified), into their place."""
+    at = byte_range.at
     async with limit:
         async for chunk in source.store.iter_gradient(
-            source.id, piece.param_id, begin, end, rank=source.rank_argument(piece.rank)
+            source.id,
+            byte_range.param_id,
+            byte_range.begin,
+            byte_range.end,
+            rank=source.rank_argument(byte_range.rank),
         ):
             size = len(chunk)
-            target[at : at + size] = np.frombuffer(chunk, dtype=np.uint8)
+            byte_range.target[at : at + size] = np.frombuffer(chunk, dtype=np.uint8)
             at += size
+
+
+async def _read_whole_shard(
+    source: _Source, rank: int, wanted: list[_Range], limit: asyncio.Semaphore
+) -> None:
+    """A shard every gradient of which is wanted whole, read in one pass (its small
+    gradients' packed chunks once, not once per gradient)."""
+    async with limit:
+        record = await source.store.read_snapshot(source.id, rank=source.rank_argument(rank))
+    for byte_range in wanted:
+        data = np.frombuffer(record[byte_range.param_id].data, dtype=np.uint8)
+        byte_range.target[byte_range.at : byte_range.at + data.size] = data
 
 
 def _holder_rows(stored: StoredGradient, world_size: int, rank: int) -> tuple[int, int]:

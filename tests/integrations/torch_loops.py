@@ -158,12 +158,15 @@ def _train(
     losses: list[float],
     start: tuple[int, int],
     at_snapshot: Any = None,
+    at_window_end: Any = None,
 ) -> None:
     for step in range(start[0], STEPS):
         for micro in range(start[1] if step == start[0] else 0, ACCUM):
             losses.append(micro_batch(model, step, micro, rank))
             if at_snapshot is not None and (step, micro) == (1, 1):
                 at_snapshot()
+        if at_window_end is not None and step == 1:
+            at_window_end()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -183,14 +186,14 @@ def fsdp(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> N
         losses: list[float] = []
 
         def at_snapshot() -> None:
-            info = gv_torch.snapshot(model, store, run="fsdp", step=1, **_store(options))
+            # the loop goes on at once; the shard is written while the window continues
+            started = gv_torch.start_snapshot(model, store, run="fsdp", step=1, **_store(options))
             full = {name: param.grad.full_tensor() for name, param in model.named_parameters()}
             if rank == 0:
                 torch.save(full, folder / "full.pt")
-                (folder / "snapshot_id").write_text(info.id)
+                (folder / "snapshot_id").write_text(started.id)
             saved.update(
-                id=info.id,
-                info=info,
+                started=started,
                 model={k: v.detach().clone() for k, v in model.state_dict().items()},
                 optimizer=copy.deepcopy(optimizer.state_dict()),
                 rng=torch.get_rng_state(),
@@ -198,7 +201,11 @@ def fsdp(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> N
                 grads={n: local(p.grad).clone() for n, p in model.named_parameters()},
             )
 
-        _train(model, optimizer, rank, losses, (0, 0), at_snapshot)
+        def at_window_end() -> None:  # two more micro-batches later, every rank
+            saved["info"] = saved["started"].result()
+            saved["id"] = saved["info"].id
+
+        _train(model, optimizer, rank, losses, (0, 0), at_snapshot, at_window_end)
         found["reference"] = outcome(model, optimizer, losses)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
