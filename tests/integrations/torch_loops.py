@@ -269,15 +269,23 @@ def _faulty_snapshot(
     if rank == kill_rank:
         import os
 
-        from gradvault.core.store import _local  # the step after the chunks are written
+        from gradvault.core.store import _local, _s3  # the step after the chunks are written
 
         def killed(*args: Any, **kwargs: Any) -> Any:
             os.kill(os.getpid(), signal.SIGKILL)
 
         _local.publish_shard = killed  # type: ignore[assignment]
+        _s3.publish_shard = killed  # type: ignore[assignment]
     outcome_text = "returned"
     try:
-        gv_torch.snapshot(model, options["store"], run="fault", step=0, timeout=options["timeout"])
+        gv_torch.snapshot(
+            model,
+            options["store"],
+            run="fault",
+            step=0,
+            timeout=options["timeout"],
+            store_options=options.get("store_options"),
+        )
     except gv_torch.DistributedSnapshotError as error:
         outcome_text = f"DistributedSnapshotError: {error}"
     (folder / f"outcome.{rank}").write_text(outcome_text)
