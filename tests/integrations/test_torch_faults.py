@@ -65,6 +65,20 @@ def test_a_rank_that_exited_fails_the_others(tmp_path: Path) -> None:
     assert outcome(launch.folder, 0).startswith("DistributedSnapshotError: rank 0 of 2")
 
 
+def test_a_rank_whose_part_fails_makes_every_rank_raise(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    launch = torch_ranks.start(
+        tmp_path / "run", 2, "one_rank_fails", store=str(store), timeout=TIMEOUT
+    )
+    assert launch.join() == [0, 0], launch.output()
+    assert outcome(launch.folder, 1).startswith("InvalidFieldError: ")
+    assert outcome(launch.folder, 0).startswith(
+        "DistributedSnapshotError: the snapshot's start failed on 1 of 2 ranks "
+        "(rank 1: InvalidFieldError: "
+    )
+    assert not store.exists() or Recorder(store).sync.list() == []
+
+
 def test_a_service_url_is_refused_before_anything(tmp_path: Path) -> None:
     model = torch_loops.Net()
     model(torch.randn(2, 6)).sum().backward()

@@ -101,3 +101,15 @@ def test_arguments_refused(tmp_path: Path) -> None:
         gv_torch.snapshot(model, tmp_path / "store", run="r", step=0, group=object())
     with pytest.raises(TypeError, match="torch.nn.Module"):
         gv_torch.snapshot(object(), tmp_path / "store", run="r", step=0)
+
+
+def test_the_exported_names() -> None:
+    assert gv_torch.__all__ == [
+        "DEFAULT_TIMEOUT_SECONDS",
+        "DistributedSnapshotError",
+        "SnapshotStarted",
+        "UnsupportedSetupError",
+        "restore",
+        "snapshot",
+        "start_snapshot",
+    ]

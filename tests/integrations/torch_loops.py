@@ -290,3 +290,20 @@ def _faulty_snapshot(
         outcome_text = f"DistributedSnapshotError: {error}"
     (folder / f"outcome.{rank}").write_text(outcome_text)
     (folder / f"done.{rank}").touch()
+
+
+def one_rank_fails(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> None:
+    """Rank 1's own part of the start fails (tags it cannot hold); both ranks must raise:
+    rank 1 its own error, rank 0 DistributedSnapshotError quoting it."""
+    torch.manual_seed(0)
+    model = Net()
+    micro_batch(model, 0, 0, rank)
+    tags: Any = {"k": "v"} if rank == 0 else {"k": 1}
+    try:
+        gv_torch.snapshot(
+            model, options["store"], run="r", step=0, tags=tags, timeout=options["timeout"]
+        )
+        text = "returned"
+    except Exception as error:  # noqa: BLE001 - the outcome is what the test reads
+        text = f"{type(error).__name__}: {error}"
+    (folder / f"outcome.{rank}").write_text(text)
