@@ -164,7 +164,8 @@ async def _read(
                 continue
             _check_fits(snapshot_id, stored, param, placement)
             start, stop = _rows_needed(placement)
-            for rank, first, last in _holders(snapshot_id, stored, source.world_size, ranks):
+            holders = _holders(snapshot_id, stored, source.world_size, ranks, placement)
+            for rank, first, last in holders:
                 if max(start, first) < min(stop, last):
                     pieces.append(
                         _Piece(name, stored.param_id, rank, max(start, first), min(stop, last))
@@ -210,10 +211,11 @@ def _rows_needed(placement: Placement) -> tuple[int, int]:
 
 
 def _holders(
-    snapshot_id: str, stored: StoredGradient, world_size: int, ranks: Ranks
+    snapshot_id: str, stored: StoredGradient, world_size: int, ranks: Ranks, wanted: Placement
 ) -> list[tuple[int, int, int]]:
     """``(rank, first row, row after the last)`` of each source rank that holds rows of
-    the parameter's global gradient that this rank may read."""
+    the parameter's global gradient that this rank may read (``wanted``: this rank's
+    placement of it)."""
     shape = stored.placement.global_shape
     length = shape[0] if shape else 1
     if stored.placement.sharded:
@@ -224,12 +226,14 @@ def _holders(
         ]
     if world_size == 1:  # one process's gradient is the full one
         return [(0, 0, length)]
-    if world_size == ranks.world_size:
+    if world_size == ranks.world_size and not wanted.sharded:
         return [(ranks.rank, 0, length)]
+    plural = "" if ranks.world_size == 1 else "s"
+    onto = "a sharded (DTensor) parameter" if wanted.sharded else f"{ranks.world_size} rank{plural}"
     raise UnsupportedSetupError(
         f"snapshot {snapshot_id} holds each of {world_size} ranks' own gradient of "
-        f"{stored.placement.name!r} (plain tensors: DDP's unreduced sums mid-window); on "
-        f"{ranks.world_size} ranks there is no exact answer: restore it on {world_size} ranks"
+        f"{stored.placement.name!r} (plain tensors: DDP's unreduced sums mid-window); onto "
+        f"{onto} there is no exact answer: restore it on {world_size} ranks of plain tensors"
     )
 
 

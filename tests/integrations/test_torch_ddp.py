@@ -69,6 +69,9 @@ def test_sigterm_mid_window_then_resume_is_bit_identical(tmp_path: Path) -> None
 
     # each rank's unreduced sum has no exact answer on one process: refused, nothing set
     model = torch_loops.Net()
-    with pytest.raises(gv_torch.UnsupportedSetupError, match="restore it on 2 ranks"):
+    with pytest.raises(
+        gv_torch.UnsupportedSetupError,
+        match="onto 1 rank there is no exact answer: restore it on 2 ranks",
+    ):
         gv_torch.restore(model, store, snapshot_id)
     assert all(param.grad is None for param in model.parameters())
