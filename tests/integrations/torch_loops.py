@@ -261,6 +261,12 @@ def kill_mid_snapshot(rank: int, world_size: int, folder: Path, options: dict[st
     _faulty_snapshot(rank, folder, options, kill_rank=1)
 
 
+def stuck_write(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> None:
+    """Rank 1's write never finishes (a store that does not answer); both ranks' calls
+    must fail within the timeout."""
+    _faulty_snapshot(rank, folder, options, kill_rank=None, stuck_rank=1)
+
+
 def absent_rank(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> None:
     """Rank 1 never calls snapshot (alive, busy elsewhere, or exited); rank 0's call must
     fail with DistributedSnapshotError after the call's timeout."""
@@ -276,7 +282,11 @@ def absent_rank(rank: int, world_size: int, folder: Path, options: dict[str, Any
 
 
 def _faulty_snapshot(
-    rank: int, folder: Path, options: dict[str, Any], kill_rank: int | None
+    rank: int,
+    folder: Path,
+    options: dict[str, Any],
+    kill_rank: int | None,
+    stuck_rank: int | None = None,
 ) -> None:
     torch.manual_seed(0)
     model = Net()  # each rank's own gradients, as DDP's mid-window (DDP's set-up is collective)
@@ -291,6 +301,15 @@ def _faulty_snapshot(
 
         _local.publish_shard = killed  # type: ignore[assignment]
         _s3.publish_shard = killed  # type: ignore[assignment]
+    if rank == stuck_rank:
+        import asyncio
+
+        from gradvault.core.store import _local
+
+        async def stuck(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(PAUSE_SECONDS)
+
+        _local.publish_shard = stuck  # type: ignore[assignment]
     outcome_text = "returned"
     try:
         gv_torch.snapshot(
