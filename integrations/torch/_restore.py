@@ -32,6 +32,7 @@ from gradvault.core.errors import (
     DtypeMismatchError,
     InvalidArgumentError,
     ManifestError,
+    ParamIdMismatchError,
     ShapeMismatchError,
     UnsupportedSetupError,
 )
@@ -58,7 +59,8 @@ def restore(
     """Set every parameter's ``.grad`` on every rank of ``group`` to what snapshot
     ``snapshot_id`` holds for it, bit for bit (collective).
 
-    A parameter the snapshot has no gradient for gets ``.grad = None``, as it was.
+    A parameter the snapshot has no gradient for gets ``.grad = None``, as it was; a
+    gradient that matches no parameter by name raises ParamIdMismatchError.
     A DTensor parameter gets a DTensor gradient of its own placement. Checked before any
     ``.grad`` changes on any rank: dtype and global shape (DtypeMismatchError,
     ShapeMismatchError), and a snapshot of per-rank gradients on another number of ranks
@@ -173,6 +175,16 @@ async def _read(
             array = np.empty(placement.local_shape, dtype=numpy_dtype(stored.dtype))
             arrays[name] = array
             buffers[name] = (array, placement, start)
+        unmatched = set(reference) - {str(placement.param_id) for _, _, placement in params}
+        if unmatched:
+            names = sorted(reference[param_id].placement.name for param_id in unmatched)
+            raise ParamIdMismatchError(
+                f"snapshot {snapshot_id} has gradients that match no parameter of the module "
+                f"by name: {', '.join(map(repr, names[:5]))}"
+                + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            )
+        # the manifests of the shards the pieces come from, loaded together
+        await asyncio.gather(*(source.shard(rank) for rank in {piece.rank for piece in pieces}))
         ranges = [await _byte_range(source, piece, buffers) for piece in pieces]
         by_rank: dict[int, list[_Range]] = {}
         for byte_range in ranges:
