@@ -8,11 +8,14 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
-from gradvault.core import Recorder
-from gradvault.integrations import torch as gv_torch
-from tests.integrations import torch_loops, torch_ranks
+pytest.importorskip("torch", reason="the torch extra (torch) is not installed")
+
+import torch  # noqa: E402 - after the skip
+
+from gradvault.core import Recorder  # noqa: E402
+from gradvault.integrations import torch as gv_torch  # noqa: E402
+from tests.integrations import torch_loops, torch_ranks  # noqa: E402
 
 WORLD_SIZE = 2
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from gradvault.core import Recorder
-from gradvault.integrations import torch as gv_torch
-from tests.integrations import torch_loops, torch_ranks
-from tests.integrations.test_torch_ddp import assert_same_outcome
+pytest.importorskip("torch", reason="the torch extra (torch) is not installed")
+
+import torch  # noqa: E402 - after the skip
+
+from gradvault.core import Recorder  # noqa: E402
+from gradvault.integrations import torch as gv_torch  # noqa: E402
+from tests.integrations import torch_loops, torch_ranks  # noqa: E402
+from tests.integrations.test_torch_ddp import assert_same_outcome  # noqa: E402
 
 
 def rank_results(folder: Path, world_size: int) -> list[dict]:

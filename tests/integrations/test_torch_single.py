@@ -5,12 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from gradvault.core import GradientsParams, InvalidArgumentError, Recorder
-from gradvault.core.errors import DtypeMismatchError, ParamIdMismatchError, ShapeMismatchError
-from gradvault.integrations import torch as gv_torch
-from tests.integrations.torch_loops import Net, micro_batch
+pytest.importorskip("torch", reason="the torch extra (torch) is not installed")
+
+import torch  # noqa: E402 - after the skip
+
+from gradvault.core import (  # noqa: E402
+    DtypeMismatchError,
+    GradientsParams,
+    InvalidArgumentError,
+    ParamIdMismatchError,
+    Recorder,
+    ShapeMismatchError,
+)
+from gradvault.integrations import torch as gv_torch  # noqa: E402
+from tests.integrations.torch_loops import Net, micro_batch  # noqa: E402
 
 
 def accumulated(seed: int = 0, dtype: torch.dtype = torch.float32) -> Net:
