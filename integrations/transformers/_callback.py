@@ -19,7 +19,7 @@ from gradvault.core.records.record_rules import check_snapshot_fields
 
 from ._folder import prune_older
 from ._protocol import WindowSnapshot, WindowTrainer
-from ._target import SnapshotTarget
+from .._target import SnapshotTarget
 
 _log = logging.getLogger("gradvault.integrations.transformers")
 

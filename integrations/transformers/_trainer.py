@@ -43,7 +43,7 @@ from ._folder import (
     write_logging_state,
 )
 from ._protocol import WindowSnapshot
-from ._rng import RngStates
+from .._rng import RngStates
 from ._trainer_internals import (
     RngLoadHook,
     checkpoint_folder,
