@@ -98,6 +98,9 @@ class GradvaultCallback(OnExceptionCheckpoint):
         #: the generators before the running epoch's training iterator was made (JSON form)
         self._epoch_rng: dict[str, Any] | None = None
         self._fit_start_rng: dict[str, Any] | None = None
+        #: whether the next epoch's iterator was made when fit started (Lightning makes
+        #: the first epoch's before ``on_train_epoch_start``, later ones after it)
+        self._iterator_made_at_fit_start = False
         #: the snapshot id of the checkpoint being written by this callback, else None
         self._saving_snapshot: str | None = None
         #: the state loaded from the checkpoint resumed from, until the resume is set up
@@ -155,6 +158,7 @@ class GradvaultCallback(OnExceptionCheckpoint):
         # the first epoch's training iterator is made after this hook (sanity checking in
         # between keeps the generators as they were)
         self._fit_start_rng = RngStates.capture().to_json()
+        self._iterator_made_at_fit_start = True
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install_sigterm_handler()
@@ -165,7 +169,10 @@ class GradvaultCallback(OnExceptionCheckpoint):
         self._resume(trainer, loaded)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # a new epoch's training iterator is made just after this hook
+        if self._iterator_made_at_fit_start:
+            self._iterator_made_at_fit_start = False  # made already, from _fit_start_rng
+            return
+        # a later epoch's training iterator is made just after this hook
         self._epoch_rng = RngStates.capture().to_json()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -327,6 +334,7 @@ class GradvaultCallback(OnExceptionCheckpoint):
             self._epoch_rng = self._fit_start_rng
             return
         self._epoch_rng = loaded["epoch_rng"]
+        self._iterator_made_at_fit_start = False  # this epoch's start hook does not run again
         if not _resumes_its_loaders(trainer):
             if self._epoch_rng is None:
                 raise ResumeStateError(

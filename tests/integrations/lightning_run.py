@@ -6,12 +6,12 @@ epoch) with ``accumulate_grad_batches=3`` (windows of 3, 3, 3 and 1 micro-batche
 epochs: 20 micro-batches, 8 optimizer steps. Every ``self.log`` call reaches a logger that
 appends it to ``OUT/logged.jsonl``, so an interrupted run and its resume write one log
 together. The result (final parameters, optimizer and scheduler state, global step, the
-log) goes to ``OUT/result.pt``; ``baseline`` with several precisions writes
-``OUT/<precision>/result.pt`` for each.
+log) goes to ``OUT/result.pt``; with several precisions (``--precision 32-true,16-mixed``)
+the process runs them one after the other, each in ``OUT/<precision>``.
 
 Modes: ``baseline`` (no gradvault, uninterrupted), ``sigterm`` (``GradvaultCallback``;
 prints READY at the start of micro-batch ``--stop`` (counted from 0 over the run) and waits
-there for the SIGTERM the test sends), ``every`` (``GradvaultCallback(every=...,
+there for the SIGTERM the test sends, once per precision), ``every`` (``GradvaultCallback(every=...,
 on_sigterm=False)``; kills itself with SIGKILL at the start of the micro-batch after
 ``--stop``), ``resume`` (``fit(ckpt_path="last")`` with the callback),
 ``stock-sigterm``/``stock-resume`` (Lightning's own ``OnExceptionCheckpoint``, stopped by
@@ -34,6 +34,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins import MixedPrecision
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -207,7 +208,10 @@ def run(mode: str, out: Path, precision: str, store: str, stop: int, every: int)
     elif mode != "baseline":
         raise ValueError(f"unknown mode {mode!r}")
     trainer = make_trainer(out, precision, callbacks)
-    trainer.fit(module, data, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, data, ckpt_path=ckpt_path)
+    except SIGTERMException:  # Lightning's stop on SIGTERM (a SystemExit): the next run
+        return
     save_result(trainer, module, out)
 
 
