@@ -53,9 +53,7 @@ SIGNAL_WAIT_SECONDS = 120
 class Classifier(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 4)
-        )
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 4))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         features, labels = batch

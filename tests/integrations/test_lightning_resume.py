@@ -154,9 +154,7 @@ def test_sigterm_mid_window_resumes_bit_identical(runs: Runs, precision: str) ->
     assert state["snapshot_id"] is not None
     assert (state["scale"] is not None) == (precision == "16-mixed")
     assert runs.resumed["sigterm"][0] == 0, runs.resumed["sigterm"][1]
-    assert_bit_identical(
-        runs.result("baseline", precision), runs.result("sigterm", precision)
-    )
+    assert_bit_identical(runs.result("baseline", precision), runs.result("sigterm", precision))
 
 
 def test_every_snapshot_then_kill_resumes_bit_identical(runs: Runs) -> None:
