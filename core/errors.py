@@ -22,8 +22,11 @@ what was found, naming the parameter::
     ├── IntegrationError                      a training framework's run that an integration
     │   │                                     cannot snapshot or resume exactly
     │   ├── UnsupportedSetupError (NotImplementedError)  FSDP, DeepSpeed, bf16 parameters, ...
-    │   └── ResumeStateError (ValueError)     a resume folder that is incomplete or does not
-    │                                         match the run resuming from it
+    │   ├── ResumeStateError (ValueError)     a resume folder that is incomplete or does not
+    │   │                                     match the run resuming from it
+    │   └── DistributedSnapshotError (RuntimeError)  a collective snapshot or restore
+    │                                         that failed on a rank, or whose ranks did not
+    │                                         all arrive within the timeout
     └── RecorderError                         records, the store and the recorder
         ├── BackendMismatchError              record asked for on another backend
         ├── MissingGradientError (KeyError)   a gradient the caller needs is absent
@@ -147,6 +150,15 @@ class ResumeStateError(IntegrationError, ValueError):
     """A resume folder that is incomplete, unreadable or does not match the resuming run."""
 
 
+class DistributedSnapshotError(IntegrationError, RuntimeError):
+    """A collective snapshot or restore that did not complete on every rank of its group.
+
+    A rank that failed (its message is quoted), or one that did not reach a step of the
+    call within the timeout (dead, or stuck): every rank raises it, and nothing the call
+    would have committed or restored is visible.
+    """
+
+
 class RecorderError(GradvaultError):
     """Records, the store and the recorder."""
 
@@ -249,6 +261,7 @@ __all__ = [
     "ClientRequestError",
     "ConflictingOptionsError",
     "DeviceError",
+    "DistributedSnapshotError",
     "DtypeMismatchError",
     "DuplicateParamError",
     "FormatVersionError",

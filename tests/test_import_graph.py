@@ -76,6 +76,17 @@ ALLOWED: dict[str, set[str]] = {
         "gradvault.core.store",
         "gradvault.core.store.recorder",
     },
+    # any PyTorch loop: the store through the core (not the client's HTTP side), and no
+    # other integration
+    "gradvault.integrations.torch": {
+        "gradvault.core",
+        "gradvault.client",
+        "gradvault.core.errors",
+        "gradvault.core.records",
+        "gradvault.core.autodiff",
+        "gradvault.core.store",
+        "gradvault.core.store.recorder",
+    },
 }
 
 #: The core's modules, lowest layer first: at module level a module imports only from its

@@ -20,7 +20,8 @@ environment activated. Here:
 
 Skipped, each for the reason in ``SKIPPED``: ``make test`` (the whole suite), the Docker
 section (a Docker engine and the compose stack), the Hugging Face Trainer example (a
-fragment of the reader's own training script).
+fragment of the reader's own training script), the ``torchrun`` script (ranks of a
+process group).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ SKIPPED = {
         "tests/integrations runs the integration"
     ),
     "Deployment (Docker)": "needs a Docker engine and the compose stack (make deploy-check)",
+    "PyTorch under `torchrun` (DDP, FSDP2)": (
+        "a script for torchrun's ranks (a process group); tests/integrations/test_torch_ddp.py "
+        "runs the same loop on two gloo ranks, stopped by SIGTERM and resumed"
+    ),
 }
 #: the sections whose blocks run, one entry per block, in the README's order
 RUN_IN_ORDER = [

@@ -42,6 +42,7 @@ EXPORTED_NAMES = [
     "ConflictingOptionsError",
     "Device",
     "DeviceError",
+    "DistributedSnapshotError",
     "Dropout",
     "DtypeMismatchError",
     "DuplicateParamError",
