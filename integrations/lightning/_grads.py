@@ -1,11 +1,12 @@
 """The one seam through which the callback captures and puts back ``.grad``.
 
-A snapshot is every parameter's ``.grad`` of the module, in its own dtype and bytes, keyed
-by the ParamId of its name (``torch_adapter.param_id_of``); restoring sets each ``.grad``
-back, checked against the parameters (name, shape, dtype) before anything changes. Both
-go through gradvault's public core and client (``GradientsParams.from_torch`` and
-``to_torch``, a store's Recorder or the service's Client). This is one process's
-gradients: with several processes each rank would save its own, which is not done here.
+A store target goes through :mod:`gradvault.integrations.torch`: ``snapshot`` and
+``restore`` are collective over the default process group (each rank's ``.grad`` one
+shard of one snapshot), a single process without one. A service target (single process
+only: the service takes no rank's shard) goes through the client: the gradients' record
+pushed whole, fetched back with its checksums verified. Either way every ``.grad`` keeps
+its dtype and bytes, and restoring checks names, shapes and dtypes before any ``.grad``
+changes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gradvault.core import GradientsParams
+from gradvault.integrations import torch as torch_integration
 
 from .._target import SnapshotTarget
 
@@ -25,16 +27,30 @@ def snapshot_gradients(
 
     The training loop waits for the copy to host memory and for the commit.
     """
-    record = GradientsParams.from_torch(module).try_to_record()
-    return target.push(record, run=run, step=step, tags=tags)
+    if target.is_service:
+        record = GradientsParams.from_torch(module).try_to_record()
+        return target.push(record, run=run, step=step, tags=tags)
+    info = torch_integration.snapshot(
+        module,
+        target.location,
+        run=run,
+        step=step,
+        tags=tags,
+        store_options=target.recorder_options,
+    )
+    return info.id
 
 
 def restore_gradients(module: Any, target: SnapshotTarget, snapshot_id: str) -> None:
     """Set the ``.grad`` of ``module``'s parameters to snapshot ``snapshot_id``'s gradients
     (checksums verified; names, shapes and dtypes checked before any ``.grad`` changes)."""
-    device = _device_of(module)
-    record = target.fetch(snapshot_id)
-    GradientsParams.from_record(record, device).to_torch(module)
+    if target.is_service:
+        record = target.fetch(snapshot_id)
+        GradientsParams.from_record(record, _device_of(module)).to_torch(module)
+        return
+    torch_integration.restore(
+        module, target.location, snapshot_id, store_options=target.store_options
+    )
 
 
 def _device_of(module: Any) -> str:
