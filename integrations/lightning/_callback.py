@@ -14,11 +14,13 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from lightning.pytorch.strategies import (
+    DDPStrategy,
     DeepSpeedStrategy,
     FSDPStrategy,
     ModelParallelStrategy,
     SingleDeviceStrategy,
 )
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from gradvault.core.errors import ResumeStateError, UnsupportedSetupError
 from gradvault.core.records.record_rules import check_snapshot_fields
@@ -27,6 +29,7 @@ from .._rng import RngStates
 from .._target import SnapshotTarget
 from ._grads import restore_gradients, snapshot_gradients
 from ._loop_internals import batches_processed, restart_training_iterator, training_loaders
+from ._ranks import gather_from_ranks
 
 _log = logging.getLogger("gradvault.integrations.lightning")
 
@@ -128,10 +131,12 @@ class GradvaultCallback(OnExceptionCheckpoint):
             "micro_step": _micro_step(trainer, processed),
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
             "num_training_batches": _batch_count(trainer),
+            "world_size": trainer.world_size,
             "snapshot_id": self._saving_snapshot,
             "target": self.target.location,
-            "epoch_rng": self._epoch_rng,
-            "rng": RngStates.capture().to_json(),
+            # every rank's generators (Lightning keeps rank 0's callback state only)
+            "epoch_rng_by_rank": gather_from_ranks(trainer, self._epoch_rng),
+            "rng_by_rank": gather_from_ranks(trainer, RngStates.capture().to_json()),
             "scale": _scaler_scale(trainer),
         }
 
@@ -149,7 +154,7 @@ class GradvaultCallback(OnExceptionCheckpoint):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        _check_setup(trainer, pl_module)
+        _check_setup(trainer, pl_module, self.target.is_service)
         self._trainer = trainer
         self._signal.clear()
         self.stopped_by_signal = False
@@ -213,10 +218,18 @@ class GradvaultCallback(OnExceptionCheckpoint):
         self._signal.set()
 
     def _hand_sigterm_to_lightning(self, trainer: Trainer) -> None:
-        """The place to resume from is saved: let Lightning handle the SIGTERM its way."""
+        """The place to resume from is saved: let Lightning handle the SIGTERM its way.
+
+        With several processes every rank stops here, together, with the exception
+        Lightning's loop raises on SIGTERM: Lightning's handler would forward the signal
+        from rank 0 to the others and broadcast it inside the handler, out of step with
+        ranks that have already agreed to stop.
+        """
         handler, self._lightning_handler = self._lightning_handler, None
         if handler is not None:
             signal.signal(signal.SIGTERM, handler)
+        if trainer.world_size > 1:
+            raise SIGTERMException
         if callable(handler):
             handler(signal.SIGTERM, None)  # Lightning's: stops after this batch
         else:
@@ -242,7 +255,8 @@ class GradvaultCallback(OnExceptionCheckpoint):
             )
         if pending["snapshot_id"] is not None:
             restore_gradients(pl_module, self.target, pending["snapshot_id"])
-        RngStates.from_json(pending["rng"], "the checkpoint's gradvault state").restore()
+        rng = pending["rng_by_rank"][trainer.global_rank]
+        RngStates.from_json(rng, "the checkpoint's gradvault state").restore()
 
     def on_train_batch_end(
         self,
@@ -254,6 +268,9 @@ class GradvaultCallback(OnExceptionCheckpoint):
     ) -> None:
         micro_step = _micro_step(trainer, batches_processed(trainer))
         stop = self._signal.is_set()
+        if self.on_sigterm and trainer.world_size > 1:
+            # a SIGTERM on any rank stops every rank after this micro-batch
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop or self._due(trainer, micro_step):
             self._save(trainer, pl_module, micro_step)
         if stop:
@@ -297,7 +314,8 @@ class GradvaultCallback(OnExceptionCheckpoint):
                 trainer.save_checkpoint(partial)
             finally:
                 self._saving_snapshot = None
-            os.replace(partial, path)
+            if trainer.is_global_zero:  # the rank that wrote it
+                os.replace(partial, path)
         except Exception as error:  # noqa: BLE001 - reported, training goes on
             self.failures += 1
             _log.error(
@@ -317,6 +335,7 @@ class GradvaultCallback(OnExceptionCheckpoint):
         for key, found in (
             ("accumulate_grad_batches", trainer.accumulate_grad_batches),
             ("num_training_batches", _batch_count(trainer)),
+            ("world_size", trainer.world_size),
         ):
             if loaded.get(key) != found:
                 raise ResumeStateError(
@@ -333,7 +352,7 @@ class GradvaultCallback(OnExceptionCheckpoint):
             # at an epoch's end Lightning starts the next epoch afresh
             self._epoch_rng = self._fit_start_rng
             return
-        self._epoch_rng = loaded["epoch_rng"]
+        self._epoch_rng = loaded["epoch_rng_by_rank"][trainer.global_rank]
         self._iterator_made_at_fit_start = False  # this epoch's start hook does not run again
         if not _resumes_its_loaders(trainer):
             if self._epoch_rng is None:
@@ -341,11 +360,11 @@ class GradvaultCallback(OnExceptionCheckpoint):
                     "the checkpoint holds no generator states for its epoch's data order"
                 )
             RngStates.from_json(self._epoch_rng, "the checkpoint's gradvault state").restore()
-            restart_training_iterator(trainer, batches_done)
+            restart_training_iterator(trainer, trainer.current_epoch, batches_done)
         self._pending = loaded
 
 
-def _check_setup(trainer: Trainer, pl_module: LightningModule) -> None:
+def _check_setup(trainer: Trainer, pl_module: LightningModule, to_service: bool) -> None:
     """UnsupportedSetupError for what the callback cannot resume exactly."""
     strategy = trainer.strategy
     if isinstance(strategy, FSDPStrategy | DeepSpeedStrategy | ModelParallelStrategy):
@@ -353,10 +372,15 @@ def _check_setup(trainer: Trainer, pl_module: LightningModule) -> None:
             f"GradvaultCallback does not support {type(strategy).__name__}: its gradients are "
             "sharded or partitioned across processes, with no plain .grad to snapshot"
         )
-    if not isinstance(strategy, SingleDeviceStrategy):
+    if not isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
         raise UnsupportedSetupError(
-            f"GradvaultCallback supports a single process only; the strategy is "
+            f"GradvaultCallback supports a single device and DDPStrategy; the strategy is "
             f"{type(strategy).__name__}"
+        )
+    if to_service and trainer.world_size > 1:
+        raise UnsupportedSetupError(
+            "with several processes the ranks commit one snapshot to a store together; a "
+            "service URL takes no rank's shard: give a store every rank sees"
         )
     if not pl_module.automatic_optimization:
         raise UnsupportedSetupError(

@@ -11,7 +11,10 @@ The callback positions it, and for that relies on these private names of Lightni
   (:func:`training_loaders`);
 - ``Trainer.fit_loop._data_fetcher``: the fetcher the epoch loop draws batches from; its
   iterator is made again and the batches already trained are drawn from it before the
-  resumed epoch's first step (:func:`restart_training_iterator`).
+  resumed epoch's first step (:func:`restart_training_iterator`);
+- ``lightning.fabric.utilities.data._set_sampler_epoch``: the epoch given to a loader's
+  sampler (a ``DistributedSampler``'s order depends on it) before that iterator is made,
+  as Lightning gives it before each epoch.
 
 It reads besides the loops' public progress counters
 (``fit_loop.epoch_loop.batch_progress.current.processed``: the batches of the epoch
@@ -27,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning
+from lightning.fabric.utilities.data import _set_sampler_epoch
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
@@ -66,13 +70,17 @@ def training_loaders(trainer: Any) -> list[Any]:
     return [] if combined is None else list(combined.flattened)
 
 
-def restart_training_iterator(trainer: Any, skip: int) -> None:
-    """Make the training iterator again and draw ``skip`` batches from it, unused.
+def restart_training_iterator(trainer: Any, epoch: int, skip: int) -> None:
+    """Make the training iterator of ``epoch`` again and draw ``skip`` batches from it,
+    unused.
 
     Called before the resumed epoch loop starts, with the generators as they were before
-    the epoch's iterator was made in the run that saved: the loader shuffles as it did,
+    the epoch's iterator was made in the run that saved: the loader shuffles as it did
+    (a ``DistributedSampler`` told its epoch first, which Lightning does only later),
     and the next batch drawn is the one that run trained after ``skip``.
     """
+    for loader in training_loaders(trainer):
+        _set_sampler_epoch(loader, epoch)
     fetcher = trainer.fit_loop._data_fetcher
     iter(fetcher)
     for _ in range(skip):

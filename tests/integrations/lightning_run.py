@@ -15,7 +15,10 @@ there for the SIGTERM the test sends, once per precision), ``every`` (``Gradvaul
 on_sigterm=False)``; kills itself with SIGKILL at the start of the micro-batch after
 ``--stop``), ``resume`` (``fit(ckpt_path="last")`` with the callback),
 ``stock-sigterm``/``stock-resume`` (Lightning's own ``OnExceptionCheckpoint``, stopped by
-SIGTERM as ``sigterm`` is, and resumed from its checkpoint).
+SIGTERM as ``sigterm`` is, and resumed from its checkpoint). ``--processes 2`` runs under
+``strategy=DDPStrategy(process_group_backend="gloo")`` with two ranks on the CPU and
+``SAMPLES`` samples for each (Lightning starts the second rank by running this command
+again); rank 0 writes the result and the log.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins import MixedPrecision
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 from torch.nn import functional as F
@@ -68,11 +73,13 @@ class Classifier(L.LightningModule):
 
 
 class Samples(L.LightningDataModule):
-    def __init__(self) -> None:
+    """``SAMPLES`` samples for each process (a DistributedSampler gives each its share)."""
+
+    def __init__(self, processes: int = 1) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(1234)
-        self.features = torch.randn(SAMPLES, 8, generator=generator)
-        self.labels = torch.randint(0, 4, (SAMPLES,), generator=generator)
+        self.features = torch.randn(SAMPLES * processes, 8, generator=generator)
+        self.labels = torch.randint(0, 4, (SAMPLES * processes,), generator=generator)
 
     def train_dataloader(self) -> DataLoader:
         dataset = TensorDataset(self.features, self.labels)
@@ -98,6 +105,7 @@ class JsonLinesLogger(Logger):
     def save_dir(self) -> str:
         return str(self.path.parent)
 
+    @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         with self.path.open("a") as file:
             file.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -121,8 +129,8 @@ class StopAt(Callback):
             if micro_batch == self.stop + 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             return
-        if micro_batch != self.stop:
-            return
+        if micro_batch != self.stop or trainer.global_rank != 0:
+            return  # with DDP, rank 0 waits (the test signals it); the others wait in a collective
         print("READY", flush=True)
         deadline = time.monotonic() + SIGNAL_WAIT_SECONDS
         while not self._signalled(trainer):
@@ -146,10 +154,12 @@ def precision_settings(precision: str) -> dict[str, Any]:
     return {"plugins": [MixedPrecision("16-mixed", "cpu", scaler)]}
 
 
-def make_trainer(out: Path, precision: str, callbacks: list[Any]) -> L.Trainer:
+def make_trainer(out: Path, precision: str, callbacks: list[Any], processes: int = 1) -> L.Trainer:
+    ddp = {"strategy": DDPStrategy(process_group_backend="gloo")} if processes > 1 else {}
     return L.Trainer(
         accelerator="cpu",
-        devices=1,
+        devices=processes,
+        **ddp,
         max_epochs=EPOCHS,
         accumulate_grad_batches=ACCUMULATION,
         **precision_settings(precision),
@@ -177,10 +187,12 @@ def save_result(trainer: L.Trainer, module: Classifier, out: Path) -> None:
     )
 
 
-def run(mode: str, out: Path, precision: str, store: str, stop: int, every: int) -> None:
+def run(
+    mode: str, out: Path, precision: str, store: str, stop: int, every: int, processes: int
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     L.seed_everything(0, verbose=False)
-    module, data = Classifier(), Samples()
+    module, data = Classifier(), Samples(processes)
     callbacks: list[Any] = []
     ckpt_path: str | None = None
     gradvault_folder = out / "gradvault"
@@ -205,12 +217,13 @@ def run(mode: str, out: Path, precision: str, store: str, stop: int, every: int)
             callbacks.append(StopAt(stop, kill=False, waits_on=None))
     elif mode != "baseline":
         raise ValueError(f"unknown mode {mode!r}")
-    trainer = make_trainer(out, precision, callbacks)
+    trainer = make_trainer(out, precision, callbacks, processes)
     try:
         trainer.fit(module, data, ckpt_path=ckpt_path)
     except SIGTERMException:  # Lightning's stop on SIGTERM (a SystemExit): the next run
         return
-    save_result(trainer, module, out)
+    if trainer.is_global_zero:
+        save_result(trainer, module, out)
 
 
 def main(argv: list[str]) -> None:
@@ -221,6 +234,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--store", default="")
     parser.add_argument("--stop", type=int, default=14)
     parser.add_argument("--every", type=int, default=4)
+    parser.add_argument("--processes", type=int, default=1, help="DDP ranks (gloo) when > 1")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     precisions = args.precision.split(",")
@@ -228,7 +242,8 @@ def main(argv: list[str]) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be among {PRECISIONS}; got {precision!r}")
         out = args.out / precision if len(precisions) > 1 else args.out
-        run(args.mode, out, precision, args.store or str(args.out / "store"), args.stop, args.every)
+        store = args.store or str(args.out / "store")
+        run(args.mode, out, precision, store, args.stop, args.every, args.processes)
 
 
 if __name__ == "__main__":

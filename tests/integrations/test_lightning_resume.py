@@ -1,11 +1,12 @@
 """Lightning runs stopped inside an accumulation window resume bit for bit.
 
 The runs are subprocesses of ``tests/integrations/lightning_run.py``: stopped by a real
-SIGTERM during a micro-batch (in each precision, one after the other in one process), or
-killed by SIGKILL after an ``every=`` snapshot, then resumed in a fresh process with
-``fit(ckpt_path="last")``. Final parameters, optimizer and scheduler state and the logged
-losses are compared with an uninterrupted run in the same precision. A control shows that
-Lightning's own ``OnExceptionCheckpoint`` resume from the same SIGTERM differs.
+SIGTERM during a micro-batch (in each precision, one after the other in one process; and
+under DDP with two ranks), or killed by SIGKILL after an ``every=`` snapshot, then resumed
+in a fresh process with ``fit(ckpt_path="last")``. Final parameters, optimizer and
+scheduler state and the logged losses are compared with an uninterrupted run in the same
+precision (and number of ranks). A control shows that Lightning's own
+``OnExceptionCheckpoint`` resume from the same SIGTERM differs.
 
 The module's tests share one set of runs (``runs``): the stopping phases run side by side,
 then the resuming ones, each process with a timeout.
@@ -118,12 +119,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         # due; the process kills itself at the start of the next one, in epoch 0
         "every": start("every", root / "every", "--every", "4", "--stop", "7"),
         "stock": start("stock-sigterm", root / "stock", "--stop", str(SIGTERM_AT), sigterms=1),
+        "ddp-baseline": start("baseline", root / "ddp-baseline", "--processes", "2"),
+        "ddp": start(
+            "sigterm", root / "ddp", "--processes", "2", "--stop", str(SIGTERM_AT), sigterms=1
+        ),
     }
     stopped = finish_all(stops)
     resumes = {
         "sigterm": start("resume", root / "sigterm", "--precision", ALL_PRECISIONS),
         "every": start("resume", root / "every"),
         "stock": start("stock-resume", root / "stock"),
+        "ddp": start("resume", root / "ddp", "--processes", "2"),
     }
     return Runs(root, stopped, finish_all(resumes))
 
@@ -163,6 +169,18 @@ def test_every_snapshot_then_kill_resumes_bit_identical(runs: Runs) -> None:
     assert (state["epoch"], state["global_step"], state["micro_step"]) == (0, 2, 2)
     assert runs.resumed["every"][0] == 0, runs.resumed["every"][1]
     assert_bit_identical(runs.result("baseline", "32-true"), runs.result("every"))
+
+
+def test_ddp_sigterm_mid_window_resumes_bit_identical(runs: Runs) -> None:
+    """Two ranks (gloo): the SIGTERM reaches rank 0; both snapshot their own unreduced sums
+    as the shards of one snapshot and stop; both resume from them."""
+    assert runs.stopped["ddp"][0] == 0, runs.stopped["ddp"][1]
+    state = runs.saved_state("ddp")
+    assert (state["epoch"], state["batches_done"], state["micro_step"]) == (1, 5, 2)
+    assert state["world_size"] == 2 and len(state["rng_by_rank"]) == 2
+    assert state["snapshot_id"] is not None
+    assert runs.resumed["ddp"][0] == 0, runs.resumed["ddp"][1]
+    assert_bit_identical(runs.result("ddp-baseline"), runs.result("ddp"))
 
 
 def test_lightning_own_resume_from_the_same_place_differs(runs: Runs) -> None:

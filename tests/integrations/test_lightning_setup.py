@@ -80,14 +80,23 @@ def test_manual_optimization_is_refused(tmp_path: Path) -> None:
         GradvaultCallback(tmp_path / "store").setup(trainer, module, "fit")
 
 
-def test_ddp_is_refused_until_supported(tmp_path: Path) -> None:
+def test_ddp_with_a_service_target_is_refused() -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
         strategy=DDPStrategy(process_group_backend="gloo"),
         logger=False,
     )
-    with pytest.raises(UnsupportedSetupError, match="single process only; the strategy is DDP"):
+    with pytest.raises(UnsupportedSetupError, match="a service URL takes no rank's shard"):
+        GradvaultCallback("http://127.0.0.1:8000").setup(trainer, Classifier(), "fit")
+
+
+def test_other_strategies_are_refused(tmp_path: Path) -> None:
+    class OtherStrategy:
+        pass
+
+    trainer = SimpleNamespace(strategy=OtherStrategy())
+    with pytest.raises(UnsupportedSetupError, match="DDPStrategy; the strategy is OtherStrategy"):
         GradvaultCallback(tmp_path / "store").setup(trainer, Classifier(), "fit")
 
 
