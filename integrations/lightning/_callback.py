@@ -54,7 +54,9 @@ class GradvaultCallback(OnExceptionCheckpoint):
     finds it: this is an ``OnExceptionCheckpoint``) resumes at the micro-batch after it, bit
     for bit: the loader positioned, the gradients put back before the next micro-batch,
     the generators as they were. ``on_sigterm=True`` snapshots first, then hands the
-    SIGTERM to Lightning's own handler, which stops training as it always does.
+    SIGTERM to Lightning's own handler, which stops training as it always does; with DDP
+    the ranks agree on it after each micro-batch, snapshot together (each rank's sums a
+    shard of one snapshot) and stop together with Lightning's ``SIGTERMException``.
     docs/INTEGRATIONS.md says what is saved and what is refused.
     """
 
