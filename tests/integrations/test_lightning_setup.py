@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -122,3 +123,38 @@ def test_the_range_is_the_extras_pin() -> None:
         if requirement.startswith("lightning")
     ]
     assert pins == [SUPPORTED_LIGHTNING]
+
+
+def test_the_packages_public_names() -> None:
+    import gradvault.integrations.lightning as package  # noqa: PLC0415
+
+    assert package.__all__ == [
+        "SUPPORTED_LIGHTNING",
+        "GradvaultCallback",
+        "IntegrationError",
+        "ResumeStateError",
+        "UnsupportedSetupError",
+    ]
+
+
+def test_lightnings_private_names_are_used_in_one_module() -> None:
+    """Only ``_loop_internals.py`` reaches a private name of another object or module: an
+    attribute ``x._name`` on anything but ``self``, or ``from lightning... import _name``."""
+    package = ROOT / "integrations" / "lightning"
+    found = []
+    for path in sorted(package.glob("*.py")):
+        if path.name == "_loop_internals.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                    found.append(f"{path.name}:{node.lineno} .{node.attr}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lightning"):
+                found += [
+                    f"{path.name}:{node.lineno} {a.name}" for a in node.names if _private(a.name)
+                ]
+    assert found == []
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
