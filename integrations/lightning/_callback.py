@@ -350,8 +350,16 @@ class GradvaultCallback(OnExceptionCheckpoint):
                 loaded["micro_step"],
             )
         batches_done = int(loaded["batches_done"])
+        if batches_done == loaded["num_training_batches"] and not _resumes_its_loaders(trainer):
+            # saved after an epoch's last micro-batch: in the run that saved, the next
+            # epoch's iterator was made from the generators as they were then; Lightning
+            # made this one already, from this process's
+            rng = loaded["rng_by_rank"][trainer.global_rank]
+            RngStates.from_json(rng, "the checkpoint's gradvault state").restore()
+            restart_training_iterator(trainer, trainer.current_epoch, 0)
+            self._epoch_rng = rng
+            return
         if not 0 < batches_done < (loaded["num_training_batches"] or float("inf")):
-            # at an epoch's end Lightning starts the next epoch afresh
             self._epoch_rng = self._fit_start_rng
             return
         self._epoch_rng = loaded["epoch_rng_by_rank"][trainer.global_rank]

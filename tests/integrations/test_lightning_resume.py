@@ -119,6 +119,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         # due; the process kills itself at the start of the next one, in epoch 0
         "every": start("every", root / "every", "--every", "4", "--stop", "7"),
         "stock": start("stock-sigterm", root / "stock", "--stop", str(SIGTERM_AT), sigterms=1),
+        # micro-batch 9 is epoch 0's last, alone in the epoch's shortened window
+        "epoch-end": start("sigterm", root / "epoch-end", "--stop", "9", sigterms=1),
         "ddp-baseline": start("baseline", root / "ddp-baseline", "--processes", "2"),
         "ddp": start(
             "sigterm", root / "ddp", "--processes", "2", "--stop", str(SIGTERM_AT), sigterms=1
@@ -129,6 +131,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         "sigterm": start("resume", root / "sigterm", "--precision", ALL_PRECISIONS),
         "every": start("resume", root / "every"),
         "stock": start("stock-resume", root / "stock"),
+        "epoch-end": start("resume", root / "epoch-end"),
         "ddp": start("resume", root / "ddp", "--processes", "2"),
     }
     return Runs(root, stopped, finish_all(resumes))
@@ -169,6 +172,17 @@ def test_every_snapshot_then_kill_resumes_bit_identical(runs: Runs) -> None:
     assert (state["epoch"], state["global_step"], state["micro_step"]) == (0, 2, 2)
     assert runs.resumed["every"][0] == 0, runs.resumed["every"][1]
     assert_bit_identical(runs.result("baseline", "32-true"), runs.result("every"))
+
+
+def test_sigterm_in_an_epochs_last_micro_batch_resumes_bit_identical(runs: Runs) -> None:
+    """The window ends there: a checkpoint without a snapshot; the resumed run makes the next
+    epoch's iterator from the generators the stopped run made it from."""
+    assert runs.stopped["epoch-end"][0] == 0, runs.stopped["epoch-end"][1]
+    state = runs.saved_state("epoch-end")
+    assert (state["epoch"], state["batches_done"], state["micro_step"]) == (0, 10, 0)
+    assert state["snapshot_id"] is None
+    assert runs.resumed["epoch-end"][0] == 0, runs.resumed["epoch-end"][1]
+    assert_bit_identical(runs.result("baseline", "32-true"), runs.result("epoch-end"))
 
 
 def test_ddp_sigterm_mid_window_resumes_bit_identical(runs: Runs) -> None:
