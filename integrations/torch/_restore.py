@@ -32,6 +32,7 @@ from gradvault.core.errors import (
     DtypeMismatchError,
     InvalidArgumentError,
     ManifestError,
+    ParamIdMismatchError,
     ShapeMismatchError,
     UnsupportedSetupError,
 )
@@ -58,7 +59,8 @@ def restore(
     """Set every parameter's ``.grad`` on every rank of ``group`` to what snapshot
     ``snapshot_id`` holds for it, bit for bit (collective).
 
-    A parameter the snapshot has no gradient for gets ``.grad = None``, as it was.
+    A parameter the snapshot has no gradient for gets ``.grad = None``, as it was; a
+    gradient that matches no parameter by name raises ParamIdMismatchError.
     A DTensor parameter gets a DTensor gradient of its own placement. Checked before any
     ``.grad`` changes on any rank: dtype and global shape (DtypeMismatchError,
     ShapeMismatchError), and a snapshot of per-rank gradients on another number of ranks
@@ -164,7 +166,8 @@ async def _read(
                 continue
             _check_fits(snapshot_id, stored, param, placement)
             start, stop = _rows_needed(placement)
-            for rank, first, last in _holders(snapshot_id, stored, source.world_size, ranks):
+            holders = _holders(snapshot_id, stored, source.world_size, ranks, placement)
+            for rank, first, last in holders:
                 if max(start, first) < min(stop, last):
                     pieces.append(
                         _Piece(name, stored.param_id, rank, max(start, first), min(stop, last))
@@ -172,6 +175,16 @@ async def _read(
             array = np.empty(placement.local_shape, dtype=numpy_dtype(stored.dtype))
             arrays[name] = array
             buffers[name] = (array, placement, start)
+        unmatched = set(reference) - {str(placement.param_id) for _, _, placement in params}
+        if unmatched:
+            names = sorted(reference[param_id].placement.name for param_id in unmatched)
+            raise ParamIdMismatchError(
+                f"snapshot {snapshot_id} has gradients that match no parameter of the module "
+                f"by name: {', '.join(map(repr, names[:5]))}"
+                + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            )
+        # the manifests of the shards the pieces come from, loaded together
+        await asyncio.gather(*(source.shard(rank) for rank in {piece.rank for piece in pieces}))
         ranges = [await _byte_range(source, piece, buffers) for piece in pieces]
         by_rank: dict[int, list[_Range]] = {}
         for byte_range in ranges:
@@ -210,10 +223,11 @@ def _rows_needed(placement: Placement) -> tuple[int, int]:
 
 
 def _holders(
-    snapshot_id: str, stored: StoredGradient, world_size: int, ranks: Ranks
+    snapshot_id: str, stored: StoredGradient, world_size: int, ranks: Ranks, wanted: Placement
 ) -> list[tuple[int, int, int]]:
     """``(rank, first row, row after the last)`` of each source rank that holds rows of
-    the parameter's global gradient that this rank may read."""
+    the parameter's global gradient that this rank may read (``wanted``: this rank's
+    placement of it)."""
     shape = stored.placement.global_shape
     length = shape[0] if shape else 1
     if stored.placement.sharded:
@@ -224,12 +238,14 @@ def _holders(
         ]
     if world_size == 1:  # one process's gradient is the full one
         return [(0, 0, length)]
-    if world_size == ranks.world_size:
+    if world_size == ranks.world_size and not wanted.sharded:
         return [(ranks.rank, 0, length)]
+    plural = "" if ranks.world_size == 1 else "s"
+    onto = "a sharded (DTensor) parameter" if wanted.sharded else f"{ranks.world_size} rank{plural}"
     raise UnsupportedSetupError(
         f"snapshot {snapshot_id} holds each of {world_size} ranks' own gradient of "
-        f"{stored.placement.name!r} (plain tensors: DDP's unreduced sums mid-window); on "
-        f"{ranks.world_size} ranks there is no exact answer: restore it on {world_size} ranks"
+        f"{stored.placement.name!r} (plain tensors: DDP's unreduced sums mid-window); onto "
+        f"{onto} there is no exact answer: restore it on {world_size} ranks of plain tensors"
     )
 
 

@@ -9,6 +9,7 @@ calls them, in the same order as its other collectives.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -68,13 +69,19 @@ class SnapshotStarted:
         error: BaseException | None = None
         committed = None
         try:
-            shard = self._handle.result()
+            # bounded too: a write stuck on its store must not keep the others waiting
+            shard = self._handle.result(timeout=self._ranks.timeout)
             if shard.snapshot is not None:
                 committed = dataclasses.asdict(shard.snapshot)
+        except concurrent.futures.TimeoutError:
+            error = DistributedSnapshotError(
+                f"rank {self._ranks.rank}: its shard of snapshot {self.id} was not written "
+                f"within {self._ranks.timeout:g} s"
+            )
         except Exception as failure:
             error = failure
-        finally:
-            self._recorder.close()
+        if error is None or self._handle.done():
+            self._recorder.close()  # else its thread is left to the stuck write, not waited for
         statuses = self._ranks.agree("the snapshot's commit", error, committed=committed)
         found = [status["committed"] for status in statuses if status["committed"]]
         if not found:  # a store that keeps its protocol never gets here

@@ -8,11 +8,15 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import torch
+import pytest
 
-from gradvault.core import Recorder
-from gradvault.integrations import torch as gv_torch
-from tests.integrations import torch_loops, torch_ranks
+pytest.importorskip("torch", reason="the torch extra (torch) is not installed")
+
+import torch  # noqa: E402 - after the skip
+
+from gradvault.core import Recorder  # noqa: E402
+from gradvault.integrations import torch as gv_torch  # noqa: E402
+from tests.integrations import torch_loops, torch_ranks  # noqa: E402
 
 TIMEOUT = 5
 
@@ -63,6 +67,22 @@ def test_a_rank_that_exited_fails_the_others(tmp_path: Path) -> None:
     )
     assert launch.join() == [0, 0], launch.output()
     assert outcome(launch.folder, 0).startswith("DistributedSnapshotError: rank 0 of 2")
+
+
+def test_a_write_that_never_ends_fails_every_rank_within_the_timeout(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    launch = torch_ranks.start(
+        tmp_path / "run", 2, "stuck_write", store=str(store), timeout=TIMEOUT
+    )
+    assert launch.join() == [0, 0], launch.output()
+    stuck = "DistributedSnapshotError: rank 1: its shard of snapshot"
+    assert outcome(launch.folder, 1).startswith(stuck)
+    # rank 0 hears of it from rank 1, or its own wait for rank 1 ends first: both bounded
+    found = outcome(launch.folder, 0)
+    assert found.startswith("DistributedSnapshotError: ")
+    assert f"(rank 1: {stuck}" in found or "Ranks 1 failed to pass monitoredBarrier" in found
+    with Recorder(store) as recorder:
+        assert recorder.sync.list() == []
 
 
 def test_a_rank_whose_part_fails_makes_every_rank_raise(tmp_path: Path) -> None:

@@ -8,12 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from gradvault.core import Recorder
-from gradvault.integrations import torch as gv_torch
-from tests.integrations import torch_loops, torch_ranks
-from tests.integrations.test_torch_ddp import assert_same_outcome
+pytest.importorskip("torch", reason="the torch extra (torch) is not installed")
+
+import torch  # noqa: E402 - after the skip
+
+from gradvault.core import Recorder  # noqa: E402
+from gradvault.integrations import torch as gv_torch  # noqa: E402
+from tests.integrations import torch_loops, torch_ranks  # noqa: E402
+from tests.integrations.test_torch_ddp import assert_same_outcome  # noqa: E402
 
 
 def rank_results(folder: Path, world_size: int) -> list[dict]:
@@ -47,7 +50,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fsdp")
     store = str(root / "store")
     two, four, two_from_four = root / "two", root / "four", root / "two-from-four"
-    torch_ranks.run(two, 2, "fsdp", store=store)
+    torch_ranks.run(two, 2, "fsdp", store=store, refuse_plain=True)
     two_id = (two / "snapshot_id").read_text()
     torch_ranks.run(four, 4, "fsdp", store=store, other=two_id)
     four_id = (four / "snapshot_id").read_text()
@@ -93,3 +96,9 @@ def test_each_rank_writes_its_rows_with_their_place(runs: dict[str, Path]) -> No
             (out_weight,) = [entry for entry in shard if entry.name == "out.weight"]
             assert out_weight.shape == ((1, 10) if rank < 3 else (0, 10))  # rank 3: no row
         assert offsets == [0, 3, 6, 9]  # torch.chunk's rule: 3, 3, 3, 1 rows
+
+
+def test_per_rank_gradients_are_refused_onto_dtensors(runs: dict[str, Path]) -> None:
+    for found in rank_results(runs["two"], 2):
+        assert "onto a sharded (DTensor) parameter there is no exact answer" in found["refused"]
+        assert found["unchanged"]

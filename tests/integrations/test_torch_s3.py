@@ -10,14 +10,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-import torch
 
-from gradvault.core import Recorder, SnapshotNotFoundError
-from gradvault.integrations import torch as gv_torch
-from tests.conftest import S3_BUCKET, S3_CREDENTIALS
-from tests.integrations import torch_loops, torch_ranks
-from tests.integrations.test_torch_faults import TIMEOUT, outcome
-from tests.integrations.test_torch_fsdp import assert_resumed_exactly
+pytest.importorskip("torch", reason="the torch extra (torch) is not installed")
+
+import torch  # noqa: E402 - after the skip
+
+from gradvault.core import Recorder, SnapshotNotFoundError  # noqa: E402
+from gradvault.integrations import torch as gv_torch  # noqa: E402
+from tests.conftest import S3_BUCKET, S3_CREDENTIALS  # noqa: E402
+from tests.integrations import torch_loops, torch_ranks  # noqa: E402
+from tests.integrations.test_torch_faults import TIMEOUT, outcome  # noqa: E402
+from tests.integrations.test_torch_fsdp import assert_resumed_exactly  # noqa: E402
 
 
 def test_fsdp_ranks_on_s3(tmp_path: Path, s3_endpoint: str) -> None:

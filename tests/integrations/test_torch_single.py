@@ -5,12 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from gradvault.core import GradientsParams, InvalidArgumentError, Recorder
-from gradvault.core.errors import DtypeMismatchError, ShapeMismatchError
-from gradvault.integrations import torch as gv_torch
-from tests.integrations.torch_loops import Net, micro_batch
+pytest.importorskip("torch", reason="the torch extra (torch) is not installed")
+
+import torch  # noqa: E402 - after the skip
+
+from gradvault.core import (  # noqa: E402
+    DtypeMismatchError,
+    GradientsParams,
+    InvalidArgumentError,
+    ParamIdMismatchError,
+    Recorder,
+    ShapeMismatchError,
+)
+from gradvault.integrations import torch as gv_torch  # noqa: E402
+from tests.integrations.torch_loops import Net, micro_batch  # noqa: E402
 
 
 def accumulated(seed: int = 0, dtype: torch.dtype = torch.float32) -> Net:
@@ -91,6 +100,14 @@ def test_gradients_that_do_not_fit_change_nothing(tmp_path: Path) -> None:
         (before[name] is None and after[name] is None) or torch.equal(before[name], after[name])
         for name in before
     )
+
+
+def test_gradients_of_another_model_are_refused(tmp_path: Path) -> None:
+    info = gv_torch.snapshot(accumulated(), tmp_path / "store", run="r", step=0)
+    other = torch.nn.Sequential(torch.nn.Linear(6, 10))
+    with pytest.raises(ParamIdMismatchError, match="match no parameter.*'hidden.bias'"):
+        gv_torch.restore(other, tmp_path / "store", info.id)
+    assert all(param.grad is None for param in other.parameters())
 
 
 def test_arguments_refused(tmp_path: Path) -> None:

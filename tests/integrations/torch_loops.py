@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 from gradvault.integrations import torch as gv_torch
 
 ACCUM = 4
-STEPS = 3
+STEPS = 2
 #: how long a paused rank waits for its SIGTERM
 PAUSE_SECONDS = 60
 #: the timeout the loops give the integration's calls
@@ -218,6 +218,21 @@ def fsdp(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> N
         losses = list(saved["losses"])
         _train(model, optimizer, rank, losses, (1, 2))
         found["resumed"] = outcome(model, optimizer, losses)
+    if options.get("refuse_plain"):
+        # each rank's own (plain, unreduced) gradients: no exact answer for DTensor slices
+        plain = Net()
+        micro_batch(plain, 0, 0, rank)
+        info = gv_torch.snapshot(plain, store, run="plain", step=0, **_store(options))
+        micro_batch(model, 0, 0, rank)  # gradients the refused restore must leave alone
+        before = {n: local(p.grad).clone() for n, p in model.named_parameters()}
+        try:
+            gv_torch.restore(model, store, info.id, **_store(options))
+        except gv_torch.UnsupportedSetupError as error:
+            found["refused"] = str(error)
+        found["unchanged"] = all(
+            torch.equal(local(p.grad), before[n]) for n, p in model.named_parameters()
+        )
+        optimizer.zero_grad(set_to_none=True)
     other = options.get("other")
     if other:
         optimizer.zero_grad(set_to_none=True)
@@ -246,6 +261,12 @@ def kill_mid_snapshot(rank: int, world_size: int, folder: Path, options: dict[st
     _faulty_snapshot(rank, folder, options, kill_rank=1)
 
 
+def stuck_write(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> None:
+    """Rank 1's write never finishes (a store that does not answer); both ranks' calls
+    must fail within the timeout."""
+    _faulty_snapshot(rank, folder, options, kill_rank=None, stuck_rank=1)
+
+
 def absent_rank(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> None:
     """Rank 1 never calls snapshot (alive, busy elsewhere, or exited); rank 0's call must
     fail with DistributedSnapshotError after the call's timeout."""
@@ -261,7 +282,11 @@ def absent_rank(rank: int, world_size: int, folder: Path, options: dict[str, Any
 
 
 def _faulty_snapshot(
-    rank: int, folder: Path, options: dict[str, Any], kill_rank: int | None
+    rank: int,
+    folder: Path,
+    options: dict[str, Any],
+    kill_rank: int | None,
+    stuck_rank: int | None = None,
 ) -> None:
     torch.manual_seed(0)
     model = Net()  # each rank's own gradients, as DDP's mid-window (DDP's set-up is collective)
@@ -276,6 +301,15 @@ def _faulty_snapshot(
 
         _local.publish_shard = killed  # type: ignore[assignment]
         _s3.publish_shard = killed  # type: ignore[assignment]
+    if rank == stuck_rank:
+        import asyncio
+
+        from gradvault.core.store import _local
+
+        async def stuck(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(PAUSE_SECONDS)
+
+        _local.publish_shard = stuck  # type: ignore[assignment]
     outcome_text = "returned"
     try:
         gv_torch.snapshot(
