@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install --quiet -e '.[dev,torch,cli,hf]'
+	$(PIP) install --quiet -e '.[dev,torch,cli,hf,lightning]'
 	touch $(VENV)/.installed $@
 
 # The service on $(STORE) at 127.0.0.1:$(PORT), the demo against it, the URLs and the

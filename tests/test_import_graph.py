@@ -87,6 +87,19 @@ ALLOWED: dict[str, set[str]] = {
         "gradvault.core.store",
         "gradvault.core.store.recorder",
     },
+    # Lightning: the torch integration for .grad (collective over the ranks), the
+    # integrations' shared generator states and snapshot target, the client for a service
+    "gradvault.integrations.lightning": {
+        "gradvault.core",
+        "gradvault.client",
+        "gradvault.core.errors",
+        "gradvault.core.records",
+        "gradvault.core.autodiff",
+        "gradvault.core.store",
+        "gradvault.core.store.recorder",
+        "gradvault.integrations",
+        "gradvault.integrations.torch",
+    },
 }
 
 #: The core's modules, lowest layer first: at module level a module imports only from its

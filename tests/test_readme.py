@@ -49,6 +49,10 @@ SKIPPED = {
         "a fragment of the reader's own Trainer script (model, args, train_dataset); "
         "tests/integrations runs the integration"
     ),
+    "Resume a Lightning run mid-accumulation": (
+        "a fragment of the reader's own Lightning script (model, datamodule); "
+        "tests/integrations runs the integration"
+    ),
     "Deployment (Docker)": "needs a Docker engine and the compose stack (make deploy-check)",
     "PyTorch under `torchrun` (DDP, FSDP2)": (
         "a script for torchrun's ranks (a process group); tests/integrations/test_torch_ddp.py "

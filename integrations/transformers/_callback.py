@@ -17,9 +17,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from gradvault.core.errors import UnsupportedSetupError
 from gradvault.core.records.record_rules import check_snapshot_fields
 
+from .._target import SnapshotTarget
 from ._folder import prune_older
 from ._protocol import WindowSnapshot, WindowTrainer
-from ._target import SnapshotTarget
 
 _log = logging.getLogger("gradvault.integrations.transformers")
 

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._rng import RngStates, generators_at
+from .._rng import RngStates, generators_at
 
 
 class CollateRecorder:

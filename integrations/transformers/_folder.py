@@ -20,7 +20,7 @@ from typing import Any
 
 from gradvault.core.errors import ResumeStateError
 
-from ._rng import RngStates
+from .._rng import RngStates
 
 FOLDER_PREFIX = "gradvault-checkpoint"
 STATE_FILE = "gradvault_resume.json"

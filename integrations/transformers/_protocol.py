@@ -31,7 +31,7 @@ from gradvault.core import GradientsParamsRecord
 from ._folder import WindowState
 
 if TYPE_CHECKING:
-    from ._target import SnapshotTarget
+    from .._target import SnapshotTarget
 
 
 @dataclass

@@ -32,6 +32,7 @@ from transformers.trainer_utils import TrainOutput
 from gradvault.core import GradientsParams
 from gradvault.core.errors import ResumeStateError, UnsupportedSetupError
 
+from .._rng import RngStates
 from ._callback import GradvaultCallback
 from ._collate import CollateRecorder
 from ._folder import (
@@ -43,7 +44,6 @@ from ._folder import (
     write_logging_state,
 )
 from ._protocol import WindowSnapshot
-from ._rng import RngStates
 from ._trainer_internals import (
     RngLoadHook,
     checkpoint_folder,

@@ -49,7 +49,7 @@ from transformers.trainer_callback import ExportableState
 
 from gradvault.core.errors import UnsupportedSetupError
 
-from ._rng import RngStates, generators_at
+from .._rng import RngStates, generators_at
 
 #: the transformers releases whose Trainer internals the integration is tested against;
 #: the same range as the ``hf`` extra's pin in pyproject.toml

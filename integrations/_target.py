@@ -49,13 +49,23 @@ class SnapshotTarget:
     def __repr__(self) -> str:
         return f"SnapshotTarget({self.location!r})"
 
+    @property
+    def store_options(self) -> dict[str, Any]:
+        """The options a store is opened with."""
+        return dict(self._store_options)
+
+    @property
+    def recorder_options(self) -> dict[str, Any]:
+        """The options a store's Recorder is opened with: ``keep_last`` and the store's."""
+        return {"keep_last": self._keep_last, **self._store_options}
+
     def _open(self) -> Any:
         if self.is_service:
             if self._client is None:
                 self._client = self.where.client()
             return self._client
         if self._recorder is None:
-            self._recorder = self.where.recorder(keep_last=self._keep_last, **self._store_options)
+            self._recorder = self.where.recorder(**self.recorder_options)
         return self._recorder
 
     def push(
