@@ -21,13 +21,25 @@ from .conftest import clean_environment
 
 DEADLINE_SECONDS = 180
 
+# ``python -m gradvault`` with SIGINT at its default disposition and unblocked, as a shell
+# starts a foreground job: a disposition of SIG_IGN, or a blocked mask, would otherwise pass
+# from the test process (whatever an earlier test in it left) through exec to the demo,
+# which would then never see the Ctrl-C.
+AS_A_TERMINAL_STARTS_IT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT]); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'gradvault', *sys.argv[1:]])",
+]
+
 
 @pytest.mark.parametrize(
     "trainer_line", ["the trainer, a new process", "resume in a fresh process"]
 )
 def test_ctrl_c_in_the_demo_is_one_line_and_exit_130(tmp_path: Path, trainer_line: str) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "gradvault", "demo", "--service-store", str(tmp_path / "s")],
+        [*AS_A_TERMINAL_STARTS_IT, "demo", "--service-store", str(tmp_path / "s")],
         env=clean_environment(PYTHONUNBUFFERED="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -58,4 +70,5 @@ def test_ctrl_c_in_the_demo_is_one_line_and_exit_130(tmp_path: Path, trainer_lin
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     errors = process.stderr.read()
-    assert (code, errors) == (130, "gradvault demo: interrupted\n"), errors
+    here = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    assert (code, errors) == (130, "gradvault demo: interrupted\n"), (errors, here)
