@@ -105,6 +105,17 @@ def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
     return _multiply_mod_poly(_shift_operator(length_b), crc_a) ^ crc_b
 
 
+def crc32c_of_tail(crc_whole: int, crc_head: int, length_tail: int) -> int:
+    """crc32c of B from crc32c(A+B), crc32c(A) and len(B): :func:`crc32c_combine` undone.
+
+    A running checksum taken over parts written back to back gives each part's own
+    checksum this way, with no second pass over its bytes.
+    """
+    if crc_head == 0 or length_tail <= 0:
+        return crc_whole if length_tail > 0 else 0
+    return _multiply_mod_poly(_shift_operator(length_tail), crc_head) ^ crc_whole
+
+
 #: Bytes checksummed and then written (or read and then checksummed) at a time: small
 #: enough that the second touch of a slice finds it still in the CPU's cache, so that each
 #: byte goes through memory once.

@@ -70,6 +70,11 @@ class _Passage:
             self._waiters[position] = waiter
         await asyncio.shield(waiter)
 
+    def is_open(self, position: int) -> bool:
+        """Whether every turn below ``position`` has been released (from any thread: the
+        count only grows, so a true answer stays true)."""
+        return self._passed >= position
+
     def release(self, position: int) -> None:
         """Turn ``position`` is released (again: nothing changes); wake whom that lets pass."""
         if position < self._passed or position in self._released:
@@ -97,6 +102,12 @@ class CommitTurn:
     async def wait(self) -> None:
         """Return once every earlier turn of the order has been released."""
         await self._passage.wait(self._position)
+
+    def is_open(self) -> bool:
+        """Whether every earlier turn of the order has been released already; callable
+        from any thread (a writer's thread asks before it renames without a trip through
+        the event loop; a false answer may be stale, a true one never is)."""
+        return self._passage.is_open(self._position)
 
     def release(self) -> None:
         """This snapshot is visible, or will never be: later turns may go on."""

@@ -60,6 +60,7 @@ from ._backend import (
     collected_error,
 )
 from ._checksums import SLICE_BYTES, crc32c
+from ._commit_order import CommitTurn, holding
 from ._file_writes import DirectWrites, write_file, write_file_unsynced
 from ._ids import parse_snapshot_id
 from ._shard_publish import ShardSteps, Taken, publish_shard
@@ -674,9 +675,9 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def _collected(self) -> StoreUnavailableError:
         return collected_error(self._snapshot_id, self.written_where)
 
-    async def _run(self, action: str, function: Callable[..., None], *args: Any) -> None:
+    async def _run(self, action: str, function: Callable[..., T], *args: Any) -> T:
         try:
-            await self._backend.in_thread(action, function, *args)
+            return await self._backend.in_thread(action, function, *args)
         except FileNotFoundError as error:
             if not os.path.isdir(self._folder):
                 raise self._collected() from error
@@ -706,6 +707,16 @@ class _LocalSnapshotWriter(SnapshotWriter):
         self._unsynced.append(os.path.join(array_dir, MANIFEST_NAME))
         self._unsynced.extend(folders)
         self._written.update(written)
+
+    #: At most this many array documents and folders are fsynced by the committing thread
+    #: itself, one after the other (a snapshot of one packed array has three); more are
+    #: shared out among threads (:meth:`_sync_pending`).
+    SYNC_IN_LINE = 8
+
+    def _sync_pending_in_line(self) -> None:
+        """fsync the pending documents and folders here, in order (few of them)."""
+        pending, self._unsynced = self._unsynced, []
+        _fsync_paths(pending)
 
     async def _sync_pending(self) -> None:
         """fsync the array documents and every folder the arrays made, in parallel threads.
@@ -770,21 +781,32 @@ class _LocalSnapshotWriter(SnapshotWriter):
             )
         os.rename(self._folder, self._backend.snapshots_dir / self._snapshot_id)
 
-    def _commit_sync(self, group_document: bytes) -> None:
+    def _commit_sync(self, group_document: bytes, turn: CommitTurn | None) -> bool:
+        """Seal the snapshot and, if ``turn`` is None or open already, rename it into place
+        and fsync ``snapshots/``: True once committed, False if it must wait for its turn.
+
+        The documents and folders still pending are fsynced first when they are few
+        (a snapshot of one packed array: its document and two folders), so a small
+        snapshot commits in this one call, one trip through a thread.
+        """
+        if self._unsynced:
+            self._sync_pending_in_line()
         self._seal_sync(group_document)
+        if turn is not None and not turn.is_open():
+            return False
         self._rename_into_place_sync()
         _fsync_directory(str(self._backend.snapshots_dir))
+        return True
 
     async def commit(self, group_metadata: bytes) -> None:
         action = f"committing snapshot {self._snapshot_id}"
         turn = self.turn
-        if turn is None:
+        if len(self._unsynced) > self.SYNC_IN_LINE:
             await self._sync_pending()
-            await self._run(action, self._commit_sync, group_metadata)
-            return
-        with turn.held():  # released once the rename is done, or has failed
-            await self._sync_pending()
-            await self._run(action, self._seal_sync, group_metadata)
+        with holding(turn):  # released once the rename is done, or has failed
+            if await self._run(action, self._commit_sync, group_metadata, turn):
+                return
+            assert turn is not None
             await turn.wait()
             await self._run(action, self._rename_into_place_sync)
         # Renames of snapshots in flight together are made durable by one fsync of the
