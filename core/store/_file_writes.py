@@ -28,12 +28,13 @@ import logging
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..records.mapped_file import release_pages
-from ._checksums import SLICE_BYTES, Crc32cTrailer, crc32c
+from ._checksums import SLICE_BYTES, Crc32cTrailer, ReadAlong, crc32c
 
 _log = logging.getLogger("gradvault.store")
 NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -76,29 +77,43 @@ def write_all(fd: int, views: list[memoryview]) -> None:
             views[0] = views[0][written:]
 
 
-def _split_trailer(buffers: list[Any]) -> tuple[list[memoryview], Crc32cTrailer | None]:
+Visit = Callable[[memoryview], None] | None
+
+
+def _split_trailer(
+    buffers: list[Any],
+) -> tuple[list[memoryview], list[Visit], Crc32cTrailer | None]:
+    """The parts' bytes, who reads each along (``ReadAlong``), and the final trailer."""
     trailer = buffers[-1] if buffers and isinstance(buffers[-1], Crc32cTrailer) else None
-    views = [memoryview(b).cast("B") for b in (buffers[:-1] if trailer else buffers)]
-    return views, trailer
+    body = buffers[:-1] if trailer else buffers
+    views = [b.data if isinstance(b, ReadAlong) else memoryview(b).cast("B") for b in body]
+    visits = [b.visit if isinstance(b, ReadAlong) else None for b in body]
+    return views, visits, trailer
 
 
 def write_buffers(fd: int, buffers: list[Any]) -> None:
-    """Write ``buffers`` back to back to ``fd`` (a final Crc32cTrailer computed as it goes)."""
-    views, trailer = _split_trailer(buffers)
-    if trailer is None:
+    """Write ``buffers`` back to back to ``fd`` (a final Crc32cTrailer computed as it goes,
+    each ReadAlong's slices handed on as they are written)."""
+    views, visits, trailer = _split_trailer(buffers)
+    if trailer is None and not any(visits):
         write_all(fd, views)
         return
     crc = 0
-    for view in views:
+    for view, visit in zip(views, visits, strict=True):
         for start in range(0, len(view), SLICE_BYTES):
             piece = view[start : start + SLICE_BYTES]
-            crc = crc32c(piece, crc)
+            if trailer is not None:
+                crc = crc32c(piece, crc)
             write_all(fd, [piece])
+            if visit is not None:
+                visit(piece)
             # in the page cache now: a mapped upload's slice need not stay resident
             # (through the fsync); a no-op for any other memory
             release_pages(piece)
-        trailer.add(crc)
-    write_all(fd, [memoryview(trailer.value())])
+        if trailer is not None:
+            trailer.add(crc)
+    if trailer is not None:
+        write_all(fd, [memoryview(trailer.value())])
 
 
 def _aligned_buffer() -> memoryview:
@@ -226,13 +241,15 @@ def _write_direct(
 def _write_direct_through(
     fd: int, path: str, buffers: list[Any], direct: DirectWrites, whole: mmap.mmap | None
 ) -> None:
-    views, trailer = _split_trailer(buffers)
+    views, visits, trailer = _split_trailer(buffers)
     out = _DirectFile(fd, path, direct, None if whole is None else memoryview(whole))
     crc = None if trailer is None else 0
-    for view in views:
+    for view, visit in zip(views, visits, strict=True):
         for start in range(0, len(view), SLICE_BYTES):
             piece = view[start : start + SLICE_BYTES]
             crc = out.add(piece, crc)
+            if visit is not None:  # just copied: still in the CPU's cache
+                visit(piece)
             release_pages(piece)  # copied out: a mapped upload's slice may go
         if trailer is not None:
             assert crc is not None
@@ -297,4 +314,11 @@ def write_file_unsynced(path: str, buffers: list[Any]) -> None:
 
 
 def _length(buffers: list[Any]) -> int:
-    return sum(4 if isinstance(b, Crc32cTrailer) else memoryview(b).nbytes for b in buffers)
+    return sum(
+        4
+        if isinstance(b, Crc32cTrailer)
+        else len(b.data)
+        if isinstance(b, ReadAlong)
+        else memoryview(b).nbytes
+        for b in buffers
+    )

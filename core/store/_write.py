@@ -33,6 +33,7 @@ from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, T
 from ._checksums import (
     SLICE_BYTES,
     Crc32cTrailer,
+    ReadAlong,
     crc32c,
     crc32c_combine,
     crc32c_of_tail,
@@ -201,10 +202,11 @@ class _OneChunkPacked:
     Nothing is copied but runs of small gradients (under ``large_bytes``), which are laid
     end to end into one buffer each (a write of 10,000 gradients of 1 KiB is then a few
     writes, not 10,000, and their stats are taken together, as ``packed_stats`` does).
-    Each large gradient is a part of the chunk of its own: its stats are taken a slice at
-    a time just before the chunk is written, and its crc32c falls out of the running
-    crc32c the writer records after each part (``crc32c_of_tail``), with no pass of its
-    own. The small ones' crc32c are taken from their own memory, as before.
+    Each large gradient is a part of the chunk of its own (a ReadAlong): its stats are
+    taken a slice at a time as the writer copies or writes and checksums that slice, in
+    the same pass over its bytes, and its crc32c falls out of the running crc32c the
+    writer records after each part (``crc32c_of_tail``), with no pass of its own. The
+    small ones' crc32c are taken from their own memory, as before.
     """
 
     def __init__(
@@ -229,6 +231,7 @@ class _OneChunkPacked:
         stats: dict[str, list] = {key: [None] * count for key in STATS_COLUMNS}
         parts: list[Any] = []
         large: list[tuple[int, int]] = []  # (slot, part index)
+        accumulators: list[tuple[int, StatsAccumulator]] = []
         run: list[int] = []  # slots of the small gradients laid out since the last part
         end = 0
 
@@ -264,19 +267,19 @@ class _OneChunkPacked:
                 if offsets[slot] > end:
                     parts.append(zeros(offsets[slot] - end))
                 accumulator = StatsAccumulator()
-                values = entry.array.reshape(-1)
-                step = max(1, SLICE_BYTES // max(1, values.itemsize))
-                for first in range(0, values.size, step):
-                    accumulator.add(values[first : first + step])
-                for key, value in accumulator.result().items():
-                    stats[key][slot] = value
+                accumulators.append((slot, accumulator))
                 large.append((slot, len(parts)))
-                parts.append(entry.data)
+                parts.append(
+                    ReadAlong(entry.data, _stats_of_slices(accumulator, entry.array.dtype))
+                )
             end = offsets[slot] + nbytes
         close_run()
         trailer = Crc32cTrailer()
         parts.append(trailer)
         yield "c/0", parts
+        for slot, accumulator in accumulators:  # each slice was taken in as it was written
+            for key, value in accumulator.result().items():
+                stats[key][slot] = value
         running = trailer.running  # the crc32c of the chunk up to the end of each part
         for slot, index in large:
             before = running[index - 1] if index else 0
@@ -522,6 +525,17 @@ class SnapshotWrite:
         return PackedGradients(
             b"", chunk.length, chunk.chunk_bytes, chunk.offsets, chunk.checksums, chunk.stats
         )
+
+
+def _stats_of_slices(
+    accumulator: StatsAccumulator, dtype: np.dtype
+) -> Callable[[memoryview], None]:
+    """Takes each slice of a gradient's bytes into ``accumulator`` (a ReadAlong's visit)."""
+
+    def visit(piece: memoryview) -> None:
+        accumulator.add(np.frombuffer(piece, dtype))
+
+    return visit
 
 
 def _end(stream: Generator[EncodedChunk, None, None]) -> None:
