@@ -346,7 +346,7 @@ class SnapshotWrite:
         becomes StoreUnavailableError naming the store and the snapshot.
         """
         entries: tuple[Any, ...] = record.entries
-        threshold = self._pack_threshold
+        threshold: float = self._pack_threshold
         if threshold and sum(entry.array.nbytes for entry in entries) <= self._chunk_bytes:
             # a snapshot no longer than a chunk is one chunk of the packed array: one file
             # and two folders to write and fsync, not a folder tree per gradient
