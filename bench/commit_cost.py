@@ -8,7 +8,7 @@ side writes the same bytes and returns only once they are durable:
   checksums, the commit and its fsyncs), into a store it has open, as a trainer does;
 - ``safetensors.numpy.save_file`` of the six arrays, then an fsync of the file;
 - ``os.writev`` of the six arrays' bytes to one new file, then fsync;
-- ``torch.save`` of the six tensors (sharing the arrays' memory), then fsync;
+- ``torch.save`` of the six tensors (copies of the arrays, made once), then fsync;
 - one ``O_DIRECT`` write of the same bytes (already laid out end to end in page-aligned
   memory, rounded up to 4 KiB) to a new file, then fsync: the floor, no copy and no pass
   over the bytes.

@@ -495,9 +495,17 @@ class SnapshotWrite:
         are computed meanwhile, and the write goes on while the manifest is built (it is
         awaited before the commit).
         """
-        _, length, chunk_bytes = packed_layout([e.array.nbytes for e in small], self._chunk_bytes)
-        if self._compression is None and length == chunk_bytes:  # one chunk
+        sizes = [entry.array.nbytes for entry in small]
+        _, length, chunk_bytes = packed_layout(sizes, self._chunk_bytes)
+        if (
+            self._compression is None
+            and length == chunk_bytes  # one chunk
+            and max(sizes) >= self._pack_threshold  # large gradients: not worth copying
+        ):
             return await self._write_one_chunk_packed(writer, small, length)
+        # Only small gradients (or zstd): one buffer, written while their checksums and
+        # stats are taken in another thread (for 10,000 gradients of 1 KiB that overlap
+        # is worth more than the copy it costs)
         packed = await self._threads.run(pack, small, self._chunk_bytes)
         spans = chunk_spans((packed.length,), (packed.chunk_bytes,), 1)
         chunks = _GradientChunks(memoryview(packed.buffer), spans, self._compression, self)
