@@ -6,7 +6,9 @@ starts them, from one :class:`CommitOrder`. A turn carries the snapshot's id, mi
 when the turn is taken (so ids, and with them ``list()`` and ``keep_last``, follow that
 order), and its place: the backend makes the snapshot visible (the local rename, the S3
 manifest PUT) only once every earlier turn has been released, and releases its own turn
-as soon as it is visible, before its last fsync. Everything before that step (chunks,
+as soon as it is visible (before its last fsync when it had to wait for its turn; a
+local writer whose turn is open already renames and fsyncs in the same trip to its
+thread, and releases it after both). Everything before that step (chunks,
 documents, their fsyncs) runs in parallel, so the fsyncs of snapshots in flight together
 share the file system's journal commits.
 
