@@ -26,10 +26,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 
-from bench import http_io, mlp_step, record_stall, service_list, store_io, ui_first_paint
+from bench import (
+    commit_cost,
+    http_io,
+    mlp_step,
+    record_stall,
+    service_list,
+    store_io,
+    ui_first_paint,
+)
 from bench._timing import Row, markdown_table, text_table
 
-MODULES = [mlp_step, record_stall, store_io, http_io, service_list, ui_first_paint]
+MODULES = [mlp_step, commit_cost, record_stall, store_io, http_io, service_list, ui_first_paint]
 RESULTS = Path(__file__).parent / "results"
 README = Path(__file__).parent.parent / "README.md"
 _MARKERS = re.compile(r"(<!-- bench-table -->\n).*?(<!-- /bench-table -->)", re.S)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 import crc32c as _crc32c_package
@@ -105,6 +106,17 @@ def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
     return _multiply_mod_poly(_shift_operator(length_b), crc_a) ^ crc_b
 
 
+def crc32c_of_tail(crc_whole: int, crc_head: int, length_tail: int) -> int:
+    """crc32c of B from crc32c(A+B), crc32c(A) and len(B): :func:`crc32c_combine` undone.
+
+    A running checksum taken over parts written back to back gives each part's own
+    checksum this way, with no second pass over its bytes.
+    """
+    if crc_head == 0 or length_tail <= 0:
+        return crc_whole if length_tail > 0 else 0
+    return _multiply_mod_poly(_shift_operator(length_tail), crc_head) ^ crc_whole
+
+
 #: Bytes checksummed and then written (or read and then checksummed) at a time: small
 #: enough that the second touch of a slice finds it still in the CPU's cache, so that each
 #: byte goes through memory once.
@@ -140,8 +152,40 @@ class Crc32cTrailer:
         return self.value()
 
 
+class ReadAlong:
+    """A part of an encoded chunk whose bytes someone else reads too, in the write's pass.
+
+    The writer hands each slice of ``data`` (SLICE_BYTES at a time from its start) to
+    ``visit`` right after it has copied or written and checksummed it, while the slice is
+    still in the CPU's cache: a gradient's stats are taken in the same pass as its
+    crc32c and its write. A writer that does not write slice by slice calls
+    :meth:`visit_all` first (:func:`resolved` does).
+    """
+
+    __slots__ = ("data", "visit")
+
+    def __init__(self, data: memoryview, visit: Callable[[memoryview], None]) -> None:
+        self.data = memoryview(data).cast("B")
+        self.visit = visit
+
+    def visit_all(self) -> memoryview:
+        """Hand every slice to ``visit`` now; the bytes."""
+        for start in range(0, len(self.data), SLICE_BYTES):
+            self.visit(self.data[start : start + SLICE_BYTES])
+        return self.data
+
+
+def plain(parts: list[Any]) -> list[Any]:
+    """``parts`` with every ReadAlong visited whole and replaced by its bytes."""
+    if not any(isinstance(part, ReadAlong) for part in parts):
+        return parts
+    return [part.visit_all() if isinstance(part, ReadAlong) else part for part in parts]
+
+
 def resolved(parts: list[Any]) -> list[Any]:
-    """``parts`` with a final Crc32cTrailer replaced by its bytes (computed here)."""
+    """``parts`` with a final Crc32cTrailer replaced by its bytes (computed here), and every
+    ReadAlong visited and replaced by its bytes."""
+    parts = plain(parts)
     if parts and isinstance(parts[-1], Crc32cTrailer):
         return [*parts[:-1], parts[-1].resolve(parts[:-1])]
     return parts

@@ -14,7 +14,8 @@ from ._zarr_format import Compression
 _ZEROS = memoryview(bytes(1 << 16))
 
 
-def _zeros(count: int) -> memoryview:
+def zeros(count: int) -> memoryview:
+    """``count`` zero bytes (a view of a shared buffer where it is long enough)."""
     return _ZEROS[:count] if count <= len(_ZEROS) else memoryview(bytes(count))
 
 
@@ -30,7 +31,7 @@ def encode_chunk(
     """
     if compression is None:
         trailer = Crc32cTrailer()
-        parts: list[Any] = [payload, _zeros(padding), trailer] if padding else [payload, trailer]
+        parts: list[Any] = [payload, zeros(padding), trailer] if padding else [payload, trailer]
         return parts, lambda: trailer.running[0]
     payload_crc = crc32c(payload)
     raw = bytes(payload) + bytes(padding) if padding else payload

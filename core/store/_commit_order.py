@@ -6,7 +6,9 @@ starts them, from one :class:`CommitOrder`. A turn carries the snapshot's id, mi
 when the turn is taken (so ids, and with them ``list()`` and ``keep_last``, follow that
 order), and its place: the backend makes the snapshot visible (the local rename, the S3
 manifest PUT) only once every earlier turn has been released, and releases its own turn
-as soon as it is visible, before its last fsync. Everything before that step (chunks,
+as soon as it is visible (before its last fsync when it had to wait for its turn; a
+local writer whose turn is open already renames and fsyncs in the same trip to its
+thread, and releases it after both). Everything before that step (chunks,
 documents, their fsyncs) runs in parallel, so the fsyncs of snapshots in flight together
 share the file system's journal commits.
 
@@ -70,6 +72,11 @@ class _Passage:
             self._waiters[position] = waiter
         await asyncio.shield(waiter)
 
+    def is_open(self, position: int) -> bool:
+        """Whether every turn below ``position`` has been released (from any thread: the
+        count only grows, so a true answer stays true)."""
+        return self._passed >= position
+
     def release(self, position: int) -> None:
         """Turn ``position`` is released (again: nothing changes); wake whom that lets pass."""
         if position < self._passed or position in self._released:
@@ -97,6 +104,12 @@ class CommitTurn:
     async def wait(self) -> None:
         """Return once every earlier turn of the order has been released."""
         await self._passage.wait(self._position)
+
+    def is_open(self) -> bool:
+        """Whether every earlier turn of the order has been released already; callable
+        from any thread (a writer's thread asks before it renames without a trip through
+        the event loop; a false answer may be stale, a true one never is)."""
+        return self._passage.is_open(self._position)
 
     def release(self) -> None:
         """This snapshot is visible, or will never be: later turns may go on."""

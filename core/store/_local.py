@@ -25,6 +25,7 @@ gone and fails; its final rename can no longer move half-removed files into
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import fcntl
@@ -37,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,11 +62,12 @@ from ._backend import (
     collected_error,
 )
 from ._checksums import SLICE_BYTES, crc32c
+from ._commit_order import CommitTurn, holding
 from ._file_writes import DirectWrites, write_file, write_file_unsynced
 from ._ids import parse_snapshot_id
 from ._shard_publish import ShardSteps, Taken, publish_shard
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
-from ._zarr_format import dump_json, group_metadata
+from ._zarr_format import PACKED_ARRAY, dump_json, group_metadata
 
 STAGING_FOLDER = ".staging"
 #: Names under ``.staging/`` of folders being removed (see the module docstring).
@@ -102,6 +105,45 @@ def _fsync_paths(paths: list[str]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+class FsyncTogether:
+    """fsyncs several files and folders at once, from any thread, in a few threads of its own.
+
+    On ext4 every fsync ends with a flush of the device's write cache, even when the
+    journal commit of the first one already made every change durable: measured here
+    1-4 ms each, one after the other, for the six a small snapshot needs. Issued together,
+    their flushes overlap. The threads only ever fsync, so a writer thread that waits for
+    them cannot deadlock the store's own pool.
+    """
+
+    def __init__(self, threads: int = 8) -> None:
+        self._threads = threads
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+
+    def fsync(self, paths: list[str]) -> None:
+        """fsync every path of ``paths``, all at once; raises the first failure."""
+        if len(paths) <= 1:
+            _fsync_paths(paths)
+            return
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._threads, "gradvault-fsync")
+            executor = self._executor
+        futures = [executor.submit(_fsync_paths, [path]) for path in paths[1:]]
+        try:
+            _fsync_paths(paths[:1])  # this thread takes one itself
+        finally:
+            concurrent.futures.wait(futures)
+        for future in futures:
+            future.result()
+
+    def close(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
 
 
 #: How a store file is opened for reading: without following a symbolic link in its place,
@@ -388,6 +430,8 @@ class LocalBackend(StoreBackend):
         self._prepared = False
         #: chunk files are written with O_DIRECT until the file system refuses it
         self.direct = DirectWrites()
+        #: a commit's last fsyncs, issued together
+        self.fsyncs = FsyncTogether()
 
     async def in_thread(self, action: str, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` in the store's threads; an OSError but FileNotFoundError becomes
@@ -652,7 +696,8 @@ class LocalBackend(StoreBackend):
         return await self.in_thread("collecting leftovers", self._collect_sync, grace_seconds)
 
     async def close(self) -> None:
-        """Nothing to release: files are opened and closed per operation."""
+        """The fsync threads end; files are opened and closed per operation."""
+        await asyncio.to_thread(self.fsyncs.close)
 
 
 class _LocalSnapshotWriter(SnapshotWriter):
@@ -674,9 +719,9 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def _collected(self) -> StoreUnavailableError:
         return collected_error(self._snapshot_id, self.written_where)
 
-    async def _run(self, action: str, function: Callable[..., None], *args: Any) -> None:
+    async def _run(self, action: str, function: Callable[..., T], *args: Any) -> T:
         try:
-            await self._backend.in_thread(action, function, *args)
+            return await self._backend.in_thread(action, function, *args)
         except FileNotFoundError as error:
             if not os.path.isdir(self._folder):
                 raise self._collected() from error
@@ -685,6 +730,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def _write_array_sync(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
         array_dir = os.path.join(self._folder, name)
         os.mkdir(array_dir)
+        deferred = name == PACKED_ARRAY
         folders = [array_dir]
         made = {""}
         written = []
@@ -698,14 +744,24 @@ class _LocalSnapshotWriter(SnapshotWriter):
                         os.mkdir(os.path.join(array_dir, partial))
                         folders.append(os.path.join(array_dir, partial))
                         made.add(partial)
-            write_file(os.path.join(array_dir, key), buffers, self._backend.direct)
+            path = os.path.join(array_dir, key)
+            # the packed array's chunks (usually one) are fsynced with the documents and
+            # folders at the commit; every other chunk file right after it is written
+            write_file(path, buffers, self._backend.direct, fsync=not deferred, whole_file=deferred)
             written.append(f"{name}/{key}")
+            if deferred:
+                self._unsynced.append(path)
         # The array's document is fsynced with the folders, before the manifest
         write_file_unsynced(os.path.join(array_dir, MANIFEST_NAME), [metadata])
         written.append(f"{name}/{MANIFEST_NAME}")
         self._unsynced.append(os.path.join(array_dir, MANIFEST_NAME))
-        self._unsynced.extend(folders)
+        self._unsynced.extend(reversed(folders))  # deepest first
         self._written.update(written)
+
+    #: At most this many array documents and folders are fsynced by the committing thread
+    #: itself, one after the other (a snapshot of one packed array has three); more are
+    #: shared out among threads (:meth:`_sync_pending`).
+    SYNC_IN_LINE = 8
 
     async def _sync_pending(self) -> None:
         """fsync the array documents and every folder the arrays made, in parallel threads.
@@ -724,7 +780,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
             *(
                 self._run(
                     f"syncing the arrays of snapshot {self._snapshot_id}",
-                    _fsync_paths,
+                    self._fsync_staged_in_order,
                     pending[first::threads],
                 )
                 for first in range(threads)
@@ -749,14 +805,31 @@ class _LocalSnapshotWriter(SnapshotWriter):
             present.update(prefix + name for name in files)
         return sorted(self._written - present)
 
-    def _seal_sync(self, group_document: bytes) -> None:
-        """Write the manifest, fsynced, and fsync the staging folder that holds it."""
-        write_file(os.path.join(self._folder, MANIFEST_NAME), [group_document])
-        self._written.add(MANIFEST_NAME)
-        _fsync_directory(str(self._folder))
-
     def _rename_into_place_sync(self) -> None:
         """Check that every file written is still there, then rename the folder into place."""
+        self._check_nothing_missing()
+        os.rename(self._folder, self._backend.snapshots_dir / self._snapshot_id)
+
+    def _fsync_staged_in_order(self, paths: list[str]) -> None:
+        """fsync ``paths`` of the staging folder one after the other (reported as
+        :meth:`_fsync_staged` reports a file gone)."""
+        try:
+            _fsync_paths(paths)
+        except FileNotFoundError:
+            self._check_nothing_missing()
+            raise
+
+    def _fsync_staged(self, paths: list[str]) -> None:
+        """fsync ``paths`` of the staging folder together; a file or folder gone is reported
+        as :meth:`_check_nothing_missing` reports it."""
+        try:
+            self._backend.fsyncs.fsync(paths)
+        except FileNotFoundError:
+            self._check_nothing_missing()  # says what vanished, or that gc took the folder
+            raise
+
+    def _check_nothing_missing(self) -> None:
+        """StoreUnavailableError if a file this writer wrote is gone from its staging folder."""
         # Nothing of ours removes files in place, but a snapshot must not be committed
         # with files missing, whoever removed them.
         missing = self._missing_files()
@@ -768,23 +841,42 @@ class _LocalSnapshotWriter(SnapshotWriter):
                 f"files written to its staging folder {self._folder} vanished before commit "
                 f"(first: {missing[0]}); nothing was committed"
             )
-        os.rename(self._folder, self._backend.snapshots_dir / self._snapshot_id)
 
-    def _commit_sync(self, group_document: bytes) -> None:
-        self._seal_sync(group_document)
+    def _commit_sync(self, group_document: bytes, turn: CommitTurn | None) -> bool:
+        """Seal the snapshot and, if ``turn`` is None or open already, rename it into place
+        and fsync ``snapshots/``: True once committed, False if it must wait for its turn.
+
+        The files and folders still pending (the packed array's chunk, every array's
+        document, every folder; those of a large snapshot are fsynced before, in
+        parallel, by :meth:`commit`) are fsynced here, together (``FsyncTogether``), then
+        the manifest and the staging folder: a small snapshot commits in this one call,
+        one trip through a thread.
+        """
+        # The manifest is written before the fsyncs, and fsynced after every other file
+        # and folder: a snapshot of one packed array (its chunk, its document, two folders,
+        # the manifest, the staging folder) then costs one journal commit, the first
+        # fsync's, not one per file, and nothing is visible before the rename anyway.
+        manifest = os.path.join(self._folder, MANIFEST_NAME)
+        write_file_unsynced(manifest, [group_document])
+        self._written.add(MANIFEST_NAME)
+        pending, self._unsynced = self._unsynced, []
+        self._fsync_staged(pending)
+        self._fsync_staged([manifest, str(self._folder)])
+        if turn is not None and not turn.is_open():
+            return False
         self._rename_into_place_sync()
         _fsync_directory(str(self._backend.snapshots_dir))
+        return True
 
     async def commit(self, group_metadata: bytes) -> None:
         action = f"committing snapshot {self._snapshot_id}"
         turn = self.turn
-        if turn is None:
+        if len(self._unsynced) > self.SYNC_IN_LINE:
             await self._sync_pending()
-            await self._run(action, self._commit_sync, group_metadata)
-            return
-        with turn.held():  # released once the rename is done, or has failed
-            await self._sync_pending()
-            await self._run(action, self._seal_sync, group_metadata)
+        with holding(turn):  # released once the rename is done, or has failed
+            if await self._run(action, self._commit_sync, group_metadata, turn):
+                return
+            assert turn is not None
             await turn.wait()
             await self._run(action, self._rename_into_place_sync)
         # Renames of snapshots in flight together are made durable by one fsync of the

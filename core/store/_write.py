@@ -20,6 +20,7 @@ are read to host whole and packed.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import Any
 
@@ -29,14 +30,23 @@ from ..errors import DeviceError, StoreUnavailableError
 from ..records.mapped_file import release_pages
 from ..records.record import GradientRecordEntry, GradientsParamsRecord
 from ._backend import EncodedChunk, ShardWriter, SnapshotWriter, StoreBackend, ThreadRunner
-from ._checksums import SLICE_BYTES, crc32c_combine, format_checksum
-from ._codecs import encode_chunk
+from ._checksums import (
+    SLICE_BYTES,
+    Crc32cTrailer,
+    ReadAlong,
+    crc32c,
+    crc32c_combine,
+    crc32c_of_tail,
+    format_checksum,
+)
+from ._codecs import encode_chunk, zeros
 from ._commit_order import CommitTurn, holding
 from ._device_snapshot import DeviceGradient, DeviceSnapshot
 from ._device_stream import RingPool, RingStreamer
 from ._manifest import PackedGradients, build_manifest, pack, packed_checksums
 from ._shards import ShardedSet
-from ._stats import StatsAccumulator, packed_stats
+from ._stats import StatsAccumulator, gradient_stats, packed_stats
+from ._validation import STATS_COLUMNS
 from ._zarr_format import (
     PACKED_ARRAY,
     ChunkSpan,
@@ -46,7 +56,17 @@ from ._zarr_format import (
     chunk_spans,
     dump_json,
     group_metadata,
+    packed_layout,
 )
+
+#: A run of at most this many small gradients in a one-chunk snapshot is written part by
+#: part, each with stats of its own; a longer one is laid out in one buffer whose stats
+#: are taken together (``packed_stats``, ~0.3 ms a call however few it holds)
+FEW_SMALL_GRADIENTS = 16
+
+#: A manifest of at most this many gradients is encoded on the event loop (a fraction of
+#: a millisecond), not in a thread: the trip there and back would cost more.
+INLINE_MANIFEST_GRADIENTS = 64
 
 
 class _Abandoned(Exception):
@@ -180,6 +200,112 @@ class _StreamedChunks(_GradientChunks):
         )
 
 
+class _OneChunkPacked:
+    """The one chunk of a packed array no longer than a chunk, written from the gradients'
+    own memory: its checksums and stats, known once iterated.
+
+    Nothing is copied but runs of small gradients (under ``large_bytes``), which are laid
+    end to end into one buffer each (a write of 10,000 gradients of 1 KiB is then a few
+    writes, not 10,000, and their stats are taken together, as ``packed_stats`` does).
+    Each large gradient is a part of the chunk of its own (a ReadAlong): its stats are
+    taken a slice at a time as the writer copies or writes and checksums that slice, in
+    the same pass over its bytes, and its crc32c falls out of the running crc32c the
+    writer records after each part (``crc32c_of_tail``), with no pass of its own. The
+    small ones' crc32c are taken from their own memory, as before.
+    """
+
+    def __init__(
+        self,
+        entries: list[GradientRecordEntry],
+        length: int,
+        large_bytes: int,
+        write: SnapshotWrite,
+    ) -> None:
+        self._entries = entries
+        self._large_bytes = large_bytes
+        self._write = write
+        sizes = [entry.array.nbytes for entry in entries]
+        self.offsets, self.length, self.chunk_bytes = packed_layout(sizes, max(1, length))
+        self.checksums: list[int] = []
+        self.stats: dict[str, list] = {}
+
+    def __iter__(self) -> Iterator[EncodedChunk]:
+        entries, offsets = self._entries, self.offsets
+        count = len(entries)
+        checksums = [0] * count
+        stats: dict[str, list] = {key: [None] * count for key in STATS_COLUMNS}
+        parts: list[Any] = []
+        large: list[tuple[int, int]] = []  # (slot, part index)
+        accumulators: list[tuple[int, StatsAccumulator]] = []
+        run: list[int] = []  # slots of the small gradients laid out since the last part
+        end = 0
+
+        def close_run() -> None:
+            if not run:
+                return
+            if len(run) <= FEW_SMALL_GRADIENTS:  # each its own part, its stats of its own
+                for position, slot in enumerate(run):
+                    if position:  # the gap before the run's first is in parts already
+                        previous = run[position - 1]
+                        gap = offsets[slot] - offsets[previous] - entries[previous].array.nbytes
+                        if gap:
+                            parts.append(zeros(gap))
+                    parts.append(entries[slot].data)
+                    checksums[slot] = crc32c(entries[slot].array)
+                    for key, value in gradient_stats(entries[slot].array).items():
+                        stats[key][slot] = value
+                run.clear()
+                return
+            start = offsets[run[0]]
+            block = pack([entries[slot] for slot in run], 1 << 62).buffer  # one chunk, no tail
+            parts.append(block)
+            small = [entries[slot] for slot in run]
+            columns = packed_stats(
+                block,
+                [offsets[slot] - start for slot in run],
+                [entry.array.nbytes for entry in small],
+                [entry.dtype for entry in small],
+            )
+            for index, slot in enumerate(run):
+                checksums[slot] = crc32c(small[index].array)
+                for key in STATS_COLUMNS:
+                    stats[key][slot] = columns[key][index]
+            run.clear()
+
+        for slot, entry in enumerate(entries):
+            if self._write.failed:
+                raise _Abandoned
+            nbytes = entry.array.nbytes
+            if nbytes < self._large_bytes:
+                if not run and offsets[slot] > end:
+                    parts.append(zeros(offsets[slot] - end))
+                run.append(slot)
+            else:
+                close_run()
+                if offsets[slot] > end:
+                    parts.append(zeros(offsets[slot] - end))
+                accumulator = StatsAccumulator()
+                accumulators.append((slot, accumulator))
+                large.append((slot, len(parts)))
+                parts.append(
+                    ReadAlong(entry.data, _stats_of_slices(accumulator, entry.array.dtype))
+                )
+            end = offsets[slot] + nbytes
+        close_run()
+        trailer = Crc32cTrailer()
+        parts.append(trailer)
+        yield "c/0", parts
+        for slot, accumulator in accumulators:  # each slice was taken in as it was written
+            for key, value in accumulator.result().items():
+                stats[key][slot] = value
+        running = trailer.running  # the crc32c of the chunk up to the end of each part
+        for slot, index in large:
+            before = running[index - 1] if index else 0
+            checksums[slot] = crc32c_of_tail(running[index], before, entries[slot].array.nbytes)
+        self.checksums = checksums
+        self.stats = stats
+
+
 class SnapshotWrite:
     """Writes one record as snapshot ``snapshot_id``; :meth:`run` returns its manifest.
 
@@ -238,12 +364,13 @@ class SnapshotWrite:
         becomes StoreUnavailableError naming the store and the snapshot.
         """
         entries: tuple[Any, ...] = record.entries
-        packed_positions = [
-            i for i, entry in enumerate(entries) if entry.array.nbytes < self._pack_threshold
-        ]
-        own_positions = [
-            i for i, entry in enumerate(entries) if entry.array.nbytes >= self._pack_threshold
-        ]
+        threshold: float = self._pack_threshold
+        if threshold and sum(entry.array.nbytes for entry in entries) <= self._chunk_bytes:
+            # a snapshot no longer than a chunk is one chunk of the packed array: one file
+            # and two folders to write and fsync, not a folder tree per gradient
+            threshold = math.inf
+        packed_positions = [i for i, entry in enumerate(entries) if entry.array.nbytes < threshold]
+        own_positions = [i for i, entry in enumerate(entries) if entry.array.nbytes >= threshold]
         await self._backend.prepare()
         shard = self._shard
         if shard is None:
@@ -287,10 +414,14 @@ class SnapshotWrite:
                     own_arrays=dict(zip(own_positions, written, strict=False)),
                     shard=None if shard is None else (shard.rank, shard.world_size),
                 )
-                group_document = await self._threads.run(
-                    _manifest_document, manifest, self._array_documents
-                )
-                await asyncio.gather(*self._in_flight)
+                if len(entries) <= INLINE_MANIFEST_GRADIENTS:  # ~0.1 ms: not worth a thread
+                    group_document = _manifest_document(manifest, self._array_documents)
+                else:
+                    group_document = await self._threads.run(
+                        _manifest_document, manifest, self._array_documents
+                    )
+                if self._in_flight:
+                    await asyncio.gather(*self._in_flight)
                 if shard is None:
                     await writer.commit(group_document)
                 else:
@@ -382,6 +513,17 @@ class SnapshotWrite:
         are computed meanwhile, and the write goes on while the manifest is built (it is
         awaited before the commit).
         """
+        sizes = [entry.array.nbytes for entry in small]
+        _, length, chunk_bytes = packed_layout(sizes, self._chunk_bytes)
+        if (
+            self._compression is None
+            and length == chunk_bytes  # one chunk
+            and max(sizes) >= self._pack_threshold  # large gradients: not worth copying
+        ):
+            return await self._write_one_chunk_packed(writer, small, length)
+        # Only small gradients (or zstd): one buffer, written while their checksums and
+        # stats are taken in another thread (for 10,000 gradients of 1 KiB that overlap
+        # is worth more than the copy it costs)
         packed = await self._threads.run(pack, small, self._chunk_bytes)
         spans = chunk_spans((packed.length,), (packed.chunk_bytes,), 1)
         chunks = _GradientChunks(memoryview(packed.buffer), spans, self._compression, self)
@@ -396,6 +538,30 @@ class SnapshotWrite:
         )
         packed.checksums, packed.stats = await self._threads.run(_packed_columns, packed, small)
         return packed
+
+    async def _write_one_chunk_packed(
+        self, writer: SnapshotWriter, small: list[GradientRecordEntry], length: int
+    ) -> PackedGradients:
+        """Write a packed array of one uncompressed chunk from the gradients' own memory
+        (``_OneChunkPacked``); their columns, taken as it is written."""
+        chunk = _OneChunkPacked(small, length, self._pack_threshold, self)
+        document = array_metadata((chunk.length,), "uint8", (chunk.chunk_bytes,), self._compression)
+        self._array_documents[PACKED_ARRAY] = document
+        await writer.write_array(PACKED_ARRAY, dump_json(document), iter(chunk))
+        return PackedGradients(
+            b"", chunk.length, chunk.chunk_bytes, chunk.offsets, chunk.checksums, chunk.stats
+        )
+
+
+def _stats_of_slices(
+    accumulator: StatsAccumulator, dtype: np.dtype
+) -> Callable[[memoryview], None]:
+    """Takes each slice of a gradient's bytes into ``accumulator`` (a ReadAlong's visit)."""
+
+    def visit(piece: memoryview) -> None:
+        accumulator.add(np.frombuffer(piece, dtype))
+
+    return visit
 
 
 def _end(stream: Generator[EncodedChunk, None, None]) -> None:

@@ -342,7 +342,10 @@ async def test_packed_section_without_packed_gradients_is_refused(tmp_path: Path
     record = GradientsParamsRecord(
         [
             GradientRecordEntry.from_array(
-                ParamId(), "big", rng.standard_normal((32, 32)).astype(np.float32)
+                # longer than a chunk (4096), so not packed whole: an array of its own
+                ParamId(),
+                "big",
+                rng.standard_normal((33, 32)).astype(np.float32),
             )
         ]
     )

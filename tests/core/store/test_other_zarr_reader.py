@@ -49,3 +49,32 @@ def test_tensorstore_reads_own_and_packed_gradients(
             found = _open(group / table["array"][i]).read().result()
         assert found.dtype == expected.dtype and found.shape == expected.shape
         assert found.tobytes() == expected.tobytes()
+
+
+def test_tensorstore_reads_a_snapshot_of_one_packed_chunk(tmp_path: Path) -> None:
+    """A snapshot no longer than a chunk is one chunk of the packed array, its large
+    gradients included; tensorstore reads each as a byte range of it."""
+    rng = np.random.default_rng(2)
+    grads = gv.GradientsParams()
+    arrays = [
+        rng.standard_normal((256, 512)).astype(np.float32),  # 512 KiB, over pack_threshold
+        rng.standard_normal(512).astype(np.float32),
+        rng.standard_normal((10, 3)).astype(np.float64),
+        rng.standard_normal((64, 1024)).astype(np.float16),
+    ]
+    for index, array in enumerate(arrays):
+        grads.register(gv.ParamId(), wrap(array), name=f"p{index}")
+    with gv.Recorder(tmp_path) as recorder:
+        info = recorder.sync.snapshot(grads, run="other", step=0)
+        manifest = recorder.sync.info(info.id)
+    group = tmp_path / "snapshots" / info.id
+    table = manifest["gradients"]
+    assert set(table["array"]) == {"packed"}
+    packed = _open(group / "packed").read().result()
+    for i, pid in enumerate(table["param_id"]):
+        expected = grads.get(pid).numpy()
+        offset, nbytes = table["offset"][i], table["nbytes"][i]
+        found = packed[offset : offset + nbytes].view(table["dtype"][i])
+        found = found.reshape(tuple(table["shape"][i]))
+        assert found.dtype == expected.dtype and found.shape == expected.shape
+        assert found.tobytes() == expected.tobytes()

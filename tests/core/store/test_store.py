@@ -670,3 +670,36 @@ async def test_zarr_rejects_a_corrupted_chunk_too(tmp_path: Path) -> None:
 def test_a_compression_that_is_not_text_is_refused_naming_it(compression: object) -> None:
     with pytest.raises(ValueError, match=r"compression is None, 'zstd' or 'zstd:<level>'; got "):
         store_package.parse_compression(compression)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+async def test_a_snapshot_of_one_chunk_is_one_packed_chunk_fsynced_in_three_rounds(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Every gradient of a snapshot no longer than a chunk is packed, large ones included:
+    one chunk file, one array document, two folders; every file and folder is fsynced
+    before the manifest, the manifest and the staging folder before the rename, and
+    snapshots/ after it."""
+    store = open_store(tmp_path, pack_threshold=512)
+    record = make_record(varied_arrays(5))
+    await store.write_snapshot(record, run="r", step=0)  # the store's own folders exist
+    events = record_fsyncs_and_renames(monkeypatch)
+    info = await store.write_snapshot(record, run="r", step=1)
+    monkeypatch.undo()
+
+    committed = tmp_path / "snapshots" / info.id
+    found = sorted(p.relative_to(committed).as_posix() for p in committed.rglob("*"))
+    assert found == ["packed", "packed/c", "packed/c/0", "packed/zarr.json", "zarr.json"]
+    manifest = (await store.info(info.id))["gradients"]
+    assert set(manifest["array"]) == {"packed"}
+    assert max(manifest["nbytes"]) >= 512  # gradients over pack_threshold, packed too
+    assert_bit_identical(await store.read_snapshot(info.id), record)
+
+    staging = tmp_path.resolve() / ".staging" / info.id
+    inside = {str(staging / name) for name in ["packed/c/0", "packed/zarr.json", "packed/c"]}
+    inside.add(str(staging / "packed"))
+    assert set(events[:4]) == {("fsync", path) for path in inside}
+    assert set(events[4:6]) == {("fsync", str(staging / "zarr.json")), ("fsync", str(staging))}
+    assert events[6] == ("rename", str(staging))
+    assert events[7:] == [("fsync", str(tmp_path.resolve() / "snapshots"))]
+    await store.close()

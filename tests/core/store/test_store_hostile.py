@@ -320,19 +320,23 @@ async def test_a_manifest_that_is_a_fifo_is_left_out_of_list_and_explained_by_in
 # --- what a restored gradient shares with the store's files ----------------------------
 
 
+@pytest.mark.parametrize("layout", ["own array", "one packed chunk"])
 @pytest.mark.parametrize("damage", ["rewrite", "truncate"])
 async def test_a_restored_gradient_is_unaffected_by_its_chunk_file_changing_in_place(
-    reader: ReaderProcess, tmp_path: Path, damage: str
+    reader: ReaderProcess, tmp_path: Path, damage: str, layout: str
 ) -> None:
     array = np.arange(1 << 19, dtype=np.float32)  # 2 MiB in one chunk file
     record = GradientsParamsRecord([GradientRecordEntry.from_array(ParamId(), "w", array)])
-    async with open_store(tmp_path) as store:
+    # a snapshot of at most one chunk is one packed chunk; pack_threshold=0 packs nothing
+    options = {"pack_threshold": 0} if layout == "own array" else {}
+    async with open_store(tmp_path, **options) as store:
         info = await store.write_snapshot(record, run="r", step=1)
     case = Case(reader, str(tmp_path), {}, LocalFiles(tmp_path), record, info.id)
     case.options = {}
     restored = case.ask("restore")
     assert restored["result"] == rows(record)
-    path = tmp_path / "snapshots" / info.id / str(record.entries[0].param_id) / "c" / "0"
+    array_name = str(record.entries[0].param_id) if layout == "own array" else "packed"
+    path = tmp_path / "snapshots" / info.id / array_name / "c" / "0"
     with open(path, "r+b") as file:  # in place: the same inode, as a careless tool would
         if damage == "rewrite":
             file.write(b"\xff" * (1 << 20))

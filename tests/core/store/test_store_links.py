@@ -57,16 +57,29 @@ async def test_a_linked_snapshot_folder_is_not_listed_read_or_deleted(tmp_path: 
     assert folder.is_symlink()
 
 
-async def test_a_linked_array_folder_inside_a_snapshot_is_not_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("chunk_bytes", "linked"),
+    [(4096, "own"), (None, "packed")],
+    ids=["own array", "one-chunk snapshot's packed array"],
+)
+async def test_a_linked_array_folder_inside_a_snapshot_is_not_read(
+    tmp_path: Path, chunk_bytes: int | None, linked: str
+) -> None:
     store_path, outside = tmp_path / "store", tmp_path / "outside"
-    async with open_store(store_path, pack_threshold=512) as store:
+    # 8 KB of gradients: over a 4096-byte chunk they get own arrays, else one packed chunk
+    options = {"pack_threshold": 512} | ({"chunk_bytes": chunk_bytes} if chunk_bytes else {})
+    async with open_store(store_path, **options) as store:
         info = await store.write_snapshot(record(), run="r", step=1)
         manifest = await store.info(info.id)
-    own = next(name for name in manifest["gradients"]["array"] if name != "packed")
+    own = next(
+        name
+        for name in manifest["gradients"]["array"]
+        if (name == "packed") == (linked == "packed")
+    )
     folder = store_path / "snapshots" / info.id / own
     shutil.move(folder, outside)
     os.symlink(outside, folder)
-    async with open_store(store_path, pack_threshold=512) as store:
+    async with open_store(store_path, **options) as store:
         # its array is missing, as if it were removed: never the linked bytes
         with pytest.raises(ManifestError, match="array document is missing"):
             await store.read_snapshot(info.id)
