@@ -12,7 +12,6 @@ import pytest
 
 pytest.importorskip("torch", reason="the torch extra (torch) is not installed")
 
-
 from gradvault.core import Recorder  # noqa: E402
 from tests.integrations import torch_ranks  # noqa: E402
 
