@@ -19,6 +19,7 @@ the service, through its client, in whole shards (:mod:`._service_reads`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 from collections.abc import Mapping
@@ -42,7 +43,7 @@ from gradvault.core.store import open_store
 from ._host import dtype_name, numpy_dtype, to_torch
 from ._layout import Placement, StoredGradient, dim0_slice, named_parameters, stored_gradients
 from ._ranks import DEFAULT_TIMEOUT_SECONDS, Ranks
-from ._service_reads import ServiceReads
+from ._service_reads import ServiceReads, SnapshotReads
 from ._target import call_target
 
 #: byte-range reads in flight at once
@@ -134,7 +135,7 @@ class _Source:
     """The snapshot being read: its shards' manifests, loaded once each; ``store`` is an
     opened store, or the service's :class:`ServiceReads`, which reads as one does."""
 
-    def __init__(self, store: Any, snapshot_id: str, top: dict[str, Any]) -> None:
+    def __init__(self, store: SnapshotReads, snapshot_id: str, top: dict[str, Any]) -> None:
         self.store = store
         self.id = snapshot_id
         self.sharded = top.get("world_size") is not None
@@ -152,7 +153,9 @@ class _Source:
         return self._shards[rank]
 
 
-def _open(where: Target, options: dict[str, Any]) -> Any:
+def _open(
+    where: Target, options: dict[str, Any]
+) -> contextlib.AbstractAsyncContextManager[SnapshotReads]:
     """The store at ``where`` opened with ``options``, or the service's reads."""
     return ServiceReads(where) if where.is_service else open_store(where.location, **options)
 

@@ -14,12 +14,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from gradvault.client import AsyncClient, Target
 from gradvault.core import GradientsParamsRecord
+
+
+class SnapshotReads(Protocol):
+    """What a restore reads of a snapshot: an opened ``SnapshotStore`` is one, and so is
+    :class:`ServiceReads`."""
+
+    async def info(self, snapshot_id: str, *, rank: int | None = None) -> dict[str, Any]: ...
+
+    async def read_snapshot(
+        self, snapshot_id: str, *, rank: int | None = None
+    ) -> GradientsParamsRecord: ...
+
+    def iter_gradient(
+        self, snapshot_id: str, param_id: str, start: int, end: int, *, rank: int | None = None
+    ) -> AsyncIterator[bytes | memoryview]: ...
 
 
 class ServiceReads:
