@@ -20,16 +20,17 @@ from gradvault.core.store import ShardInfo, SnapshotInfo
 
 
 class ShardWrite:
-    """This rank's shard, being written to ``where`` (a store or the service)."""
+    """This rank's shard, being written to a store or uploaded to the service
+    (:meth:`to` opens the one a target names)."""
 
-    def __init__(self, where: Target, store_options: Mapping[str, Any]) -> None:
-        self.where = where
-        self._recorder = None if where.is_service else where.recorder(**store_options)
-        self._client = where.client() if where.is_service else None
-        self._uploads: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: SnapshotHandle[ShardInfo] | concurrent.futures.Future[ShardInfo] | None = (
-            None
-        )
+    def __init__(self) -> None:
+        self._pending: SnapshotHandle[ShardInfo] | concurrent.futures.Future[ShardInfo] | None
+        self._pending = None
+
+    @staticmethod
+    def to(where: Target, store_options: Mapping[str, Any]) -> ShardWrite:
+        """The write to ``where``: a store opened with ``store_options``, or the service."""
+        return _ServiceUpload(where) if where.is_service else _StoreWrite(where, store_options)
 
     def start(
         self,
@@ -43,33 +44,7 @@ class ShardWrite:
         tags: Mapping[str, str],
     ) -> None:
         """Begin writing ``record`` as rank ``rank``'s shard of ``snapshot_id``."""
-        if self._recorder is not None:
-            self._pending = self._recorder.start_snapshot_shard(
-                record,
-                snapshot_id=snapshot_id,
-                rank=rank,
-                world_size=world_size,
-                run=run,
-                step=step,
-                tags=tags,
-            )
-            return
-        client = self._client
-        assert client is not None
-        self._uploads = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="gradvault-shard-upload"
-        )
-        self._pending = self._uploads.submit(
-            lambda: client.push_shard(
-                record,
-                snapshot_id=snapshot_id,
-                rank=rank,
-                world_size=world_size,
-                run=run,
-                step=step,
-                tags=tags,
-            )
-        )
+        raise NotImplementedError
 
     def done(self) -> bool:
         """Whether the write has ended (durable, or failed)."""
@@ -83,15 +58,82 @@ class ShardWrite:
         return self._pending.result(timeout=timeout).snapshot
 
     def close(self) -> None:
-        """Release the recorder's thread, or the upload's thread and the client; a write
-        still running is left to its thread (a stuck store must not hold this rank)."""
-        if self._pending is not None and not self._pending.done():
-            if self._uploads is not None:
-                self._uploads.shutdown(wait=False)
-            return
-        if self._recorder is not None:
+        """Release what the write holds; a write still running is left to its thread (a
+        stuck store or service must not hold this rank)."""
+        self._release(ended=self._pending is None or self._pending.done())
+
+    def _release(self, ended: bool) -> None:
+        raise NotImplementedError
+
+
+class _StoreWrite(ShardWrite):
+    """A shard written by the core's Recorder (its own background thread)."""
+
+    def __init__(self, where: Target, store_options: Mapping[str, Any]) -> None:
+        super().__init__()
+        self._recorder = where.recorder(**store_options)
+
+    def start(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: Mapping[str, str],
+    ) -> None:
+        self._pending = self._recorder.start_snapshot_shard(
+            record,
+            snapshot_id=snapshot_id,
+            rank=rank,
+            world_size=world_size,
+            run=run,
+            step=step,
+            tags=tags,
+        )
+
+    def _release(self, ended: bool) -> None:
+        if ended:  # the recorder's close would wait for a write that has not
             self._recorder.close()
-        if self._uploads is not None:
-            self._uploads.shutdown(wait=False)
-        if self._client is not None:
+
+
+class _ServiceUpload(ShardWrite):
+    """A shard uploaded with the blocking Client's ``push_shard``, on a thread of its own."""
+
+    def __init__(self, where: Target) -> None:
+        super().__init__()
+        self._client = where.client()
+        self._uploads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="gradvault-shard-upload"
+        )
+
+    def start(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        rank: int,
+        world_size: int,
+        run: str,
+        step: int,
+        tags: Mapping[str, str],
+    ) -> None:
+        client = self._client
+        self._pending = self._uploads.submit(
+            lambda: client.push_shard(
+                record,
+                snapshot_id=snapshot_id,
+                rank=rank,
+                world_size=world_size,
+                run=run,
+                step=step,
+                tags=tags,
+            )
+        )
+
+    def _release(self, ended: bool) -> None:
+        self._uploads.shutdown(wait=False)
+        if ended:  # else the upload still uses the client
             self._client.close()

@@ -122,7 +122,7 @@ def start_snapshot(
         where, options = call_target(target, token, store_options)
         run, step, plain_tags = check_snapshot_fields(run, step, tags)
         record = capture(module)
-        write = ShardWrite(where, options)
+        write = ShardWrite.to(where, options)
         snapshot_id = new_snapshot_id() if ranks.rank == 0 else None
     except Exception as failure:
         error = failure
