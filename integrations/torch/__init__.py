@@ -10,8 +10,10 @@ on one process or many (DDP, FSDP2), and their restore, on the same or another w
 
 Both calls are collective over ``group`` (the default process group, or this process
 alone without one); each rank writes its parameters' ``.grad`` (a DTensor's local shard)
-as one shard of one snapshot. docs/INTEGRATIONS.md ("Any PyTorch loop") says what each
-rank writes, what restores on another world size, what is refused, and the timeouts.
+as one shard of one snapshot, to a store or, given a service URL (and ``token=`` or
+``$GRADVAULT_TOKEN``), as an upload to the service. docs/INTEGRATIONS.md ("Any PyTorch
+loop") says what each rank writes, what restores on another world size, what is refused,
+and the timeouts.
 """
 
 from gradvault.core.errors import DistributedSnapshotError, UnsupportedSetupError

@@ -12,12 +12,14 @@ this rank needs (docs/INTEGRATIONS.md, "Resharding"):
   on another number of ranks: UnsupportedSetupError says so.
 
 Every rank reads first; only once every rank has read without error does any rank set a
-``.grad``, so a failed restore changes nothing anywhere.
+``.grad``, so a failed restore changes nothing anywhere. A store is read in byte ranges;
+the service, through its client, in whole shards (:mod:`._service_reads`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 from collections.abc import Mapping
@@ -36,12 +38,13 @@ from gradvault.core.errors import (
     ShapeMismatchError,
     UnsupportedSetupError,
 )
-from gradvault.core.store import SnapshotStore, open_store
+from gradvault.core.store import open_store
 
 from ._host import dtype_name, numpy_dtype, to_torch
 from ._layout import Placement, StoredGradient, dim0_slice, named_parameters, stored_gradients
 from ._ranks import DEFAULT_TIMEOUT_SECONDS, Ranks
-from ._target import store_location
+from ._service_reads import ServiceReads, SnapshotReads
+from ._target import call_target
 
 #: byte-range reads in flight at once
 _READS_IN_FLIGHT = 16
@@ -54,6 +57,7 @@ def restore(
     *,
     group: Any = None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    token: str | None = None,
     store_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Set every parameter's ``.grad`` on every rank of ``group`` to what snapshot
@@ -65,18 +69,20 @@ def restore(
     ``.grad`` changes on any rank: dtype and global shape (DtypeMismatchError,
     ShapeMismatchError), and a snapshot of per-rank gradients on another number of ranks
     (UnsupportedSetupError). A rank that does not reach a step within ``timeout``
-    seconds makes the others raise DistributedSnapshotError.
+    seconds makes the others raise DistributedSnapshotError. ``target`` is a store
+    (opened with ``store_options``) or a service URL (read with ``token``, None:
+    ``$GRADVAULT_TOKEN``).
     """
     ranks = Ranks.of(group, timeout)
-    location = store_location(target)
     error: BaseException | None = None
     grads: dict[str, Any] = {}
     params: list[tuple[str, Any, Placement]] = []
     try:
+        where, options = call_target(target, token, store_options)
         params = [
             (name, param, Placement.of(name, param)) for name, param in named_parameters(module)
         ]
-        arrays = _run(_read(location, dict(store_options or {}), snapshot_id, params, ranks))
+        arrays = _run(_read(where, options, snapshot_id, params, ranks))
         grads = {name: _gradient(param, arrays[name]) for name, param, _ in params}
     except Exception as failure:
         error = failure
@@ -126,9 +132,10 @@ class _Piece:
 
 
 class _Source:
-    """The snapshot being read: its shards' manifests, loaded once each."""
+    """The snapshot being read: its shards' manifests, loaded once each; ``store`` is an
+    opened store, or the service's :class:`ServiceReads`, which reads as one does."""
 
-    def __init__(self, store: SnapshotStore, snapshot_id: str, top: dict[str, Any]) -> None:
+    def __init__(self, store: SnapshotReads, snapshot_id: str, top: dict[str, Any]) -> None:
         self.store = store
         self.id = snapshot_id
         self.sharded = top.get("world_size") is not None
@@ -146,14 +153,21 @@ class _Source:
         return self._shards[rank]
 
 
+def _open(
+    where: Target, options: dict[str, Any]
+) -> contextlib.AbstractAsyncContextManager[SnapshotReads]:
+    """The store at ``where`` opened with ``options``, or the service's reads."""
+    return ServiceReads(where) if where.is_service else open_store(where.location, **options)
+
+
 async def _read(
-    location: str,
+    where: Target,
     options: dict[str, Any],
     snapshot_id: str,
     params: list[tuple[str, Any, Placement]],
     ranks: Ranks,
 ) -> dict[str, np.ndarray | None]:
-    async with open_store(location, **options) as store:
+    async with _open(where, options) as store:
         source = _Source(store, snapshot_id, await store.info(snapshot_id))
         reference = await source.shard(ranks.rank % source.world_size)
         arrays: dict[str, np.ndarray | None] = {}

@@ -2,9 +2,10 @@
 
 ``start_snapshot`` copies this rank's gradients to host memory (the capture), agrees on
 the snapshot id with the other ranks (rank 0 draws it) and writes the shard in the
-background; ``SnapshotStarted.result()`` waits for every rank's shard and returns the
-committed snapshot's info on every rank. Both are collective: every rank of the group
-calls them, in the same order as its other collectives.
+background, to a store or as an upload to the service; ``SnapshotStarted.result()``
+waits for every rank's shard and returns the committed snapshot's info on every rank.
+Both are collective: every rank of the group calls them, in the same order as its other
+collectives.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from gradvault.client import Target
-from gradvault.core import GradientRecordEntry, GradientsParamsRecord, Recorder, SnapshotHandle
+from gradvault.core import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.errors import DistributedSnapshotError, UnsupportedSetupError
 from gradvault.core.records.record_rules import check_snapshot_fields
-from gradvault.core.store import ShardInfo, SnapshotInfo, new_snapshot_id
+from gradvault.core.store import ShardSummary, SnapshotInfo, new_snapshot_id
 
 from ._host import host_copy
 from ._layout import METADATA_KEY, Placement, layout_metadata, named_parameters
 from ._ranks import DEFAULT_TIMEOUT_SECONDS, Ranks
-from ._target import store_location
+from ._shard_writes import ShardWrite
+from ._target import call_target
 
 
 class SnapshotStarted:
@@ -39,18 +41,15 @@ class SnapshotStarted:
     rank and nothing is visible.
     """
 
-    def __init__(
-        self, ranks: Ranks, recorder: Recorder, handle: SnapshotHandle[ShardInfo], snapshot_id: str
-    ) -> None:
+    def __init__(self, ranks: Ranks, write: ShardWrite, snapshot_id: str) -> None:
         self._ranks = ranks
-        self._recorder = recorder
-        self._handle = handle
+        self._write = write
         self.id = snapshot_id
         self._outcome: SnapshotInfo | BaseException | None = None
 
     def done(self) -> bool:
         """Whether this rank's shard is written (or failed); says nothing of the others."""
-        return self._handle.done()
+        return self._write.done()
 
     def result(self) -> SnapshotInfo:
         """The committed snapshot's info, once every rank's shard is written (collective)."""
@@ -70,9 +69,9 @@ class SnapshotStarted:
         committed = None
         try:
             # bounded too: a write stuck on its store must not keep the others waiting
-            shard = self._handle.result(timeout=self._ranks.timeout)
-            if shard.snapshot is not None:
-                committed = dataclasses.asdict(shard.snapshot)
+            snapshot = self._write.committed(timeout=self._ranks.timeout)
+            if snapshot is not None:
+                committed = dataclasses.asdict(snapshot)
         except concurrent.futures.TimeoutError:
             error = DistributedSnapshotError(
                 f"rank {self._ranks.rank}: its shard of snapshot {self.id} was not written "
@@ -80,15 +79,15 @@ class SnapshotStarted:
             )
         except Exception as failure:
             error = failure
-        if error is None or self._handle.done():
-            self._recorder.close()  # else its thread is left to the stuck write, not waited for
+        self._write.close()  # a stuck write's thread is left to it, not waited for
         statuses = self._ranks.agree("the snapshot's commit", error, committed=committed)
         found = [status["committed"] for status in statuses if status["committed"]]
         if not found:  # a store that keeps its protocol never gets here
             raise DistributedSnapshotError(
                 f"every rank wrote its shard of snapshot {self.id}, and none saw it commit"
             )
-        return SnapshotInfo(**found[0])
+        shards = tuple(ShardSummary(**shard) for shard in found[0]["shards"])
+        return SnapshotInfo(**{**found[0], "shards": shards})
 
 
 def start_snapshot(
@@ -100,6 +99,7 @@ def start_snapshot(
     tags: Mapping[str, str] | None = None,
     group: Any = None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    token: str | None = None,
     store_options: Mapping[str, Any] | None = None,
 ) -> SnapshotStarted:
     """Capture ``module``'s gradients on every rank of ``group`` and write them as one
@@ -108,32 +108,33 @@ def start_snapshot(
     ``module`` is a ``torch.nn.Module`` (a DDP wrapper, or a model whose parameters FSDP2
     made DTensors); each rank writes what its parameters' ``.grad`` hold as its shard.
     ``target`` is a store (a folder every rank sees, ``file://``, ``s3://``), opened with
-    ``store_options``; a service URL raises UnsupportedSetupError. ``group`` defaults to
-    the default process group (a single process without one). A rank that does not reach
-    a step of the call within ``timeout`` seconds makes the others raise
-    DistributedSnapshotError.
+    ``store_options``, or a service URL (``http://``, ``https://``) to which each rank
+    uploads its shard with ``token`` (None: ``$GRADVAULT_TOKEN``), which must have write
+    access. ``group`` defaults to the default process group (a single process without
+    one). A rank that does not reach a step of the call within ``timeout`` seconds makes
+    the others raise DistributedSnapshotError.
     """
     ranks = Ranks.of(group, timeout)
-    location = store_location(target)
     error: BaseException | None = None
-    recorder: Recorder | None = None
+    write: ShardWrite | None = None
     record = snapshot_id = None
     try:
+        where, options = call_target(target, token, store_options)
         run, step, plain_tags = check_snapshot_fields(run, step, tags)
         record = capture(module)
-        recorder = Recorder(location, **dict(store_options or {}))
+        write = ShardWrite.to(where, options)
         snapshot_id = new_snapshot_id() if ranks.rank == 0 else None
     except Exception as failure:
         error = failure
     try:
         statuses = ranks.agree("the snapshot's start", error, snapshot_id=snapshot_id)
     except BaseException:
-        if recorder is not None:
-            recorder.close()
+        if write is not None:
+            write.close()
         raise
-    assert recorder is not None and record is not None  # no rank failed
+    assert write is not None and record is not None  # no rank failed
     snapshot_id = statuses[0]["snapshot_id"]
-    handle = recorder.start_snapshot_shard(
+    write.start(
         record,
         snapshot_id=snapshot_id,
         rank=ranks.rank,
@@ -142,7 +143,7 @@ def start_snapshot(
         step=step,
         tags=plain_tags,
     )
-    return SnapshotStarted(ranks, recorder, handle, snapshot_id)
+    return SnapshotStarted(ranks, write, snapshot_id)
 
 
 def snapshot(
@@ -154,6 +155,7 @@ def snapshot(
     tags: Mapping[str, str] | None = None,
     group: Any = None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    token: str | None = None,
     store_options: Mapping[str, Any] | None = None,
 ) -> SnapshotInfo:
     """``start_snapshot(...).result()``: returns on every rank once the snapshot is committed."""
@@ -165,6 +167,7 @@ def snapshot(
         tags=tags,
         group=group,
         timeout=timeout,
+        token=token,
         store_options=store_options,
     ).result()
 

@@ -12,11 +12,8 @@ import pytest
 
 pytest.importorskip("torch", reason="the torch extra (torch) is not installed")
 
-import torch  # noqa: E402 - after the skip
-
 from gradvault.core import Recorder  # noqa: E402
-from gradvault.integrations import torch as gv_torch  # noqa: E402
-from tests.integrations import torch_loops, torch_ranks  # noqa: E402
+from tests.integrations import torch_ranks  # noqa: E402
 
 TIMEOUT = 5
 
@@ -97,20 +94,3 @@ def test_a_rank_whose_part_fails_makes_every_rank_raise(tmp_path: Path) -> None:
         "(rank 1: InvalidFieldError: "
     )
     assert not store.exists() or Recorder(store).sync.list() == []
-
-
-def test_a_service_url_is_refused_before_anything(tmp_path: Path) -> None:
-    model = torch_loops.Net()
-    model(torch.randn(2, 6)).sum().backward()
-    message = "the service has no upload of one rank's shard"
-    for call in (
-        lambda: gv_torch.snapshot(model, "http://127.0.0.1:9", run="r", step=0),
-        lambda: gv_torch.start_snapshot(model, "https://example.invalid", run="r", step=0),
-        lambda: gv_torch.restore(model, "http://127.0.0.1:9", "0" * 26),
-    ):
-        try:
-            call()
-        except gv_torch.UnsupportedSetupError as error:
-            assert message in str(error)
-        else:
-            raise AssertionError("a service URL was taken")

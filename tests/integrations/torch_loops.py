@@ -89,7 +89,12 @@ class StopSignal:
 
 
 def _store(options: dict[str, Any]) -> dict[str, Any]:
-    return {"store_options": options.get("store_options"), "timeout": CALL_TIMEOUT_SECONDS}
+    """The calls' target options: a store's ``store_options``, a service's ``token``."""
+    return {
+        "store_options": options.get("store_options"),
+        "token": options.get("token"),
+        "timeout": CALL_TIMEOUT_SECONDS,
+    }
 
 
 def ddp(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> None:
@@ -341,3 +346,29 @@ def one_rank_fails(rank: int, world_size: int, folder: Path, options: dict[str, 
     except Exception as error:  # noqa: BLE001 - the outcome is what the test reads
         text = f"{type(error).__name__}: {error}"
     (folder / f"outcome.{rank}").write_text(text)
+
+
+def service_refused(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> None:
+    """Through the service: rank 1's token may only read (rank 0's shard goes in, rank 1's
+    is refused), then every rank's token is unknown; each call's outcome is written."""
+    torch.manual_seed(0)
+    model = Net()
+    micro_batch(model, 0, 0, rank)
+    tokens = {
+        "read_only": options["token"] if rank == 0 else options["read_token"],
+        "unknown": "no-such-token",
+    }
+    for case, token in tokens.items():
+        try:
+            gv_torch.snapshot(
+                model,
+                options["store"],
+                run=options["run"],
+                step=0,
+                token=token,
+                timeout=options["timeout"],
+            )
+            text = "returned"
+        except Exception as error:  # noqa: BLE001 - the outcome is what the test reads
+            text = f"{type(error).__name__}: {error}"
+        (folder / f"{case}.{rank}").write_text(text)
