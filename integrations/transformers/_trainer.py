@@ -186,7 +186,9 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
         ):
             raise UnsupportedSetupError(
                 "FSDP shards gradients and exposes no plain .grad to snapshot; gradvault's "
-                "Trainer integration refuses FSDP runs"
+                "Trainer integration refuses FSDP runs (untested: accelerate runs FSDP on "
+                "GPUs only); an FSDP2 loop of your own snapshots and restores its sharded "
+                "gradients through gradvault.integrations.torch"
             )
         if trainer.args.enable_jit_checkpoint and callback.on_sigterm:
             raise UnsupportedSetupError(
