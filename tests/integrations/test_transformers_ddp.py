@@ -1,6 +1,7 @@
 """The Trainer under DDP (two gloo ranks on 127.0.0.1): a SIGTERM to every rank in the
 middle of a window, one snapshot with every rank's shard, a resume in fresh processes, and
-the end of training bit for bit that of a run of two ranks never stopped.
+the end of training bit for bit that of a run of two ranks never stopped; and a SIGTERM in
+a window's last micro-batch, which ends in the Trainer's own checkpoint.
 
 The ranks are forked by ``tests/integrations/torch_ranks.py`` from a launcher that has
 imported ``hf_run`` (transformers) once; each runs ``hf_run.main`` in a process group made
@@ -44,28 +45,59 @@ def results(folder: Path) -> list[dict[str, Any]]:
     ]
 
 
-def test_sigterm_to_every_rank_mid_window_then_resume_is_bit_identical(tmp_path: Path) -> None:
-    store = str(tmp_path / "store")
-    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
-    uninterrupted = start(reference, "baseline")  # the stock Trainer, two ranks, never stopped
+class Reference:
+    """The stock Trainer on two ranks, never stopped: started once, while the first test's
+    ranks start too; its results once it has ended."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.launch = start(folder, "baseline")
+        self._results: list[dict[str, Any]] | None = None
+
+    def results(self) -> list[dict[str, Any]]:
+        if self._results is None:
+            assert self.launch.join() == [0, 0], self.launch.output()
+            self._results = results(self.folder)
+        return self._results
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    return Reference(tmp_path_factory.mktemp("reference"))
+
+
+def stop_with_sigterm(folder: Path, store: str, step: int, micro: int) -> None:
+    """Two ranks stopped by a SIGTERM to each, as a scheduler sends it, during micro-batch
+    ``micro`` of step ``step`` (every rank waits there for it)."""
     launch = start(
-        stopped,
+        folder,
         "sigterm",
         "--store",
         store,
         "--step",
-        "3",
+        str(step),
         "--micro",
-        "5",
+        str(micro),
         "--ready-file",
-        str(stopped / "ready.{rank}"),
+        str(folder / "ready.{rank}"),
     )
     pids = launch.pids()
-    launch.wait_for("ready", WORLD_SIZE)  # every rank waits at micro-batch 5 of step 3
-    for pid in pids:  # as a scheduler does: every rank gets it
+    launch.wait_for("ready", WORLD_SIZE)
+    for pid in pids:
         os.kill(pid, signal.SIGTERM)
     assert launch.join() == [0, 0], launch.output()
-    assert uninterrupted.join() == [0, 0], uninterrupted.output()
+
+
+def resume(folder: Path, store: str) -> None:
+    launch = start(folder, "resume", "--store", store)
+    assert launch.join() == [0, 0], launch.output()
+
+
+def test_sigterm_to_every_rank_mid_window_then_resume_is_bit_identical(
+    tmp_path: Path, reference: Reference
+) -> None:
+    store, stopped = str(tmp_path / "store"), tmp_path / "stopped"
+    stop_with_sigterm(stopped, store, step=3, micro=5)
 
     # both ranks stopped after the same micro-batch, with one snapshot of both shards
     run_dir = stopped / "run"
@@ -96,7 +128,25 @@ def test_sigterm_to_every_rank_mid_window_then_resume_is_bit_identical(tmp_path:
     first, second = ({entry.name: bytes(entry.data) for entry in shard} for shard in shards)
     assert first.keys() == second.keys() and first != second
 
-    resumed = start(stopped, "resume", "--store", store)
-    assert resumed.join() == [0, 0], resumed.output()
-    for expected, found in zip(results(reference), results(stopped), strict=True):
+    resume(stopped, store)
+    for expected, found in zip(reference.results(), results(stopped), strict=True):
+        assert_bit_identical(expected, found)
+
+
+def test_sigterm_in_a_windows_last_micro_batch_then_resume_is_bit_identical(
+    tmp_path: Path, reference: Reference
+) -> None:
+    """The window's step finishes and the Trainer saves checkpoint-3 (in the middle of an
+    epoch): each rank writes its own running loss and generators beside it."""
+    store, stopped = str(tmp_path / "store"), tmp_path / "stopped"
+    stop_with_sigterm(stopped, store, step=3, micro=8)
+    run_dir = stopped / "run"
+    assert latest_checkpoint(run_dir) == run_dir / "checkpoint-3"
+    assert not list(run_dir.glob("gradvault-checkpoint-*"))
+    names = {path.name for path in (run_dir / "checkpoint-3").iterdir()}
+    assert {"gradvault_logging_rank0.json", "gradvault_logging_rank1.json"} <= names
+    assert not Path(store).exists()  # a window's end: nothing to snapshot
+
+    resume(stopped, store)
+    for expected, found in zip(reference.results(), results(stopped), strict=True):
         assert_bit_identical(expected, found)
