@@ -45,7 +45,10 @@ class GradvaultCallback(TrainerCallback):
 
     Snapshots commit in a background thread, one at a time: the training loop waits for
     the copy of the gradients to host memory and the Trainer checkpoint files (written
-    once per window), not for the upload. A failed snapshot is logged (logger
+    once per window), not for the upload. With several processes (DDP) the ranks agree
+    after every micro-batch whether any got a SIGTERM, so all stop after the same one,
+    and commit together in the loop's thread, each rank's ``.grad`` one shard of one
+    snapshot in a store every rank sees. A failed snapshot is logged (logger
     ``gradvault.integrations.transformers``) and counted in ``failures``; training goes
     on. Needs a trainer built with ``GradvaultTrainerMixin`` (``GradvaultTrainer``): the
     two talk through the protocols of ``_protocol.py`` (this is a ``SnapshotCallback``).

@@ -26,6 +26,10 @@ as it stands, in ``OUT``; with ``--sigterm`` waiting for a SIGTERM as ``sigterm`
 Trainer stopped mid-window with a checkpoint, as a just-in-time checkpoint does, and
 resumed from it).
 
+Under DDP each rank runs ``main`` through ``ddp_rank`` (``tests/integrations/torch_ranks.py``
+forks the ranks into a gloo group), writing ``OUT/result.<rank>.pt``; ``--ready-file``
+names a file each rank creates when it waits for its SIGTERM (``{rank}`` in it replaced).
+
 ``every`` also saves every parameter's ``.grad`` as it was when the snapshot was taken
 (``OUT/grads_at_snapshot.pt``), and ``resume`` the ``.grad`` the first micro-batch it runs
 starts from (``OUT/grads_restored.pt``): the gradients the resume put back.
