@@ -12,12 +12,14 @@ window with the generators as they were, replays micro-batches 1 .. k without ru
 them (their saved losses are returned), and before micro-batch k + 1 puts back the saved
 gradients and the generators' states: the run goes on bit for bit. A ``checkpoint-N``
 saved under the mixin keeps what the window after it needs to be prefetched as it was.
+
+With several processes (DDP) each rank keeps its own window state and generators, writes
+its own state file, and the ranks restore their shards of the snapshot together.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
 from collections.abc import Iterator, Mapping
@@ -56,7 +58,6 @@ from ._trainer_internals import (
     write_step_checkpoint,
 )
 
-_log = logging.getLogger("gradvault.integrations.transformers")
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -506,15 +507,12 @@ class GradvaultTrainer(GradvaultTrainerMixin, Trainer):
 
 
 def _copied_by(name: str, args: Any) -> bool:
-    """Whether this process copies file ``name`` of a resumed window's step-N checkpoint:
-    with several processes each its own generators' and state files, the first the rest
-    (as the Trainer writes them)."""
-    if name.startswith("gradvault_resume") or name.startswith("gradvault_logging"):
+    """Whether this process copies file ``name`` of a resumed window's step-N checkpoint
+    (never a state file): with several processes each copies its own generators' file,
+    and the first one the rest, as the Trainer writes them."""
+    if name.startswith("gradvault_"):
         return False
-    if args.world_size <= 1:
-        return True
-    own = {f"rng_state_{args.process_index}.pth"}
-    if name in own:
+    if args.world_size <= 1 or name == f"rng_state_{args.process_index}.pth":
         return True
     return args.should_save and not name.startswith("rng_state_")
 
