@@ -67,6 +67,8 @@ ALLOWED: dict[str, set[str]] = {
         "gradvault.core.store",
         "gradvault.core.store.recorder",
     },
+    # the Trainer integration and the shared modules: the torch integration for .grad
+    # collective over the ranks (integrations/_grads.py)
     "gradvault.integrations": {
         "gradvault.core",
         "gradvault.client",
@@ -75,6 +77,7 @@ ALLOWED: dict[str, set[str]] = {
         "gradvault.core.autodiff",
         "gradvault.core.store",
         "gradvault.core.store.recorder",
+        "gradvault.integrations.torch",
     },
     # any PyTorch loop: the store through the core (not the client's HTTP side), and no
     # other integration

@@ -25,9 +25,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from gradvault.core.errors import ResumeStateError, UnsupportedSetupError
 from gradvault.core.records.record_rules import check_snapshot_fields
 
+from .._grads import restore_gradients, snapshot_gradients
 from .._rng import RngStates
 from .._target import SnapshotTarget
-from ._grads import restore_gradients, snapshot_gradients
 from ._loop_internals import batches_processed, restart_training_iterator, training_loaders
 from ._ranks import gather_from_ranks
 

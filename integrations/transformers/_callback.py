@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
@@ -14,9 +14,12 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from gradvault.core import GradientsParams
 from gradvault.core.errors import UnsupportedSetupError
 from gradvault.core.records.record_rules import check_snapshot_fields
 
+from .._grads import snapshot_gradients
+from .._ranks import any_rank
 from .._target import SnapshotTarget
 from ._folder import prune_older
 from ._protocol import WindowSnapshot, WindowTrainer
@@ -42,7 +45,10 @@ class GradvaultCallback(TrainerCallback):
 
     Snapshots commit in a background thread, one at a time: the training loop waits for
     the copy of the gradients to host memory and the Trainer checkpoint files (written
-    once per window), not for the upload. A failed snapshot is logged (logger
+    once per window), not for the upload. With several processes (DDP) the ranks agree
+    after every micro-batch whether any got a SIGTERM, so all stop after the same one,
+    and commit together in the loop's thread, each rank's ``.grad`` one shard of one
+    snapshot in a store every rank sees. A failed snapshot is logged (logger
     ``gradvault.integrations.transformers``) and counted in ``failures``; training goes
     on. Needs a trainer built with ``GradvaultTrainerMixin`` (``GradvaultTrainer``): the
     two talk through the protocols of ``_protocol.py`` (this is a ``SnapshotCallback``).
@@ -110,9 +116,12 @@ class GradvaultCallback(TrainerCallback):
             self._submit(snapshot)
 
     def _submit(self, snapshot: WindowSnapshot) -> None:
-        """Commit the record in the background, then complete the folder with the state
-        (the snapshot in flight before it is waited for by ``_snapshot``)."""
-        record, state, folder = snapshot.record, snapshot.state, snapshot.folder
+        """Commit the window's gradients, then complete the folder with the state: in the
+        background for one process (the snapshot in flight before it is waited for by
+        ``_snapshot``); with several, every rank's ``.grad`` one shard of one snapshot, a
+        collective call in the loop's thread (one thread per process keeps the ranks'
+        collectives in the same order)."""
+        state, folder = snapshot.state, snapshot.folder
         tags = {
             "framework": "transformers",
             "global_step": str(state.global_step),
@@ -121,11 +130,9 @@ class GradvaultCallback(TrainerCallback):
             "folder": folder.name,
         }
 
-        def commit() -> None:
+        def commit(push: Callable[[], str]) -> None:
             try:
-                state.snapshot_id = self.target.push(
-                    record, run=state.run, step=state.global_step, tags=tags
-                )
+                state.snapshot_id = push()
                 state.write(folder)
                 self.snapshot_ids.append(state.snapshot_id)
                 if snapshot.prune_older:
@@ -141,9 +148,20 @@ class GradvaultCallback(TrainerCallback):
                     error,
                 )
 
+        if state.world_size > 1:
+            commit(
+                lambda: snapshot_gradients(
+                    snapshot.model, self.target, run=state.run, step=state.global_step, tags=tags
+                )
+            )
+            return
+        record = GradientsParams.from_torch(snapshot.model).try_to_record()  # the capture
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="gradvault-hf")
-        self._pending = self._executor.submit(commit)
+        self._pending = self._executor.submit(
+            commit,
+            lambda: self.target.push(record, run=state.run, step=state.global_step, tags=tags),
+        )
 
     def wait(self) -> None:
         """Block until the snapshot in flight (if any) is committed and its folder complete."""
@@ -213,7 +231,7 @@ class GradvaultCallback(TrainerCallback):
         trainer = self._trainer
         if trainer is None:
             return
-        stop = self._signal_received.is_set()
+        stop = self._stop_agreed(args)
         micro_step = trainer.gradvault_micro_step()
         if micro_step is None:  # replaying a resumed window: the folder resumed from stands
             if stop:
@@ -228,11 +246,20 @@ class GradvaultCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self._signal_received.is_set():
+        if self._stop_agreed(args):
             control.should_save = True  # the step finished: a normal checkpoint-N
             self._stop(control)
         elif self._due(args, state, 0):
             control.should_save = True  # the N-th micro-batch ended a window: checkpoint-N
+
+    def _stop_agreed(self, args: TrainingArguments) -> bool:
+        """Whether to stop after this micro-batch: a SIGTERM arrived, here or, with several
+        processes, on any rank (one small all-reduce per micro-batch, every rank at the
+        same point), so that every rank stops after the same micro-batch."""
+        stop = self._signal_received.is_set()
+        if self.on_sigterm and args.world_size > 1:
+            stop = any_rank(stop, args.device)
+        return stop
 
     def _due(self, args: TrainingArguments, state: TrainerState, micro_step: int) -> bool:
         """Whether the micro-batch ``micro_step`` of the window after ``state.global_step``

@@ -28,6 +28,7 @@ STATE_FORMAT = 2
 LOGGING_FILE = "gradvault_logging.json"
 _FOLDER = re.compile(rf"^{FOLDER_PREFIX}-(\d+)$")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_RANK_FILE = re.compile(r"^gradvault_resume_rank(\d+)\.json$")
 
 
 def folder_for(output_dir: str | os.PathLike[str], global_step: int) -> Path:
@@ -40,6 +41,13 @@ def state_file_name(process_index: int, world_size: int) -> str:
     if world_size <= 1:
         return STATE_FILE
     return f"gradvault_resume_rank{process_index}.json"
+
+
+def logging_file_name(process_index: int, world_size: int) -> str:
+    """``gradvault_logging.json``, or one per process when several train together."""
+    if world_size <= 1:
+        return LOGGING_FILE
+    return f"gradvault_logging_rank{process_index}.json"
 
 
 def is_resume_folder(path: str | os.PathLike[str]) -> bool:
@@ -62,13 +70,31 @@ def latest_checkpoint(output_dir: str | os.PathLike[str]) -> Path | None:
             continue
         if match := _CHECKPOINT.match(child.name):
             key = (int(match[1]), 0, child)
-        elif (match := _FOLDER.match(child.name)) and any(child.glob("gradvault_resume*.json")):
+        elif (match := _FOLDER.match(child.name)) and is_complete(child):
             key = (int(match[1]), 1, child)
         else:
             continue
         if best is None or key[:2] > best[:2]:
             best = key
     return None if best is None else best[2]
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether every process that saved into resume folder ``folder`` completed it: its
+    ``gradvault_resume.json``, or each rank's ``gradvault_resume_rank{i}.json`` for the
+    world size they name."""
+    if (folder / STATE_FILE).is_file():
+        return True
+    ranks = {int(match[1]) for path in folder.iterdir() if (match := _RANK_FILE.match(path.name))}
+    if not ranks:
+        return False
+    try:
+        first = folder / f"gradvault_resume_rank{min(ranks)}.json"
+        data = json.loads(first.read_text(encoding="utf-8"))
+        world_size = data["world_size"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        return False
+    return type(world_size) is int and ranks >= set(range(world_size))
 
 
 def prune_older(output_dir: str | os.PathLike[str], global_step: int) -> list[Path]:
@@ -205,16 +231,20 @@ class WindowState:
         return [RngStates.from_json(states, where) for states in self.collated_ahead or []]
 
 
-def write_logging_state(folder: Path, state: dict[str, Any]) -> None:
-    """Write ``gradvault_logging.json`` into a checkpoint folder: the loss not yet logged, the
-    generators' states at the save and before the collates of the batches collated ahead."""
-    _write_json(folder / LOGGING_FILE, {"format": STATE_FORMAT, **state})
+def write_logging_state(
+    folder: Path, state: dict[str, Any], process_index: int, world_size: int
+) -> None:
+    """Write ``gradvault_logging.json`` (one per process when several train) into a
+    checkpoint folder: the loss not yet logged, the generators' states at the save and
+    before the collates of the batches collated ahead."""
+    path = folder / logging_file_name(process_index, world_size)
+    _write_json(path, {"format": STATE_FORMAT, **state})
 
 
-def read_logging_state(folder: Path) -> dict[str, Any] | None:
-    """The checkpoint's ``gradvault_logging.json`` (states as :class:`RngStates`), or None
-    when it has none."""
-    path = folder / LOGGING_FILE
+def read_logging_state(folder: Path, process_index: int, world_size: int) -> dict[str, Any] | None:
+    """The checkpoint's ``gradvault_logging.json`` of this process (states as
+    :class:`RngStates`), or None when it has none."""
+    path = folder / logging_file_name(process_index, world_size)
     if not path.is_file():
         return None
     try:

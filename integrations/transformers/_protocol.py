@@ -24,9 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
-
-from gradvault.core import GradientsParamsRecord
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._folder import WindowState
 
@@ -36,11 +34,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class WindowSnapshot:
-    """What the trainer hands the callback to commit: the gradients accumulated so far in
-    the window, the state resuming there needs (its ``snapshot_id`` filled in once the
-    snapshot commits), and the resume folder that state completes."""
+    """What the trainer hands the callback to commit: the model whose ``.grad`` hold the
+    gradients accumulated so far in the window, the state resuming there needs (its
+    ``snapshot_id`` filled in once the snapshot commits), and the resume folder that
+    state completes."""
 
-    record: GradientsParamsRecord
+    model: Any
     state: WindowState
     folder: Path
     #: whether the folders of earlier windows are deleted once this one is complete (a

@@ -12,12 +12,14 @@ window with the generators as they were, replays micro-batches 1 .. k without ru
 them (their saved losses are returned), and before micro-batch k + 1 puts back the saved
 gradients and the generators' states: the run goes on bit for bit. A ``checkpoint-N``
 saved under the mixin keeps what the window after it needs to be prefetched as it was.
+
+With several processes (DDP) each rank keeps its own window state and generators, writes
+its own state file, and the ranks restore their shards of the snapshot together.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
 from collections.abc import Iterator, Mapping
@@ -32,7 +34,9 @@ from transformers.trainer_utils import TrainOutput
 from gradvault.core import GradientsParams
 from gradvault.core.errors import ResumeStateError, UnsupportedSetupError
 
+from .._grads import restore_gradients
 from .._rng import RngStates
+from .._target import SnapshotTarget
 from ._callback import GradvaultCallback
 from ._collate import CollateRecorder
 from ._folder import (
@@ -54,7 +58,6 @@ from ._trainer_internals import (
     write_step_checkpoint,
 )
 
-_log = logging.getLogger("gradvault.integrations.transformers")
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -83,11 +86,13 @@ class _Window:
 
 @dataclass
 class _Resume:
-    """A resume in progress: the folder's state and the gradients fetched for it."""
+    """A resume in progress: the folder's state, and the gradients fetched for it (one
+    process) or the target every rank's shard is restored from (several)."""
 
     folder: Path
     state: WindowState
-    gradients: GradientsParams
+    gradients: GradientsParams | None
+    target: SnapshotTarget
 
 
 # Type checkers read the mixin as a Trainer, so that its super() calls reach Trainer's
@@ -145,7 +150,9 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
                 if is_resume_folder(folder):
                     self._gradvault_resume = self._gradvault_load(folder, callback)
                 else:
-                    self._gradvault_logging = read_logging_state(folder)
+                    self._gradvault_logging = read_logging_state(
+                        folder, trainer.args.process_index, trainer.args.world_size
+                    )
                 resume_from_checkpoint = os.fspath(resume_from_checkpoint)
             return super().train(
                 resume_from_checkpoint=resume_from_checkpoint,
@@ -180,7 +187,9 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
         ):
             raise UnsupportedSetupError(
                 "FSDP shards gradients and exposes no plain .grad to snapshot; gradvault's "
-                "Trainer integration refuses FSDP runs"
+                "Trainer integration refuses FSDP runs (untested: accelerate runs FSDP on "
+                "GPUs only); an FSDP2 loop of your own snapshots and restores its sharded "
+                "gradients through gradvault.integrations.torch"
             )
         if trainer.args.enable_jit_checkpoint and callback.on_sigterm:
             raise UnsupportedSetupError(
@@ -200,11 +209,12 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
                     "cpu, in float32, or with bf16=True mixed precision, which keeps float32 "
                     "parameters"
                 )
-        if trainer.args.world_size > 1:
-            _log.warning(
-                "gradvault's Trainer integration is untested with %d processes (DDP): each "
-                "saves its own unreduced gradients",
-                trainer.args.world_size,
+        if trainer.args.world_size > 1 and callback.target.is_service:
+            raise UnsupportedSetupError(
+                f"{trainer.args.world_size} processes commit one snapshot together, each "
+                f"rank's gradients one shard, to a store; the service at "
+                f"{callback.target.location} takes no rank's shard: give a store every "
+                "process sees"
             )
         callback.attach(self)
         return callback
@@ -229,8 +239,11 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
                     f"{folder} was saved with {name}={getattr(state, name)}; this run has "
                     f"{value}: the window would not be the same"
                 )
+        if args.world_size > 1:  # each rank's shard, restored together at micro-batch k + 1
+            return _Resume(folder, state, None, callback.target)
         record = callback.target.fetch(state.snapshot_id)
-        return _Resume(folder, state, GradientsParams.from_record(record, self._gradvault_device()))
+        gradients = GradientsParams.from_record(record, self._gradvault_device())
+        return _Resume(folder, state, gradients, callback.target)
 
     def _gradvault_device(self) -> str:
         model: Any = getattr(self, "model")  # noqa: B009 - the Trainer's
@@ -383,7 +396,10 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
                 f"{resume.folder} was saved with gradient scaler state {saved_scaler}; this "
                 f"run's is {now} (mixed precision settings changed?)"
             )
-        resume.gradients.to_torch(trainer.model)
+        if resume.gradients is None:  # several processes: collective, each rank its shard
+            restore_gradients(trainer.model, resume.target, resume.state.snapshot_id)
+        else:
+            resume.gradients.to_torch(trainer.model)
         RngStates.from_json(resume.state.rng_at_micro_step, str(resume.folder)).restore()
         self._gradvault_resume = None
 
@@ -401,10 +417,11 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
         that never stopped (the stock Trainer drops the steps since the last log).
         """
         trainer: Any = self
-        if not trainer.args.should_save:
+        args = trainer.args
+        if args.world_size <= 1 and not args.should_save:
             return
         folder = checkpoint_folder(trainer)
-        if folder.is_dir():
+        if folder.is_dir():  # with several processes, each writes its own
             write_logging_state(
                 folder,
                 {
@@ -415,6 +432,8 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
                     if self._gradvault_collates is None
                     else [states.to_json() for states in self._gradvault_collates.ahead],
                 },
+                args.process_index,
+                args.world_size,
             )
 
     # ------------------------------------------------------------------ snapshots
@@ -431,7 +450,6 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
         if window.folder != folder:
             self._gradvault_write_checkpoint(folder, window)
             window.folder = folder
-        record = GradientsParams.from_torch(trainer.model).try_to_record()
         scaler = gradient_scaler(trainer)
         state = WindowState(
             snapshot_id="",
@@ -456,7 +474,7 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
             else [states.to_json() for states in window.collated_ahead],
             scaler=None if scaler is None else _scaler_state(scaler),
         )
-        return WindowSnapshot(record, state, folder, prune_older=args.world_size <= 1)
+        return WindowSnapshot(trainer.model, state, folder, prune_older=args.world_size <= 1)
 
     def _gradvault_write_checkpoint(self, folder: Path, window: _Window) -> None:
         """A normal Trainer checkpoint of the state after step N, into ``folder``."""
@@ -467,8 +485,9 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
         # a resumed window's step-N checkpoint is the folder it was resumed from: copied, since
         # this process never saw the generators as they were when that window began
         if window.resumed_from is not None:
+            args: Any = getattr(self, "args")  # noqa: B009 - the Trainer's
             for source in window.resumed_from.iterdir():
-                if source.is_file() and not source.name.startswith("gradvault_resume"):
+                if source.is_file() and _copied_by(source.name, args):
                     shutil.copy2(source, folder / source.name)
             return
         # the generators as a checkpoint-N would hold them: the Trainer loads this file
@@ -485,6 +504,17 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
 
 class GradvaultTrainer(GradvaultTrainerMixin, Trainer):
     """``transformers.Trainer`` that resumes inside a window from ``gradvault-checkpoint-N``."""
+
+
+def _copied_by(name: str, args: Any) -> bool:
+    """Whether this process copies file ``name`` of a resumed window's step-N checkpoint
+    (never a state file): with several processes each copies its own generators' file,
+    and the first one the rest, as the Trainer writes them."""
+    if name.startswith("gradvault_"):
+        return False
+    if args.world_size <= 1 or name == f"rng_state_{args.process_index}.pth":
+        return True
+    return args.should_save and not name.startswith("rng_state_")
 
 
 def _tensor_bits(tensor: torch.Tensor) -> dict[str, str]:

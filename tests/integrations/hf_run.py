@@ -26,6 +26,10 @@ as it stands, in ``OUT``; with ``--sigterm`` waiting for a SIGTERM as ``sigterm`
 Trainer stopped mid-window with a checkpoint, as a just-in-time checkpoint does, and
 resumed from it).
 
+Under DDP each rank runs ``main`` through ``ddp_rank`` (``tests/integrations/torch_ranks.py``
+forks the ranks into a gloo group), writing ``OUT/result.<rank>.pt``; ``--ready-file``
+names a file each rank creates when it waits for its SIGTERM (``{rank}`` in it replaced).
+
 ``every`` also saves every parameter's ``.grad`` as it was when the snapshot was taken
 (``OUT/grads_at_snapshot.pt``), and ``resume`` the ``.grad`` the first micro-batch it runs
 starts from (``OUT/grads_restored.pt``): the gradients the resume put back.
@@ -181,10 +185,19 @@ def stop_training(control: Any) -> None:
 class SigtermWait:
     """At the start of micro-batch ``micro`` of step ``step`` (1-based; forward passes counted
     per step, so a shortened window counts as it is), says READY and waits for the SIGTERM
-    the test sends. ``trainer_of()`` gives the trainer once it is built."""
+    the test sends. ``trainer_of()`` gives the trainer once it is built; ``ready_file``
+    (``{rank}`` in it replaced by the process's index) is created beside the READY."""
 
-    def __init__(self, model: torch.nn.Module, step: int, micro: int, trainer_of: Any) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        step: int,
+        micro: int,
+        trainer_of: Any,
+        ready_file: str | None = None,
+    ) -> None:
         self.step, self.micro, self.trainer_of = step, micro, trainer_of
+        self.ready_file = ready_file
         self.seen_step, self.calls = -1, 0
         model.register_forward_pre_hook(self.pre_forward)
 
@@ -201,6 +214,8 @@ class SigtermWait:
             if isinstance(callback, GradvaultCallback)
         ]
         print("READY", flush=True)
+        if self.ready_file is not None:  # several processes: one file each
+            Path(str(self.ready_file).format(rank=trainer.args.process_index)).touch()
         deadline = time.monotonic() + SIGNAL_WAIT_SECONDS
         while not callback.signal_received:
             if time.monotonic() > deadline:
@@ -266,8 +281,19 @@ def save_result(trainer: Trainer, out: Path, callback: GradvaultCallback | None)
             if trainer.accelerator.scaler is None
             else trainer.accelerator.scaler.state_dict(),
         },
-        out / "result.pt",
+        out / result_name(trainer.args.process_index, trainer.args.world_size),
     )
+
+
+def result_name(process_index: int, world_size: int) -> str:
+    """``result.pt``, or one per process when several train together."""
+    return "result.pt" if world_size == 1 else f"result.{process_index}.pt"
+
+
+def ddp_rank(rank: int, world_size: int, folder: Path, options: dict[str, Any]) -> None:
+    """One rank of a run under DDP (``tests/integrations/torch_ranks.py`` starts the ranks,
+    in a process group already made): ``main(options["argv"])``."""
+    main(list(options["argv"]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -285,6 +311,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=48, help="sequences in the dataset")
     parser.add_argument(
         "--sigterm", action="store_true", help="readme: wait for a SIGTERM in --step/--micro"
+    )
+    parser.add_argument(
+        "--ready-file", default=None, help="sigterm: a file to create beside the READY"
     )
     parser.add_argument(
         "--kill-after-save", action="store_true", help="every: die once checkpoint-STEP is saved"
@@ -327,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     elif options.mode == "sigterm":
         callback = GradvaultCallback(options.store)
         trainer = build(GradvaultTrainer, [callback])
-        SigtermWait(trainer.model, options.step, options.micro, lambda: trainer)
+        SigtermWait(trainer.model, options.step, options.micro, lambda: trainer, options.ready_file)
         trainer.train()
     elif options.mode == "resume":
         callback = GradvaultCallback(options.store, every=options.every)

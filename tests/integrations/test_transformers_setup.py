@@ -251,6 +251,26 @@ def test_latest_checkpoint_orders_both_kinds(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path / "absent") is None
 
 
+def test_latest_checkpoint_needs_every_ranks_state_file(tmp_path: Path) -> None:
+    """With several processes a folder is complete once each has written its state file."""
+    folder = tmp_path / "gradvault-checkpoint-4"
+    folder.mkdir()
+    (tmp_path / "checkpoint-4").mkdir()
+    (folder / "gradvault_resume_rank1.json").write_text(json.dumps({"world_size": 2}))
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-4"  # rank 0 never wrote
+    (folder / "gradvault_resume_rank0.json").write_text(json.dumps({"world_size": 2}))
+    assert latest_checkpoint(tmp_path) == folder
+
+
+def test_a_service_target_with_several_processes_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = trainer_for(tmp_path, [GradvaultCallback("http://127.0.0.1:9")])
+    monkeypatch.setattr(type(trainer.args), "world_size", property(lambda args: 2))
+    with pytest.raises(UnsupportedSetupError, match="2 processes commit one snapshot together"):
+        trainer.train()
+
+
 # ---------------------------------------------------------------------- failures and the service
 def test_failing_target_is_reported_and_training_goes_on(tmp_path: Path) -> None:
     not_a_store = tmp_path / "file"

@@ -3,7 +3,8 @@
 :func:`start` runs ``python -m tests.integrations.torch_ranks SPEC``: that process imports
 torch and gradvault once, then forks one process per rank (fork, so that four ranks
 start in the time of one import), each of which joins a gloo group on a free port of
-127.0.0.1 and runs ``torch_loops.<loop>(rank, world_size, options)``. The launcher writes
+127.0.0.1 and runs ``<module>.<loop>(rank, world_size, folder, options)`` (``module``:
+``tests.integrations.torch_loops`` unless ``start`` is told another). The launcher writes
 the ranks' pids to ``pids.json`` in the run's folder at once and their exit codes to
 ``exit_codes.json`` at the end; it kills every rank still running at its deadline.
 """
@@ -11,6 +12,7 @@ the ranks' pids to ``pids.json`` in the run's folder at once and their exit code
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import multiprocessing
 import os
@@ -28,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_SECONDS = 120
 #: the process group's own timeout (the integration's calls pass shorter ones)
 GROUP_TIMEOUT_SECONDS = 60
+#: the module whose loops the ranks run unless told another
+LOOPS = "tests.integrations.torch_loops"
 
 
 class Launch:
@@ -72,13 +76,17 @@ class Launch:
         return json.loads(codes_path.read_text())
 
 
-def start(folder: Path, world_size: int, loop: str, **options: Any) -> Launch:
-    """Start ``world_size`` ranks of ``torch_loops.<loop>`` with ``options`` (JSON)."""
+def start(
+    folder: Path, world_size: int, loop: str, *, module: str = LOOPS, **options: Any
+) -> Launch:
+    """Start ``world_size`` ranks of ``<module>.<loop>`` with ``options`` (JSON); the
+    launcher imports ``module`` once, before it forks the ranks."""
     folder.mkdir(parents=True, exist_ok=True)
     for stale in ("pids.json", "exit_codes.json"):
         (folder / stale).unlink(missing_ok=True)
     spec = {
         "world_size": world_size,
+        "module": module,
         "loop": loop,
         "options": options,
         "folder": str(folder),
@@ -96,9 +104,11 @@ def start(folder: Path, world_size: int, loop: str, **options: Any) -> Launch:
     return Launch(process, folder, world_size)
 
 
-def run(folder: Path, world_size: int, loop: str, **options: Any) -> list[int]:
+def run(
+    folder: Path, world_size: int, loop: str, *, module: str = LOOPS, **options: Any
+) -> list[int]:
     """Start and join a launch; asserts that every rank exited 0."""
-    launch = start(folder, world_size, loop, **options)
+    launch = start(folder, world_size, loop, module=module, **options)
     codes = launch.join()
     assert codes == [0] * world_size, f"exit codes {codes}\n{launch.output()}"
     return codes
@@ -116,8 +126,6 @@ def _rank_main(rank: int, spec: dict[str, Any], port: int) -> None:
         import torch
         import torch.distributed as dist
 
-        from tests.integrations import torch_loops
-
         os.environ.update(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
@@ -132,7 +140,7 @@ def _rank_main(rank: int, spec: dict[str, Any], port: int) -> None:
             world_size=spec["world_size"],
             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_SECONDS),
         )
-        getattr(torch_loops, spec["loop"])(
+        getattr(importlib.import_module(spec["module"]), spec["loop"])(
             rank, spec["world_size"], Path(spec["folder"]), spec["options"]
         )
         code = 0
@@ -150,7 +158,8 @@ def main(argv: list[str]) -> int:
     import torch.distributed.fsdp  # noqa: F401
 
     import gradvault.integrations.torch  # noqa: F401
-    from tests.integrations import torch_loops  # noqa: F401
+
+    importlib.import_module(spec["module"])  # once, before the fork
 
     folder = Path(spec["folder"])
     port = _free_port()

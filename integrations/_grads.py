@@ -1,4 +1,5 @@
-"""The one seam through which the callback captures and puts back ``.grad``.
+"""The one seam through which a callback captures and puts back ``.grad``: Lightning's
+always, the Trainer integration's when several processes train together.
 
 A store target goes through :mod:`gradvault.integrations.torch`: ``snapshot`` and
 ``restore`` are collective over the default process group (each rank's ``.grad`` one
@@ -17,7 +18,7 @@ from typing import Any
 from gradvault.core import GradientsParams
 from gradvault.integrations import torch as torch_integration
 
-from .._target import SnapshotTarget
+from ._target import SnapshotTarget
 
 
 def snapshot_gradients(
