@@ -3,8 +3,9 @@ always, the Trainer integration's when several processes train together.
 
 A store target goes through :mod:`gradvault.integrations.torch`: ``snapshot`` and
 ``restore`` are collective over the default process group (each rank's ``.grad`` one
-shard of one snapshot), a single process without one. A service target (single process
-only: the service takes no rank's shard) goes through the client: the gradients' record
+shard of one snapshot), a single process without one. A service target (a single process
+only: the callbacks refuse a service with several processes, not yet wired to shard
+uploads here) goes through the client: the gradients' record
 pushed whole, fetched back with its checksums verified. Either way every ``.grad`` keeps
 its dtype and bytes, and restoring checks names, shapes and dtypes before any ``.grad``
 changes.

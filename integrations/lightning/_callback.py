@@ -389,8 +389,9 @@ def _check_setup(trainer: Trainer, pl_module: LightningModule, to_service: bool)
         )
     if to_service and trainer.world_size > 1:
         raise UnsupportedSetupError(
-            "with several processes the ranks commit one snapshot to a store together; a "
-            "service URL takes no rank's shard: give a store every rank sees"
+            "with several processes the ranks commit one snapshot together, and this "
+            "callback commits it to a store only (not yet through a service URL): give a "
+            "store every rank sees"
         )
     if not pl_module.automatic_optimization:
         raise UnsupportedSetupError(

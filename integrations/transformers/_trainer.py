@@ -212,9 +212,9 @@ class GradvaultTrainerMixin(RngLoadHook, _MixinBase):
         if trainer.args.world_size > 1 and callback.target.is_service:
             raise UnsupportedSetupError(
                 f"{trainer.args.world_size} processes commit one snapshot together, each "
-                f"rank's gradients one shard, to a store; the service at "
-                f"{callback.target.location} takes no rank's shard: give a store every "
-                "process sees"
+                f"rank's gradients one shard; this integration commits them to a store only "
+                f"(not yet through a service such as {callback.target.location}): give a "
+                "store every process sees"
             )
         callback.attach(self)
         return callback

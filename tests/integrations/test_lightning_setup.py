@@ -88,7 +88,9 @@ def test_ddp_with_a_service_target_is_refused() -> None:
         strategy=DDPStrategy(process_group_backend="gloo"),
         logger=False,
     )
-    with pytest.raises(UnsupportedSetupError, match="a service URL takes no rank's shard"):
+    with pytest.raises(
+        UnsupportedSetupError, match=r"commits it to a store only \(not yet through a service URL\)"
+    ):
         GradvaultCallback("http://127.0.0.1:8000").setup(trainer, Classifier(), "fit")
 
 
