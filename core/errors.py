@@ -38,7 +38,8 @@ what was found, naming the parameter::
         ├── ChecksumMismatchError (ValueError) a stored chunk fails its crc32c
         ├── FormatVersionError (ValueError)   written by an incompatible format version
         │   └── ManifestError                 a snapshot's manifest or array document is
-        │                                     malformed (its version is fine)
+        │                                     malformed, or the manifest fails its own
+        │                                     checksum (its version is fine)
         ├── SnapshotNotFoundError (KeyError)
         ├── ShardedSnapshotError (ValueError)  a whole-snapshot read of a sharded snapshot
         │                                     that needs one rank's shard (pass rank=)
@@ -200,7 +201,8 @@ class FormatVersionError(RecorderError, ValueError):
 
 
 class ManifestError(FormatVersionError):
-    """A snapshot's manifest or array document is malformed, though its version is one this
+    """A snapshot's manifest or array document is malformed, or the manifest fails its own
+    checksum (edited or damaged since it was written), though its version is one this
     release reads. A FormatVersionError too, so that code catching that for any snapshot it
     cannot read still catches this; catch ManifestError to tell the two apart."""
 

@@ -29,9 +29,9 @@ from ._backend import (
     snapshot_key,
 )
 from ._manifest import Manifest, SnapshotInfo
+from ._manifest_checksum import check_sealed
 from ._reader import SnapshotReader
 from ._shards import ShardedManifest, manifest_in
-from ._zarr_format import STORE_FORMAT_VERSION
 
 _log = logging.getLogger("gradvault.store")
 
@@ -91,7 +91,7 @@ class ManifestCache:
         """The gradvault manifest in the group document at ``key``, and the document's size.
 
         SnapshotNotFoundError if it is absent; ManifestError or FormatVersionError if it is
-        not a manifest this release reads.
+        not a manifest this release reads, or fails its own checksum (format 2).
         """
         try:
             raw = await self._backend.read(key)
@@ -104,12 +104,7 @@ class ManifestCache:
 
         def parse() -> dict[str, Any]:
             manifest = manifest_in(raw, where)
-            version = manifest.get("format_version")
-            if type(version) is not int or version != STORE_FORMAT_VERSION:
-                raise FormatVersionError(
-                    f"{where} has store format version {version!r}; this "
-                    f"release reads version {STORE_FORMAT_VERSION}"
-                )
+            check_sealed(manifest, where)
             return manifest
 
         if len(raw) > _THREAD_DECODE_BYTES:

@@ -20,6 +20,7 @@ import orjson
 
 from ..errors import InvalidArgumentError, InvalidFieldError, ManifestError
 from ._manifest import Manifest, SnapshotInfo
+from ._manifest_checksum import check_sealed, seal
 from ._zarr_format import STORE_FORMAT_VERSION, dump_json, group_metadata
 
 #: Columns of the sharded manifest's ``shards`` table, one entry per rank.
@@ -144,6 +145,7 @@ class ShardedSet:
             if rank is None:
                 continue  # not a shard (nothing of ours writes such a folder)
             manifest = manifest_in(raw, self._where(rank))
+            check_sealed(manifest, self._where(rank))
             self.check_agreement(rank, manifest)
             manifests[rank] = manifest
         return manifests
@@ -157,7 +159,8 @@ class ShardedSet:
             Manifest(manifests[r], self.snapshot_id, (r, self.world_size))
             for r in range(self.world_size)
         ]
-        return dump_json(group_metadata({"gradvault": self.sharded_manifest(shards)}), compact=True)
+        sealed = seal(self.sharded_manifest(shards))
+        return dump_json(group_metadata({"gradvault": sealed}), compact=True)
 
     def sharded_manifest(self, shards: list[Manifest]) -> dict[str, Any]:
         """The snapshot's manifest over its validated shards, in rank order."""

@@ -34,6 +34,7 @@ from ._device_snapshot import DeviceSnapshot
 from ._ids import new_snapshot_id, parse_snapshot_id
 from ._manifest import Manifest, SnapshotInfo
 from ._manifest_cache import ManifestCache
+from ._manifest_checksum import MANIFEST_CHECKSUM_KEY
 from ._retention import RetentionPass, RetentionRules
 from ._shards import ShardedManifest, ShardedSet, ShardInfo, check_rank, manifest_in
 from ._write import SnapshotWrite
@@ -361,7 +362,9 @@ class SnapshotStore:
         entries = list(
             zip(columns["param_id"], columns["dtype"], columns["shape"], sizes, strict=True)
         )
-        summary = {k: v for k, v in manifest.document.items() if k not in ("gradients", "packed")}
+        # the manifest's checksum covers the whole manifest, so it leaves with the gradients
+        left_out = ("gradients", "packed", MANIFEST_CHECKSUM_KEY)
+        summary = {k: v for k, v in manifest.document.items() if k not in left_out}
         names = dict(zip(columns["param_id"], columns["name"], strict=True))
         metadata = gradvault_metadata(names, summary)
         if manifest.count > _THREAD_HEADER_COUNT:

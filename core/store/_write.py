@@ -44,6 +44,7 @@ from ._commit_order import CommitTurn, holding
 from ._device_snapshot import DeviceGradient, DeviceSnapshot
 from ._device_stream import RingPool, RingStreamer
 from ._manifest import PackedGradients, build_manifest, pack, packed_checksums
+from ._manifest_checksum import seal
 from ._shards import ShardedSet
 from ._stats import StatsAccumulator, gradient_stats, packed_stats
 from ._validation import STATS_COLUMNS
@@ -593,5 +594,6 @@ def _packed_columns(
 
 def _manifest_document(manifest: dict[str, Any], arrays: dict[str, dict[str, Any]]) -> bytes:
     """The snapshot group's ``zarr.json``: the manifest in its attributes, and every array's
-    ``zarr.json`` (``arrays``, by name) as its consolidated metadata."""
-    return dump_json(group_metadata({"gradvault": manifest}, arrays), compact=True)
+    ``zarr.json`` (``arrays``, by name) as its consolidated metadata. The manifest is
+    sealed here (its ``manifest_checksum`` set), in the thread a large one is encoded in."""
+    return dump_json(group_metadata({"gradvault": seal(manifest)}, arrays), compact=True)

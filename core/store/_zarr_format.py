@@ -21,7 +21,7 @@ import orjson
 from ..records.dtypes import BFLOAT16_NAME
 
 #: Version of the snapshot layout and manifest (``attributes["gradvault"]["format_version"]``).
-STORE_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 2
 #: Name of the array that holds the packed small gradients of a snapshot.
 PACKED_ARRAY = "packed"
 #: Every gradient in the packed array starts at a multiple of this many bytes.

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
+
 from .conftest import S3_BUCKET
 
 
@@ -88,8 +90,29 @@ def manifest_key(snapshot_id: str) -> str:
     return f"snapshots/{snapshot_id}/zarr.json"
 
 
-def edit_json(files: LocalFiles | S3Files, key: str, edit: Any) -> None:
-    """Rewrite a ``zarr.json``: ``edit(document)`` changes it in place."""
+def manifest_checksum(manifest: dict[str, Any]) -> str:
+    """A manifest's checksum of itself as docs/FORMAT.md defines it, computed apart from
+    gradvault: crc32c of the canonical JSON of the manifest without the field."""
+    body = {key: value for key, value in manifest.items() if key != "manifest_checksum"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return f"crc32c:{google_crc32c.value(canonical.encode('utf-8')):08x}"
+
+
+def reseal(document: dict[str, Any]) -> None:
+    """Set the checksum of the manifest in a group ``zarr.json`` (if it carries one) to
+    what the manifest now hashes to: a manifest damaged as a writer could have written it."""
+    attributes = document.get("attributes")
+    manifest = attributes.get("gradvault") if isinstance(attributes, dict) else None
+    if isinstance(manifest, dict) and "manifest_checksum" in manifest:
+        manifest["manifest_checksum"] = manifest_checksum(manifest)
+
+
+def edit_json(files: LocalFiles | S3Files, key: str, edit: Any, *, sealed: bool = True) -> None:
+    """Rewrite a ``zarr.json``: ``edit(document)`` changes it in place. With ``sealed``, a
+    manifest's checksum is then recomputed, so that what is tested is what the reader makes
+    of the edited fields, not the checksum (which refuses any edit it does not match)."""
     document = json.loads(files.read(key))
     edit(document)
+    if sealed:
+        reseal(document)
     files.write(key, json.dumps(document).encode())

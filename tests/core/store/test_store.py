@@ -241,7 +241,14 @@ async def test_manifest_has_stats_checksums_and_run_fields(store: SnapshotStore)
     record = make_record(arrays)
     info = await store.write_snapshot(record, run="r", step=3, tags={"a": "b"}, device="cpu")
     manifest = await store.info(info.id)
-    assert manifest["format_version"] == 1
+    assert manifest["format_version"] == 2
+    # the manifest's checksum of itself, computed as docs/FORMAT.md defines it
+    body = {key: value for key, value in manifest.items() if key != "manifest_checksum"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    import google_crc32c
+
+    digest = google_crc32c.value(canonical.encode("utf-8"))
+    assert manifest["manifest_checksum"] == f"crc32c:{digest:08x}"
     assert (manifest["id"], manifest["run"], manifest["step"]) == (info.id, "r", 3)
     assert manifest["created_at"] == info.created_at and manifest["tags"] == {"a": "b"}
     assert manifest["device"] == "cpu"
@@ -254,8 +261,6 @@ async def test_manifest_has_stats_checksums_and_run_fields(store: SnapshotStore)
         "inf_count": 1,
     }
     assert by_name["count"]["stats"]["max_abs"] == 4.0
-    import google_crc32c
-
     for entry in record:
         gradient = by_name[entry.name]
         assert gradient["param_id"] == str(entry.param_id)

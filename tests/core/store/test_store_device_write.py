@@ -95,7 +95,7 @@ def _snapshot_files(root: Path, snapshot_id: str) -> dict[str, bytes]:
 
 def _manifest_without_identity(files: dict[str, bytes]) -> dict:
     manifest = json.loads(files.pop("zarr.json"))["attributes"]["gradvault"]
-    for key in ("id", "created_at"):
+    for key in ("id", "created_at", "manifest_checksum"):  # the checksum covers the id
         manifest.pop(key)
     return manifest
 

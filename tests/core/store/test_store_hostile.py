@@ -9,6 +9,7 @@ taking the suite down with it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from gradvault.core.records.param_id import ParamId
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, open_store
 
-from ..store_files import LocalFiles, edit_json, manifest_key, store_files
+from ..store_files import LocalFiles, edit_json, manifest_checksum, manifest_key, store_files
 from ..store_reader import ReaderProcess, digest
 
 OPTIONS = {"chunk_bytes": 4096, "pack_threshold": 512}
@@ -189,6 +190,51 @@ async def test_a_packed_array_of_2_40_one_byte_chunks_is_refused(case: Case) -> 
     case.assert_refused(
         "ManifestError", [*WHOLE, "fc.bias", "flags"], "packed.nbytes", "1099511627776"
     )
+
+
+# --- the manifest edited in place, at the same byte count (its checksum) ---------------
+
+#: (what is edited, the bytes as written, the bytes put in their place): each edit keeps
+#: the document's length and leaves a manifest every other check would take as it is
+SAME_LENGTH_EDITS = [
+    ("name of a packed gradient", b'"fc.bias"', b'"fc.bxas"'),
+    ("dtype of a packed gradient", b'"bool"', b'"int8"'),
+    ("shape of an own array", b"[64,33]", b"[33,64]"),
+    ("step", b'"step":1', b'"step":7'),
+    ("format version", b'"format_version":2', b'"format_version":1'),
+]
+
+
+@pytest.mark.parametrize(
+    ("edited", "written", "replacement"),
+    SAME_LENGTH_EDITS,
+    ids=[edit[0] for edit in SAME_LENGTH_EDITS],
+)
+async def test_a_manifest_edited_in_place_is_refused_not_read_as_edited(
+    case: Case, edited: str, written: bytes, replacement: bytes
+) -> None:
+    key = manifest_key(case.id)
+    raw = case.files.read(key)
+    assert raw.count(written) >= 1, edited
+    start = raw.index(written)  # the manifest comes first in the group document
+    assert start < raw.index(b'"consolidated_metadata"'), edited
+    case.files.write(key, raw[:start] + replacement + raw[start + len(written) :])
+    assert len(case.files.read(key)) == len(raw)
+    # left out of listings, and every read names the snapshot and what failed
+    assert case.id not in case.ask("list")["result"]
+    words = ["carries no manifest_checksum"] if edited == "format version" else ["checksum"]
+    case.assert_refused("ManifestError", [*WHOLE, "fc.weight", "fc.bias", "flags"], *words)
+    info = case.ask("info")
+    assert info.get("error") == "ManifestError" and case.id in info["message"], info
+
+
+async def test_an_untouched_format_2_snapshot_reads(case: Case) -> None:
+    document = json.loads(case.files.read(manifest_key(case.id)))
+    manifest = document["attributes"]["gradvault"]
+    assert manifest["format_version"] == 2
+    assert manifest["manifest_checksum"] == manifest_checksum(manifest)
+    assert case.ask("read_snapshot")["result"] == rows(case.record)
+    assert case.id in case.ask("list")["result"]
 
 
 # --- metadata that disagrees with the arrays' own zarr.json ----------------------------

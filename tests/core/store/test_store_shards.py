@@ -336,3 +336,32 @@ async def test_delete_and_retention_take_every_shard(
     assert _objects_under(store_url, boto3_client, sharded) == []
     with pytest.raises(gv.SnapshotNotFoundError):
         await store.info(sharded)
+
+
+async def test_a_shard_manifest_or_the_snapshot_manifest_edited_in_place_is_refused(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    snapshot_id = new_snapshot_id()
+    async with open_store(root) as store:
+        for rank in range(2):
+            await _write(store, snapshot_id, rank)
+    folder = root / "snapshots" / snapshot_id
+    for document in (folder / "zarr.json", folder / "ranks" / "1" / "zarr.json"):
+        manifest = json.loads(document.read_text())["attributes"]["gradvault"]
+        assert manifest["format_version"] == 2 and manifest["manifest_checksum"].startswith(
+            "crc32c:"
+        )
+    shard = folder / "ranks" / "1" / "zarr.json"
+    raw = shard.read_bytes()
+    shard.write_bytes(raw.replace(b'"layer2"', b'"layerX"', 1))  # a name, same byte count
+    async with open_store(root) as store:
+        assert (await store.read_snapshot(snapshot_id, rank=0)) == _record(0)
+        with pytest.raises(gv.ManifestError, match=f"{snapshot_id}.*rank 1.*checksum"):
+            await store.read_snapshot(snapshot_id, rank=1)
+    top = folder / "zarr.json"
+    top.write_bytes(top.read_bytes().replace(b'"step":1', b'"step":9', 1))
+    async with open_store(root) as store:
+        with pytest.raises(gv.ManifestError, match=f"{snapshot_id}.*checksum"):
+            await store.info(snapshot_id)
+        assert await store.list() == []
