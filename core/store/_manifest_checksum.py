@@ -7,15 +7,16 @@ From format 2 every manifest (a snapshot's, a sharded snapshot's, each shard's) 
 refuses a manifest that does not hash to it. docs/FORMAT.md ("The manifest's checksum")
 gives the canonical form exactly, for other readers.
 
-The canonical form is the standard library's JSON encoding (sorted keys, no whitespace,
-UTF-8): Python's float ``repr`` is the language's own, stable across releases, where a
-faster encoder's number format is its own choice and could change under a store's feet.
+The canonical form is orjson's compact encoding with sorted keys: the format writes its
+rules out (floats included), and tests/core/store_files.py computes them apart from orjson,
+so a release of orjson that wrote otherwise would fail the suite rather than the stores.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 from ..errors import FormatVersionError, ManifestError
 from ._checksums import crc32c, format_checksum, parse_checksum
@@ -27,16 +28,12 @@ READABLE_FORMAT_VERSIONS = (1, 2)
 #: The first format version whose manifests carry their checksum.
 _SEALED_FROM = 2
 
-_CANONICAL = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-)
-
 
 def canonical_manifest(manifest: dict[str, Any]) -> bytes:
     """The bytes ``manifest_checksum`` covers: the manifest without that key, as canonical
-    JSON (keys sorted by code point, no whitespace, UTF-8, floats as Python's ``repr``)."""
+    JSON (keys sorted by code point, no whitespace, UTF-8, floats as docs/FORMAT.md says)."""
     body = {key: value for key, value in manifest.items() if key != MANIFEST_CHECKSUM_KEY}
-    return _CANONICAL.encode(body).encode("utf-8")
+    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
 
 
 def manifest_checksum(manifest: dict[str, Any]) -> str:

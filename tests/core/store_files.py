@@ -92,10 +92,41 @@ def manifest_key(snapshot_id: str) -> str:
 
 def manifest_checksum(manifest: dict[str, Any]) -> str:
     """A manifest's checksum of itself as docs/FORMAT.md defines it, computed apart from
-    gradvault: crc32c of the canonical JSON of the manifest without the field."""
+    gradvault and orjson: crc32c of the canonical JSON of the manifest without the field."""
     body = {key: value for key, value in manifest.items() if key != "manifest_checksum"}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return f"crc32c:{google_crc32c.value(canonical.encode('utf-8')):08x}"
+    return f"crc32c:{google_crc32c.value(canonical_json(body).encode('utf-8')):08x}"
+
+
+def canonical_json(value: Any) -> str:
+    """docs/FORMAT.md's canonical JSON, written from its rules: keys sorted, no whitespace,
+    strings as ``json`` escapes them, floats by ``canonical_float``."""
+    if isinstance(value, dict):
+        members = (
+            f"{json.dumps(k, ensure_ascii=False)}:{canonical_json(value[k])}" for k in sorted(value)
+        )
+        return "{" + ",".join(members) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(canonical_json(item) for item in value) + "]"
+    if isinstance(value, float):
+        return canonical_float(value)
+    return json.dumps(value, ensure_ascii=False)  # str, int, bool, None
+
+
+def canonical_float(x: float) -> str:
+    """The shortest digits that read back to ``x`` (those of ``repr``); positional for
+    1e-5 <= |x| < 1e16 and for zeros, with at least one digit after the point; otherwise
+    ``d[.ddd]e<sign><exponent>`` with no zeros before the exponent's digits."""
+    text = repr(x)
+    mantissa, _, exponent = text.partition("e")
+    if x == 0 or 1e-5 <= abs(x) < 1e16:
+        if not exponent:
+            return text
+        sign = "-" if mantissa.startswith("-") else ""  # repr's 1e-05 <= |x| < 1e-04
+        digits = mantissa.lstrip("-").replace(".", "")
+        return f"{sign}0.{'0' * (-int(exponent) - 1)}{digits.rstrip('0')}"
+    power = int(exponent)
+    mantissa = mantissa.removesuffix(".0")
+    return f"{mantissa}e{'+' if power >= 0 else '-'}{abs(power)}"
 
 
 def reseal(document: dict[str, Any]) -> None:
