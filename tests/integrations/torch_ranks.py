@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
     ]
     for process in ranks:
         process.start()
-    (folder / "pids.json").write_text(json.dumps([process.pid for process in ranks]))
+    _write_at_once(folder / "pids.json", [process.pid for process in ranks])
     deadline = time.monotonic() + LAUNCH_SECONDS
     for process in ranks:
         process.join(max(0.0, deadline - time.monotonic()))
@@ -179,8 +179,16 @@ def main(argv: list[str]) -> int:
             print(f"rank pid {process.pid} still running at the deadline: killed", flush=True)
             os.kill(process.pid, signal.SIGKILL)
             process.join()
-    (folder / "exit_codes.json").write_text(json.dumps([process.exitcode for process in ranks]))
+    _write_at_once(folder / "exit_codes.json", [process.exitcode for process in ranks])
     return 0
+
+
+def _write_at_once(path: Path, value: object) -> None:
+    """``value`` as JSON at ``path``, renamed into place: a reader polling for the file
+    never sees it empty or half written."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(value))
+    os.replace(partial, path)
 
 
 if __name__ == "__main__":
