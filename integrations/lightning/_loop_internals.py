@@ -31,10 +31,8 @@ from typing import Any
 
 import lightning
 from lightning.fabric.utilities.data import _set_sampler_epoch
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
 
-from gradvault.core.errors import UnsupportedSetupError
+from .._versions import check_release
 
 #: the Lightning releases whose loop internals the integration is tested against; the same
 #: range as the ``lightning`` extra's pin in pyproject.toml
@@ -43,17 +41,12 @@ SUPPORTED_LIGHTNING = ">=2.6,<2.7"
 
 def check_lightning_version(installed: str) -> None:
     """Raise UnsupportedSetupError unless ``installed`` is in ``SUPPORTED_LIGHTNING``."""
-    supported = SpecifierSet(SUPPORTED_LIGHTNING)
-    try:
-        version = Version(installed)
-    except InvalidVersion:
-        version = None
-    if version is None or not supported.contains(version, prereleases=True):
-        raise UnsupportedSetupError(
-            f"lightning {installed} is installed; gradvault's Lightning integration relies on "
-            f"loop internals of lightning {SUPPORTED_LIGHTNING} only: install a release in "
-            f"that range (pip install 'lightning{SUPPORTED_LIGHTNING}')"
-        )
+    check_release(
+        "lightning",
+        installed,
+        SUPPORTED_LIGHTNING,
+        "Lightning integration relies on loop internals",
+    )
 
 
 check_lightning_version(lightning.__version__)

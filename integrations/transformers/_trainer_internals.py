@@ -43,13 +43,10 @@ from typing import Any
 
 import torch
 import transformers
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
 from transformers.trainer_callback import ExportableState
 
-from gradvault.core.errors import UnsupportedSetupError
-
 from .._rng import RngStates, generators_at
+from .._versions import check_release
 
 #: the transformers releases whose Trainer internals the integration is tested against;
 #: the same range as the ``hf`` extra's pin in pyproject.toml
@@ -59,17 +56,12 @@ TRAINER_STATE_NAME = "trainer_state.json"
 
 def check_transformers_version(installed: str) -> None:
     """Raise UnsupportedSetupError unless ``installed`` is in ``SUPPORTED_TRANSFORMERS``."""
-    supported = SpecifierSet(SUPPORTED_TRANSFORMERS)
-    try:
-        version = Version(installed)
-    except InvalidVersion:
-        version = None
-    if version is None or not supported.contains(version, prereleases=True):
-        raise UnsupportedSetupError(
-            f"transformers {installed} is installed; gradvault's Trainer integration relies on "
-            f"Trainer internals of transformers {SUPPORTED_TRANSFORMERS} only: install a "
-            f"release in that range (pip install 'transformers{SUPPORTED_TRANSFORMERS}')"
-        )
+    check_release(
+        "transformers",
+        installed,
+        SUPPORTED_TRANSFORMERS,
+        "Trainer integration relies on Trainer internals",
+    )
 
 
 check_transformers_version(transformers.__version__)
