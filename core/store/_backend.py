@@ -151,6 +151,23 @@ class SnapshotWriter(ABC):
         """Write the group's ``zarr.json`` (the manifest) and make the snapshot visible
         (in ``turn``, if set)."""
 
+    async def write_array_and_commit(
+        self,
+        name: str,
+        metadata: bytes,
+        chunks: Iterator[EncodedChunk],
+        group_metadata: Callable[[], bytes],
+    ) -> None:
+        """:meth:`write_array`, then :meth:`commit` of ``group_metadata()``: the group's
+        document, made once every chunk is written (from what iterating ``chunks``
+        computed, its checksums and stats).
+
+        For a snapshot of one array. A backend may do both in one step off the loop (the
+        local one does, in one thread); ``group_metadata`` may then run in that thread.
+        """
+        await self.write_array(name, metadata, chunks)
+        await self.commit(group_metadata())
+
     @abstractmethod
     async def abort(self) -> None:
         """Remove whatever was written, as far as possible; never raises."""

@@ -796,8 +796,17 @@ class _LocalSnapshotWriter(SnapshotWriter):
             chunks,
         )
 
+    #: Up to this many files written, :meth:`_missing_files` looks each one up; beyond,
+    #: it lists the staging folder once (fewer calls for a tree of many files).
+    LOOKUP_FILES_BELOW = 32
+
     def _missing_files(self) -> list[str]:
         """The files this writer wrote that are no longer in its staging folder."""
+        if len(self._written) < self.LOOKUP_FILES_BELOW:
+            folder = str(self._folder)
+            return sorted(
+                key for key in self._written if not os.path.isfile(os.path.join(folder, key))
+            )
         present: set[str] = set()
         for folder, _, files in os.walk(self._folder):
             relative = os.path.relpath(folder, self._folder)
@@ -869,12 +878,46 @@ class _LocalSnapshotWriter(SnapshotWriter):
         return True
 
     async def commit(self, group_metadata: bytes) -> None:
-        action = f"committing snapshot {self._snapshot_id}"
-        turn = self.turn
         if len(self._unsynced) > self.SYNC_IN_LINE:
             await self._sync_pending()
+        action = f"committing snapshot {self._snapshot_id}"
+        await self._commit_in_turn(action, self._commit_sync, group_metadata, self.turn)
+
+    def _write_and_commit_sync(
+        self,
+        name: str,
+        metadata: bytes,
+        chunks: Iterator[EncodedChunk],
+        group_metadata: Callable[[], bytes],
+        turn: CommitTurn | None,
+    ) -> bool:
+        """:meth:`_write_array_sync`, then :meth:`_commit_sync` of ``group_metadata()``."""
+        self._write_array_sync(name, metadata, chunks)
+        return self._commit_sync(group_metadata(), turn)
+
+    async def write_array_and_commit(
+        self,
+        name: str,
+        metadata: bytes,
+        chunks: Iterator[EncodedChunk],
+        group_metadata: Callable[[], bytes],
+    ) -> None:
+        """The array written and the snapshot committed in one trip through a thread (two
+        when the snapshot must wait for its turn to be renamed into place)."""
+        action = f"writing array {name} of snapshot {self._snapshot_id} and committing it"
+        await self._commit_in_turn(
+            action, self._write_and_commit_sync, name, metadata, chunks, group_metadata, self.turn
+        )
+
+    async def _commit_in_turn(
+        self, action: str, commit_sync: Callable[..., bool], *args: Any
+    ) -> None:
+        """Run ``commit_sync(*args)`` (True once it has renamed the snapshot into place and
+        fsynced ``snapshots/``); if it had to leave the rename to the snapshot's turn,
+        wait for the turn and rename. The turn is released in any case."""
+        turn = self.turn
         with holding(turn):  # released once the rename is done, or has failed
-            if await self._run(action, self._commit_sync, group_metadata, turn):
+            if await self._run(action, commit_sync, *args):
                 return
             assert turn is not None
             await turn.wait()

@@ -306,6 +306,12 @@ class _OneChunkPacked:
         self.checksums = checksums
         self.stats = stats
 
+    def packed(self) -> PackedGradients:
+        """The packed gradients' layout and columns, once the chunk is written."""
+        return PackedGradients(
+            b"", self.length, self.chunk_bytes, self.offsets, self.checksums, self.stats
+        )
+
 
 class SnapshotWrite:
     """Writes one record as snapshot ``snapshot_id``; :meth:`run` returns its manifest.
@@ -387,33 +393,50 @@ class SnapshotWrite:
             ]
         else:
             jobs = [self._guarded(self._write_own, writer, entries[i]) for i in own_positions]
-        if packed_positions:
-            small = [entries[i] for i in packed_positions]
+        small = [entries[i] for i in packed_positions]
+        # a host snapshot of one uncompressed chunk: written and committed in one step
+        alone = (
+            self._one_chunk_length(small)
+            if shard is None and not own_positions and not isinstance(record, DeviceSnapshot)
+            else None
+        )
+        if packed_positions and alone is None:
             if isinstance(record, DeviceSnapshot):  # small: read to host whole, then packed
                 jobs.append(self._guarded(self._write_packed_from_device, writer, small))
             else:
                 jobs.append(self._guarded(self._write_packed, writer, small))
+
+        def manifest_of(
+            packed: PackedGradients | None, own_arrays: dict[int, dict[str, Any]]
+        ) -> dict[str, Any]:
+            return build_manifest(
+                record,
+                snapshot_id=self._id,
+                run=run,
+                step=step,
+                tags=tags,
+                device=device,
+                compression=self._compression,
+                packed_positions=packed_positions,
+                packed=packed,
+                own_arrays=own_arrays,
+                shard=None if shard is None else (shard.rank, shard.world_size),
+            )
+
         try:
             # released on leaving the block: visible (the writer released it already), or
             # failed, and then before the abort, so a failed write holds up no later one
             with holding(turn):
+                if alone is not None:
+                    return await self._write_and_commit_one_chunk(writer, small, alone, manifest_of)
                 results = await asyncio.gather(*jobs, return_exceptions=True)
                 failures = [r for r in results if isinstance(r, BaseException)]
                 if failures:
                     raise next((f for f in failures if not isinstance(f, _Abandoned)), failures[0])
                 written = [r for r in results if not isinstance(r, BaseException)]  # all of them
-                manifest = build_manifest(
-                    record,
-                    snapshot_id=self._id,
-                    run=run,
-                    step=step,
-                    tags=tags,
-                    device=device,
-                    compression=self._compression,
-                    packed_positions=packed_positions,
-                    packed=written[-1] if packed_positions else None,
-                    own_arrays=dict(zip(own_positions, written, strict=False)),
-                    shard=None if shard is None else (shard.rank, shard.world_size),
+                manifest = manifest_of(
+                    written[-1] if packed_positions else None,
+                    dict(zip(own_positions, written, strict=False)),
                 )
                 if len(entries) <= INLINE_MANIFEST_GRADIENTS:  # ~0.1 ms: not worth a thread
                     group_document = _manifest_document(manifest, self._array_documents)
@@ -514,13 +537,8 @@ class SnapshotWrite:
         are computed meanwhile, and the write goes on while the manifest is built (it is
         awaited before the commit).
         """
-        sizes = [entry.array.nbytes for entry in small]
-        _, length, chunk_bytes = packed_layout(sizes, self._chunk_bytes)
-        if (
-            self._compression is None
-            and length == chunk_bytes  # one chunk
-            and max(sizes) >= self._pack_threshold  # large gradients: not worth copying
-        ):
+        length = self._one_chunk_length(small)
+        if length is not None:
             return await self._write_one_chunk_packed(writer, small, length)
         # Only small gradients (or zstd): one buffer, written while their checksums and
         # stats are taken in another thread (for 10,000 gradients of 1 KiB that overlap
@@ -540,18 +558,54 @@ class SnapshotWrite:
         packed.checksums, packed.stats = await self._threads.run(_packed_columns, packed, small)
         return packed
 
+    def _one_chunk_length(self, small: list[GradientRecordEntry]) -> int | None:
+        """The packed array's length if ``small`` are written as one uncompressed chunk
+        from their own memory (``_OneChunkPacked``), else None (packed into one buffer)."""
+        if not small or self._compression is not None:
+            return None
+        sizes = [entry.array.nbytes for entry in small]
+        _, length, chunk_bytes = packed_layout(sizes, self._chunk_bytes)
+        if length != chunk_bytes or max(sizes) < self._pack_threshold:
+            return None  # several chunks, or only small gradients: not worth it
+        return length
+
+    def _one_chunk(
+        self, small: list[GradientRecordEntry], length: int
+    ) -> tuple[_OneChunkPacked, bytes]:
+        """The packed array's one chunk and its ``zarr.json``."""
+        chunk = _OneChunkPacked(small, length, self._pack_threshold, self)
+        document = array_metadata((chunk.length,), "uint8", (chunk.chunk_bytes,), self._compression)
+        self._array_documents[PACKED_ARRAY] = document
+        return chunk, dump_json(document)
+
     async def _write_one_chunk_packed(
         self, writer: SnapshotWriter, small: list[GradientRecordEntry], length: int
     ) -> PackedGradients:
         """Write a packed array of one uncompressed chunk from the gradients' own memory
         (``_OneChunkPacked``); their columns, taken as it is written."""
-        chunk = _OneChunkPacked(small, length, self._pack_threshold, self)
-        document = array_metadata((chunk.length,), "uint8", (chunk.chunk_bytes,), self._compression)
-        self._array_documents[PACKED_ARRAY] = document
-        await writer.write_array(PACKED_ARRAY, dump_json(document), iter(chunk))
-        return PackedGradients(
-            b"", chunk.length, chunk.chunk_bytes, chunk.offsets, chunk.checksums, chunk.stats
-        )
+        chunk, document = self._one_chunk(small, length)
+        await writer.write_array(PACKED_ARRAY, document, iter(chunk))
+        return chunk.packed()
+
+    async def _write_and_commit_one_chunk(
+        self,
+        writer: SnapshotWriter,
+        small: list[GradientRecordEntry],
+        length: int,
+        manifest_of: Callable[[PackedGradients, dict[int, dict[str, Any]]], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """A snapshot that is one chunk of the packed array: the chunk written and the
+        snapshot committed in one step of the writer (``write_array_and_commit``), its
+        manifest made there once the chunk's checksums and stats are known; the manifest."""
+        chunk, document = self._one_chunk(small, length)
+        made: list[dict[str, Any]] = []
+
+        def group_metadata() -> bytes:
+            made.append(manifest_of(chunk.packed(), {}))
+            return _manifest_document(made[0], self._array_documents)
+
+        await writer.write_array_and_commit(PACKED_ARRAY, document, iter(chunk), group_metadata)
+        return made[0]
 
 
 def _stats_of_slices(

@@ -44,7 +44,8 @@ from ._commit_order import CommitOrder, CommitTurn
 from ._device_snapshot import DeviceSnapshot
 from ._device_stream import CupyCopier, RingPool
 
-#: how long a commit waits before its first step, so that start_snapshot returns at once
+#: how long a commit waits before its first step, so that start_snapshot returns at once,
+#: unless the caller waits for it first (``_HandBack``)
 _HANDBACK_SECONDS = 0.002
 #: the default bound on the bytes of snapshots captured and not yet committed
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
@@ -66,8 +67,15 @@ class SnapshotHandle(Generic[R]):
     finished.
     """
 
-    def __init__(self, future: concurrent.futures.Future[R], nbytes: int, num_params: int) -> None:
+    def __init__(
+        self,
+        future: concurrent.futures.Future[R],
+        nbytes: int,
+        num_params: int,
+        hand_back: _HandBack | None = None,
+    ) -> None:
         self._future: concurrent.futures.Future[R] = future
+        self._hand_back = hand_back
         self.nbytes = nbytes
         self.num_params = num_params
 
@@ -76,10 +84,53 @@ class SnapshotHandle(Generic[R]):
 
     def result(self, timeout: float | None = None) -> R:
         """The committed snapshot's info; re-raises the error if the commit failed."""
+        if self._hand_back is not None:
+            self._hand_back.now()  # the caller waits: nothing left to hand back to
         return self._future.result(timeout)
 
     def __await__(self) -> Generator[Any, None, R]:
+        if self._hand_back is not None:
+            self._hand_back.now()
         return asyncio.wrap_future(self._future).__await__()
+
+
+class _HandBack:
+    """When a commit takes its first step: ``_HANDBACK_SECONDS`` after its launch, so that
+    the caller's thread has the interpreter while ``start_snapshot`` returns, or as soon as
+    the caller waits for the commit (its thread is then blocked, competing for nothing).
+
+    ``now`` may be called from any thread; ``wait`` runs on the recorder's loop.
+    """
+
+    __slots__ = ("_loop", "_waiter", "_asked")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiter: asyncio.Future[None] | None = None
+        self._asked = False
+
+    def now(self) -> None:
+        """The caller waits for the commit: let it start at once."""
+        if not self._asked:
+            self._asked = True
+            self._loop.call_soon_threadsafe(self._release)
+
+    def _release(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Return once the commit may take its first step."""
+        if self._asked:
+            return
+        # on the loop, with no await before the waiter exists: a ``now`` from here on
+        # schedules a ``_release`` that finds it
+        self._waiter = self._loop.create_future()
+        timer = self._loop.call_later(_HANDBACK_SECONDS, self._release)
+        try:
+            await self._waiter
+        finally:
+            timer.cancel()
 
 
 class Recorder:
@@ -221,11 +272,12 @@ class Recorder:
             previous = self._last
             # a shard is published alone, after every commit started before it: no turn
             turn = None if shard else self._order.take()
-            future = self._submit(commit(captured, _Queued(turn, previous)))
+            hand_back = _HandBack(self._loop)
+            future = self._submit(commit(captured, _Queued(turn, previous, hand_back)))
             self._inflight[future] = nbytes
             self._last = (future, shard)
             future.add_done_callback(self._finished)
-            return SnapshotHandle(future, nbytes, count), captured
+            return SnapshotHandle(future, nbytes, count, hand_back), captured
 
     async def _commit(
         self,
@@ -239,7 +291,7 @@ class Recorder:
         assert turn is not None  # every whole snapshot takes one (_try_launch)
         with turn.held():  # released even if no write starts (the record cannot be built)
             await queued.after_shard()
-            record = await self._write_source(captured)
+            record = await self._write_source(captured, queued.hand_back)
             info = await self._store.write_snapshot(
                 record,
                 run=run,
@@ -265,7 +317,7 @@ class Recorder:
     ) -> ShardInfo:
         # a shard is published alone: after every commit started before it
         await queued.after_previous()
-        record = await self._write_source(captured)
+        record = await self._write_source(captured, queued.hand_back)
         snapshot_id, rank, world_size = shard
         written = await self._store.write_shard(
             record,
@@ -283,7 +335,7 @@ class Recorder:
         return written
 
     async def _write_source(
-        self, captured: GradientsCapture | GradientsParamsRecord
+        self, captured: GradientsCapture | GradientsParamsRecord, hand_back: _HandBack
     ) -> GradientsParamsRecord | DeviceSnapshot:
         """What the store writes: a host record, or the capture still on its CUDA device.
 
@@ -293,14 +345,14 @@ class Recorder:
         """
         device = captured.device if isinstance(captured, GradientsCapture) else "cpu"
         if device == "cpu" or "," in device:  # host arrays, or several devices: read whole
-            return await _host_record(captured)
+            return await _host_record(captured, hand_back)
         assert isinstance(captured, GradientsCapture)
         pool = self._ring_pools.get(device)
         if pool is None:
             index = array_backend.device(device).index or 0
             pool = RingPool(CupyCopier(index), slot_bytes=self._store.chunk_bytes)
             self._ring_pools[device] = pool
-        await asyncio.sleep(_HANDBACK_SECONDS)  # as _host_record: let start_snapshot return
+        await hand_back.wait()  # as _host_record: let start_snapshot return
         ids, names, arrays = zip(*captured.entries, strict=True) if len(captured) else ((), (), ())
         return DeviceSnapshot.of(ids, names, arrays, pool, {"device": device})
 
@@ -518,21 +570,24 @@ class _Queued:
     the order it becomes visible in; None for a shard) and the commit launched just
     before it."""
 
-    __slots__ = ("turn", "_previous")
+    __slots__ = ("turn", "_previous", "hand_back")
 
     def __init__(
         self,
         turn: CommitTurn | None,
         previous: tuple[concurrent.futures.Future[Any], bool] | None,
+        hand_back: _HandBack,
     ) -> None:
         self.turn = turn
         self._previous = previous
+        self.hand_back = hand_back
 
     async def after_previous(self) -> None:
         """Return once the commit launched before this one has finished (either way)."""
         if self._previous is not None:
             future, _ = self._previous
-            await asyncio.wait([asyncio.wrap_future(future)])
+            if not future.done():
+                await asyncio.wait([asyncio.wrap_future(future)])
 
     async def after_shard(self) -> None:
         """Return once a shard launched just before this snapshot has been published."""
@@ -549,11 +604,13 @@ def _checked_shard(snapshot_id: str, rank: int, world_size: int) -> tuple[str, i
     return parse_snapshot_id(snapshot_id), rank, world_size
 
 
-async def _host_record(captured: GradientsCapture | GradientsParamsRecord) -> GradientsParamsRecord:
+async def _host_record(
+    captured: GradientsCapture | GradientsParamsRecord, hand_back: _HandBack
+) -> GradientsParamsRecord:
     """The captured gradients as a host record (device reads in a thread, off the loop)."""
     # The caller's thread still has a few lines to run before start_snapshot returns;
     # waiting here (off the GIL) lets it have the interpreter, not wait for a switch.
-    await asyncio.sleep(_HANDBACK_SECONDS)
+    await hand_back.wait()
     if isinstance(captured, GradientsParamsRecord):
         return captured
     return await captured.to_record_async()

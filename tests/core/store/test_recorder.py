@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import gradvault.core as gv
 from gradvault.core import GradientsParams, ParamId, Recorder, RecorderError, SnapshotBusyError
 from gradvault.core.autodiff.tensor import wrap
+from gradvault.core.store import recorder as recorder_module
 
 
 @pytest.fixture
@@ -204,3 +206,27 @@ def test_a_failing_retention_does_not_hide_the_commit(recorder_factory, caplog) 
         info = recorder.sync.snapshot(_grads(1, [(3,)]), run="keep", step=0)
     assert [s.id for s in recorder.sync.list()] == [info.id]
     assert "retention failed" in caplog.text and "injected" in caplog.text
+
+
+def test_a_commit_the_caller_waits_for_starts_without_the_hand_back_delay(
+    recorder_factory, monkeypatch
+) -> None:
+    """A commit waits before its first step so that start_snapshot returns first, unless
+    its caller waits for it: ``result()`` (and ``await``) let it start at once. With the
+    delay made an hour, the waited-for commits still finish; one nobody waits for does
+    not start."""
+    monkeypatch.setattr(recorder_module, "_HANDBACK_SECONDS", 3600.0)
+    recorder = recorder_factory()
+    grads = _grads(5, [(64, 40), (300,)])
+    info = recorder.start_snapshot(grads, run="r", step=0).result(timeout=60)
+    assert info.step == 0
+
+    async def awaited() -> int:
+        return (await recorder.snapshot(grads, run="r", step=1)).step
+
+    assert asyncio.run(asyncio.wait_for(awaited(), 60)) == 1
+    idle = recorder.start_snapshot(grads, run="r", step=2)
+    time.sleep(0.5)
+    assert not idle.done()  # an hour before its first step
+    assert idle.result(timeout=60).step == 2  # waiting for it now starts it
+    assert sorted(info.step for info in recorder.sync.list()) == [0, 1, 2]
