@@ -29,6 +29,7 @@ import mmap
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -182,24 +183,33 @@ class _DirectFile:
         self._buffer = _aligned_buffer() if buffer is None else buffer
         self._filled = 0
 
+    def _copy_in(self, piece: memoryview, crc: int | None) -> int | None:
+        """Copy ``piece`` (it fits) to the buffer after what it holds; with ``crc``, the
+        crc32c continued over ``piece``, taken from the copy."""
+        target = self._buffer[self._filled : self._filled + len(piece)]
+        # NumPy copies without the GIL (a memoryview assignment holds it), so the
+        # threads writing other chunks copy at the same time
+        np.copyto(np.frombuffer(target, np.uint8), np.frombuffer(piece, np.uint8))
+        if crc is not None:
+            crc = crc32c(target, crc)
+        self._filled += len(piece)
+        return crc
+
     def add(self, piece: memoryview, crc: int | None) -> int | None:
         """Copy ``piece`` into the buffer (writing it out whenever it is full); with
         ``crc``, the crc32c continued over ``piece``, taken from the copy."""
         buffer = self._buffer
         while len(piece):
             take = min(len(piece), len(buffer) - self._filled)
-            target = buffer[self._filled : self._filled + take]
-            # NumPy copies without the GIL (a memoryview assignment holds it), so the
-            # threads writing other chunks copy at the same time
-            np.copyto(np.frombuffer(target, np.uint8), np.frombuffer(piece[:take], np.uint8))
-            if crc is not None:
-                crc = crc32c(target, crc)
-            self._filled += take
+            crc = self._copy_in(piece[:take], crc)
             piece = piece[take:]
             if self._filled == len(buffer):
                 self._write(buffer)
                 self._filled = 0
         return crc
+
+    def abandon(self) -> None:
+        """The write failed part way: nothing of this file is left in flight."""
 
     def finish(self) -> None:
         """Write what the buffer holds: its aligned part directly, the rest through the cache."""
@@ -224,6 +234,101 @@ class _DirectFile:
             write_all(self._fd, [view[written:]])
 
 
+#: A whole-file direct write of at least two of these is issued a piece at a time, as
+#: each is copied, by a thread of its own (:class:`_PiecedDirectFile`): the device writes
+#: one piece while the next is copied. Direct writes of 8 MiB in pieces of 1, 2 or 4 MiB,
+#: one after the other, took as long as one write of 8 MiB (5.1-5.2 ms here).
+PIECE_BYTES = 2 << 20
+
+
+class _PieceThread:
+    """The one thread that writes pieces (one whole-file buffer, so one file at a time);
+    made again in a process forked from one that had it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def submit(self, function: Callable[[], None]) -> Future[None]:
+        with self._lock:
+            if self._executor is None or self._pid != os.getpid():
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="gradvault-direct")
+                self._pid = os.getpid()
+            return self._executor.submit(function)
+
+
+_piece_thread = _PieceThread()
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    """Write ``view`` at ``offset``, however the kernel splits it."""
+    while len(view):
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+class _PiecedDirectFile(_DirectFile):
+    """Writes one file that fits the buffer whole: every PIECE_BYTES copied are handed to
+    the piece thread at once and written with O_DIRECT at their offset while the next
+    piece is copied; :meth:`finish` hands over the aligned rest, waits for every piece,
+    and writes the unaligned tail through the cache."""
+
+    def __init__(self, fd: int, path: str, direct: DirectWrites, buffer: memoryview) -> None:
+        super().__init__(fd, path, direct, buffer)
+        self._issued = 0
+        self._pending: list[Future[None]] = []
+
+    def add(self, piece: memoryview, crc: int | None) -> int | None:
+        crc = self._copy_in(piece, crc)
+        ready = self._filled - self._filled % PIECE_BYTES
+        if ready > self._issued:
+            self._issue(ready)
+        return crc
+
+    def finish(self) -> None:
+        aligned = self._filled - self._filled % DIRECT_ALIGNMENT
+        if aligned > self._issued:
+            self._issue(aligned)
+        self._wait(raising=True)
+        if self._filled > aligned:
+            _set_direct(self._fd, False)
+            _pwrite_all(self._fd, self._buffer[aligned : self._filled], aligned)
+
+    def abandon(self) -> None:
+        self._wait(raising=False)  # the buffer is given back once nothing reads it
+
+    def _issue(self, end: int) -> None:
+        start, self._issued = self._issued, end
+        self._pending.append(_piece_thread.submit(lambda: self._write_at(start, end)))
+
+    def _write_at(self, start: int, end: int) -> None:
+        """Write the buffer's bytes ``start:end`` at that offset (in the piece thread, the
+        pieces in order), directly; where refused or short, the rest through the cache."""
+        view = self._buffer[start:end]
+        try:
+            written = os.pwrite(self._fd, view, start)
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+            self._direct.refused(self._path, error)
+            written = 0
+        if written < len(view):
+            _set_direct(self._fd, False)
+            _pwrite_all(self._fd, view[written:], start + written)
+
+    def _wait(self, raising: bool) -> None:
+        pending, self._pending = self._pending, []
+        failure: BaseException | None = None
+        for future in pending:
+            try:
+                future.result()
+            except BaseException as error:  # noqa: BLE001 - every piece is waited for
+                failure = failure or error
+        if failure is not None and raising:
+            raise failure
+
+
 def _write_direct(
     fd: int, path: str, buffers: list[Any], direct: DirectWrites, whole_file: bool
 ) -> None:
@@ -242,21 +347,31 @@ def _write_direct_through(
     fd: int, path: str, buffers: list[Any], direct: DirectWrites, whole: mmap.mmap | None
 ) -> None:
     views, visits, trailer = _split_trailer(buffers)
-    out = _DirectFile(fd, path, direct, None if whole is None else memoryview(whole))
+    out: _DirectFile
+    if whole is None:
+        out = _DirectFile(fd, path, direct)
+    elif _length(buffers) >= 2 * PIECE_BYTES:
+        out = _PiecedDirectFile(fd, path, direct, memoryview(whole))
+    else:
+        out = _DirectFile(fd, path, direct, memoryview(whole))
     crc = None if trailer is None else 0
-    for view, visit in zip(views, visits, strict=True):
-        for start in range(0, len(view), SLICE_BYTES):
-            piece = view[start : start + SLICE_BYTES]
-            crc = out.add(piece, crc)
-            if visit is not None:  # just copied: still in the CPU's cache
-                visit(piece)
-            release_pages(piece)  # copied out: a mapped upload's slice may go
+    try:
+        for view, visit in zip(views, visits, strict=True):
+            for start in range(0, len(view), SLICE_BYTES):
+                piece = view[start : start + SLICE_BYTES]
+                crc = out.add(piece, crc)
+                if visit is not None:  # just copied: still in the CPU's cache
+                    visit(piece)
+                release_pages(piece)  # copied out: a mapped upload's slice may go
+            if trailer is not None:
+                assert crc is not None
+                trailer.add(crc)
         if trailer is not None:
-            assert crc is not None
-            trailer.add(crc)
-    if trailer is not None:
-        out.add(memoryview(trailer.value()), None)
-    out.finish()
+            out.add(memoryview(trailer.value()), None)
+        out.finish()
+    except BaseException:
+        out.abandon()
+        raise
 
 
 def _try_direct(fd: int, path: str, direct: DirectWrites) -> bool:

@@ -38,6 +38,10 @@ ALLOWED = {
     ("core/store/test_file_writes.py", "gradvault.core.store._checksums"): (
         "the crc32c trailer those writes fill (Crc32cTrailer), compared across both ways"
     ),
+    ("core/store/test_recorder.py", "_HANDBACK_SECONDS"): (
+        "the recorder's hand-back delay made an hour, so that only a caller waiting on the "
+        "handle can start the commit; no setting changes that delay"
+    ),
     ("core/store/test_recorder_queue.py", "gradvault.core.store._commit_order"): (
         "CommitOrder on its own: the order the Recorder's commits become visible in, "
         "which the store package keeps to itself"

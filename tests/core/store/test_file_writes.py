@@ -9,7 +9,7 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import google_crc32c
@@ -20,12 +20,13 @@ import gradvault.core.store._file_writes as file_writes
 from gradvault.core import ParamId
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import open_store
-from gradvault.core.store._checksums import Crc32cTrailer
+from gradvault.core.store._checksums import Crc32cTrailer, ReadAlong
 from gradvault.core.store._file_writes import (
     DIRECT_ALIGNMENT,
     DIRECT_BUFFER_BYTES,
     DIRECT_MIN_BYTES,
     O_DIRECT,
+    PIECE_BYTES,
     DirectWrites,
     write_file,
 )
@@ -133,6 +134,138 @@ def test_a_file_system_refusing_the_flag_gets_a_buffered_write(
     write_file(str(tmp_path / "b"), parts, direct)  # not tried again
     assert len(refused) == 1
     assert (tmp_path / "b").read_bytes() == expected_file(data)
+
+
+def direct_pwrites_seen(
+    monkeypatch: pytest.MonkeyPatch, fail: Callable[[int], OSError | None] = lambda n: None
+) -> list[tuple[int, int]]:
+    """Records (offset, length) of every os.pwrite made while O_DIRECT is set on the
+    descriptor; ``fail(n)`` may give an error for the n-th of them (counted from 0)."""
+    seen: list[tuple[int, int]] = []
+    real_pwrite = os.pwrite
+
+    def spying_pwrite(fd: int, data, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT:
+            seen.append((offset, len(data)))
+            error = fail(len(seen) - 1)
+            if error is not None:
+                raise error
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", spying_pwrite)
+    return seen
+
+
+PIECED_SIZES = [
+    2 * PIECE_BYTES - 4,  # with the trailer, exactly two pieces
+    2 * PIECE_BYTES + 12345,
+    5 * PIECE_BYTES + DIRECT_ALIGNMENT - 3,
+]
+
+
+@needs_o_direct
+@pytest.mark.parametrize("size", PIECED_SIZES)
+@pytest.mark.parametrize("padding", [0, 100])
+def test_a_whole_file_written_in_pieces_gives_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, padding: int
+) -> None:
+    """A file that fits the whole-file buffer goes to the device a piece at a time, each
+    at its offset, as it is copied; the bytes and the trailer are the buffered write's."""
+    data = payload(size, seed=size)
+    direct = DirectWrites()
+    seen = direct_pwrites_seen(monkeypatch)
+    parts, trailer = chunk_parts(data, padding)
+    write_file(str(tmp_path / "pieced"), parts, direct, whole_file=True)
+    buffered_parts, buffered_trailer = chunk_parts(data, padding)
+    write_file(str(tmp_path / "buffered"), buffered_parts)
+    assert (tmp_path / "pieced").read_bytes() == expected_file(data, padding)
+    assert trailer.running == buffered_trailer.running
+    if direct.enabled:
+        aligned = (size + padding + 4) // DIRECT_ALIGNMENT * DIRECT_ALIGNMENT
+        assert len(seen) >= 2
+        assert [offset for offset, _ in seen] == sorted(offset for offset, _ in seen)
+        ends = [offset + length for offset, length in seen]
+        assert [0, *ends[:-1]] == [offset for offset, _ in seen]  # back to back, in order
+        assert ends[-1] == aligned
+        assert all(length % DIRECT_ALIGNMENT == 0 for _, length in seen)
+        assert all(offset % PIECE_BYTES == 0 for offset, _ in seen)
+
+
+@needs_o_direct
+@pytest.mark.parametrize("refused_at", [0, 1])
+def test_a_piece_refused_goes_through_the_cache_with_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_at: int
+) -> None:
+    """The flag is taken but a piece's direct write fails with EINVAL: that piece and every
+    later one go through the page cache; the file is the same bytes."""
+
+    def einval(n: int) -> OSError | None:
+        return OSError(errno.EINVAL, "Invalid argument (injected)") if n >= refused_at else None
+
+    seen = direct_pwrites_seen(monkeypatch, einval)
+    direct = DirectWrites()
+    data = payload(3 * PIECE_BYTES + 99, seed=6)
+    parts, trailer = chunk_parts(data, padding=8)
+    write_file(str(tmp_path / "chunk"), parts, direct, whole_file=True)
+    assert len(seen) == refused_at + 1
+    assert not direct.enabled
+    assert (tmp_path / "chunk").read_bytes() == expected_file(data, padding=8)
+    assert trailer.value() == expected_file(data, padding=8)[-4:]
+
+
+@needs_o_direct
+def test_a_failed_piece_fails_the_write_and_gives_the_buffer_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A piece the device refuses (a full disk) fails the file's write with that error,
+    once every piece in flight is done; the whole-file buffer is free again."""
+
+    def full_disk(n: int) -> OSError | None:
+        return OSError(errno.ENOSPC, "No space left on device (injected)") if n == 1 else None
+
+    direct_pwrites_seen(monkeypatch, full_disk)
+    data = payload(4 * PIECE_BYTES, seed=7)
+    parts, _ = chunk_parts(data)
+    with pytest.raises(OSError) as raised:
+        write_file(str(tmp_path / "chunk"), parts, DirectWrites(), whole_file=True)
+    assert raised.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    parts, _ = chunk_parts(data)
+    seen = direct_pwrites_seen(monkeypatch)
+    write_file(str(tmp_path / "again"), parts, DirectWrites(), whole_file=True)
+    assert len(seen) >= 2  # the whole-file buffer was lent again, not lost
+    assert (tmp_path / "again").read_bytes() == expected_file(data)
+
+
+@needs_o_direct
+def test_a_failure_while_copying_waits_for_the_pieces_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader along the bytes that fails (here after two pieces were handed over) fails
+    the write; the pieces already handed to the device are finished before the buffer
+    goes back, and the next whole-file write gets it."""
+    seen = direct_pwrites_seen(monkeypatch)
+    data = payload(4 * PIECE_BYTES + 5, seed=8)
+    visited: list[int] = []
+
+    def visit(piece: memoryview) -> None:
+        visited.append(len(piece))
+        if sum(visited) > 2 * PIECE_BYTES:
+            raise ValueError("stats failed (injected)")
+
+    with pytest.raises(ValueError, match="injected"):
+        write_file(
+            str(tmp_path / "chunk"),
+            [ReadAlong(memoryview(data), visit), Crc32cTrailer()],
+            DirectWrites(),
+            whole_file=True,
+        )
+    assert seen  # a piece was on its way when the copy failed
+    seen.clear()
+    parts, _ = chunk_parts(data)
+    write_file(str(tmp_path / "again"), parts, DirectWrites(), whole_file=True)
+    assert len(seen) >= 2
+    assert (tmp_path / "again").read_bytes() == expected_file(data)
 
 
 @needs_o_direct
