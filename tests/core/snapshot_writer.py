@@ -14,14 +14,15 @@ import numpy as np
 import gradvault.core as gv
 from gradvault.core.autodiff.tensor import wrap
 
-SHAPES = [(256, 1024), (1024,), (64, 64), (3,)]
+#: 5 MiB and a few small ones: one packed chunk, written to the device in 2 MiB pieces
+SHAPES = [(1280, 1024), (1024,), (64, 64), (3,)]
 
 
-def seeded_grads(seed: int) -> gv.GradientsParams:
+def seeded_grads(seed: int, shapes: list[tuple[int, ...]] = SHAPES) -> gv.GradientsParams:
     """The gradients a writer snapshots for ``seed``: ids and values both follow the seed."""
     rng = np.random.default_rng(seed)
     grads = gv.GradientsParams()
-    for index, shape in enumerate(SHAPES):
+    for index, shape in enumerate(shapes):
         array = rng.standard_normal(shape).astype(np.float32)
         pid = gv.ParamId(int(rng.integers(0, 2**63)))
         grads.register(pid, wrap(array), name=f"layer{index}")

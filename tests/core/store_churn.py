@@ -19,6 +19,8 @@ from .snapshot_writer import seeded_grads
 
 #: Small chunks and a small pack threshold: many files per snapshot, so many steps to race.
 CHUNK_BYTES = 64 * 1024
+#: 1 MiB and a few small gradients: 16 chunk files of the largest
+SHAPES = [(256, 1024), (1024,), (64, 64), (3,)]
 PACK_THRESHOLD = 2048
 KEEP_LAST = 3
 
@@ -52,7 +54,7 @@ async def churn(url: str, name: str, count: int) -> None:
         stall_before_commits(store, random.Random(name))
         for step in range(count):
             seed = hash((name, step)) % (2**31)
-            record = seeded_grads(seed).try_to_record()
+            record = seeded_grads(seed, SHAPES).try_to_record()
             try:
                 info = await store.write_snapshot(
                     record, run=name, step=step, tags={"seed": str(seed)}

@@ -677,15 +677,20 @@ def test_a_compression_that_is_not_text_is_refused_naming_it(compression: object
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+@pytest.mark.parametrize("large", [False, True], ids=["small", "written-in-pieces"])
 async def test_a_snapshot_of_one_chunk_is_one_packed_chunk_fsynced_in_three_rounds(
-    tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch, large: bool
 ) -> None:
     """Every gradient of a snapshot no longer than a chunk is packed, large ones included:
     one chunk file, one array document, two folders; every file and folder is fsynced
     before the manifest, the manifest and the staging folder before the rename, and
-    snapshots/ after it."""
+    snapshots/ after it. The same when the chunk is long enough to go to the device in
+    pieces (at least two PIECE_BYTES)."""
     store = open_store(tmp_path, pack_threshold=512)
-    record = make_record(varied_arrays(5))
+    arrays = varied_arrays(5)
+    if large:
+        arrays["big"] = np.random.default_rng(3).standard_normal(5 << 18).astype(np.float32)
+    record = make_record(arrays)
     await store.write_snapshot(record, run="r", step=0)  # the store's own folders exist
     events = record_fsyncs_and_renames(monkeypatch)
     info = await store.write_snapshot(record, run="r", step=1)

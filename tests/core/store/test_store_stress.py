@@ -25,6 +25,7 @@ from gradvault.core.store import GC_MARKER_NAME, SnapshotStore, open_store
 
 from ..conftest import S3_BUCKET, S3_CREDENTIALS
 from ..snapshot_writer import seeded_grads
+from ..store_churn import SHAPES as CHURN_SHAPES
 
 ROOT = Path(__file__).resolve().parents[3]
 WRITERS = 4
@@ -55,7 +56,7 @@ def _record_bytes(record) -> dict[ParamId, bytes]:
 
 
 def _grads_bytes(seed: int) -> dict[ParamId, bytes]:
-    grads = seeded_grads(seed)
+    grads = seeded_grads(seed, CHURN_SHAPES)
     return {pid: grads.get(pid).numpy().tobytes() for pid in grads}
 
 
