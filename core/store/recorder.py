@@ -84,12 +84,12 @@ class SnapshotHandle(Generic[R]):
 
     def result(self, timeout: float | None = None) -> R:
         """The committed snapshot's info; re-raises the error if the commit failed."""
-        if self._hand_back is not None:
+        if self._hand_back is not None and not self._future.done():
             self._hand_back.now()  # the caller waits: nothing left to hand back to
         return self._future.result(timeout)
 
     def __await__(self) -> Generator[Any, None, R]:
-        if self._hand_back is not None:
+        if self._hand_back is not None and not self._future.done():
             self._hand_back.now()
         return asyncio.wrap_future(self._future).__await__()
 
@@ -113,7 +113,10 @@ class _HandBack:
         """The caller waits for the commit: let it start at once."""
         if not self._asked:
             self._asked = True
-            self._loop.call_soon_threadsafe(self._release)
+            try:
+                self._loop.call_soon_threadsafe(self._release)
+            except RuntimeError:  # the loop is closed: the recorder saw every commit end
+                pass
 
     def _release(self) -> None:
         if self._waiter is not None and not self._waiter.done():

@@ -230,3 +230,18 @@ def test_a_commit_the_caller_waits_for_starts_without_the_hand_back_delay(
     assert not idle.done()  # an hour before its first step
     assert idle.result(timeout=60).step == 2  # waiting for it now starts it
     assert sorted(info.step for info in recorder.sync.list()) == [0, 1, 2]
+
+
+def test_a_handle_waited_for_after_close_gives_its_snapshot(recorder_factory) -> None:
+    """close() lets every commit in flight finish; their handles, waited for afterwards (in
+    sync or async code), give the committed snapshots, not an error about the closed loop."""
+    recorder = recorder_factory()
+    grads = _grads(6, [(64, 40), (300,)])
+    handles = [recorder.start_snapshot(grads, run="r", step=step) for step in range(3)]
+    recorder.close()
+    assert [handle.result(timeout=60).step for handle in handles[:2]] == [0, 1]
+
+    async def awaited() -> int:
+        return (await handles[2]).step
+
+    assert asyncio.run(awaited()) == 2
