@@ -243,18 +243,21 @@ PIECE_BYTES = 2 << 20
 
 class _PieceThread:
     """The one thread that writes pieces (one whole-file buffer, so one file at a time);
-    made again in a process forked from one that had it."""
+    made again in a process forked from one that had it (its thread is not there)."""
 
     def __init__(self) -> None:
+        self._forked()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        self._pid = 0
 
     def submit(self, function: Callable[[], None]) -> Future[None]:
         with self._lock:
-            if self._executor is None or self._pid != os.getpid():
+            if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="gradvault-direct")
-                self._pid = os.getpid()
             return self._executor.submit(function)
 
 

@@ -8,7 +8,9 @@ import errno
 import fcntl
 import os
 import shutil
+import signal
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -339,3 +341,31 @@ async def test_a_store_writes_and_reads_back_with_or_without_o_direct(folders) -
             restored = await store.read_snapshot(info.id)
             assert [e.array.tobytes() for e in restored] == [a.tobytes() for a in arrays]
             assert store.backend.direct.enabled == takes_o_direct(folder), folder
+
+
+@needs_o_direct
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_process_writes_in_pieces_too(tmp_path: Path) -> None:
+    """The piece thread of the process that forked is not in the child: the child makes
+    its own, and its whole-file write finishes with the same bytes."""
+    data = payload(3 * PIECE_BYTES + 7, seed=9)
+    parts, _ = chunk_parts(data)
+    write_file(str(tmp_path / "parent"), parts, DirectWrites(), whole_file=True)
+    pid = os.fork()
+    if pid == 0:  # the child: write, then leave without running the parent's clean-up
+        code = 1
+        try:
+            parts, _ = chunk_parts(data)
+            write_file(str(tmp_path / "child"), parts, DirectWrites(), whole_file=True)
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (status := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if status[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's write did not finish within 60 s")
+    assert os.waitstatus_to_exitcode(status[1]) == 0
+    assert (tmp_path / "child").read_bytes() == expected_file(data)
