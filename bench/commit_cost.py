@@ -33,6 +33,7 @@ import numpy as np
 
 from bench._timing import Row, interleaved, print_rows
 from bench.mlp_step import BATCH, CLASSES, WIDTH
+from bench.store_io import fsync_path
 
 ROUNDS = 30
 DIRECT_ALIGNMENT = 4096
@@ -54,14 +55,6 @@ def _mlp_gradients() -> object:
     y = gv.tensor(rng.integers(0, CLASSES, BATCH))
     loss = gv.cross_entropy(model(x), y)
     return gv.GradientsParams.from_grads(loss.backward(), model)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _writev_file(path: Path, arrays: list[np.ndarray]) -> None:
@@ -148,11 +141,11 @@ def measure_sides(root: Path, rounds: int = ROUNDS) -> dict[str, tuple[list[floa
 
     def safetensors_write(path: Path) -> None:
         safetensors.numpy.save_file(tensors, path)
-        _fsync_file(path)
+        fsync_path(path)
 
     def torch_write(path: Path) -> None:
         torch.save(torch_tensors, path)
-        _fsync_file(path)
+        fsync_path(path)
 
     sides: dict[str, Callable[[], float]] = {}
     side("gradvault", ours, forget_ours)

@@ -26,7 +26,8 @@ CASES = {
 }
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync the file at ``path`` (what each peer does after writing it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -110,7 +111,7 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
 
     def safetensors_write(folder: Path) -> None:
         safetensors.numpy.save_file(tensors, folder / "g.safetensors")
-        _fsync_path(folder / "g.safetensors")
+        fsync_path(folder / "g.safetensors")
 
     writes = interleaved(
         {
@@ -148,7 +149,7 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
     snapshot_folder = root / "store" / "snapshots" / info.id
     _raw_write(arrays, keep / "raw.bin")
     safetensors.numpy.save_file(tensors, keep / "g.safetensors")
-    _fsync_path(keep / "g.safetensors")
+    fsync_path(keep / "g.safetensors")
 
     def ours_read() -> None:
         restored = recorder.sync.restore(info.id, "cpu")

@@ -13,7 +13,21 @@ from typing import Any
 
 from gradvault.client import Target
 from gradvault.core import GradientsParamsRecord, Recorder
+from gradvault.core.records.record_rules import check_snapshot_fields
 from gradvault.core.store import RetentionRules
+
+
+def check_schedule(every: int | None, on_sigterm: bool, run: str | None) -> None:
+    """A callback's ``every``, ``on_sigterm`` and ``run``, checked before training starts."""
+    if every is not None:
+        if type(every) is not int:
+            raise TypeError(f"every must be an int >= 1 or None; got {every!r}")
+        if every < 1:
+            raise ValueError(f"every must be an int >= 1 or None; got {every}")
+    if type(on_sigterm) is not bool:
+        raise TypeError(f"on_sigterm must be True or False; got {on_sigterm!r}")
+    if run is not None:
+        check_snapshot_fields(run, 0, None)
 
 
 class SnapshotTarget:

@@ -38,3 +38,8 @@ RankQuery = Annotated[
         "refused for a snapshot written whole",
     ),
 ]
+
+# the fields of an upload: the whole snapshot's and each rank's shard's
+RunQuery = Annotated[str, Query(min_length=1, description="the run the snapshot belongs to")]
+StepQuery = Annotated[int, Query(ge=0, le=MAX_STEP, description="the training step")]
+TagsQuery = Annotated[str | None, Query(description='a JSON object of strings, e.g. {"lr": "0.1"}')]

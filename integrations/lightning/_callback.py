@@ -23,11 +23,10 @@ from lightning.pytorch.strategies import (
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from gradvault.core.errors import ResumeStateError, UnsupportedSetupError
-from gradvault.core.records.record_rules import check_snapshot_fields
 
 from .._grads import restore_gradients, snapshot_gradients
 from .._rng import RngStates
-from .._target import SnapshotTarget
+from .._target import SnapshotTarget, check_schedule
 from ._loop_internals import batches_processed, restart_training_iterator, training_loaders
 from ._ranks import gather_from_ranks
 
@@ -74,15 +73,7 @@ class GradvaultCallback(OnExceptionCheckpoint):
         dirpath: str | os.PathLike[str] | None = None,
         store_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if every is not None:
-            if type(every) is not int:
-                raise TypeError(f"every must be an int >= 1 or None; got {every!r}")
-            if every < 1:
-                raise ValueError(f"every must be an int >= 1 or None; got {every}")
-        if type(on_sigterm) is not bool:
-            raise TypeError(f"on_sigterm must be True or False; got {on_sigterm!r}")
-        if run is not None:
-            check_snapshot_fields(run, 0, None)
+        check_schedule(every, on_sigterm, run)
         folder = Path(dirpath) if dirpath is not None else Path.cwd() / "gradvault"
         super().__init__(os.fspath(folder), filename=self.FILENAME)
         self.target = SnapshotTarget(

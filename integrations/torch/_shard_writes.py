@@ -44,6 +44,22 @@ class ShardWrite:
         tags: Mapping[str, str],
     ) -> None:
         """Begin writing ``record`` as rank ``rank``'s shard of ``snapshot_id``."""
+        self._pending = self._begin(
+            record,
+            {
+                "snapshot_id": snapshot_id,
+                "rank": rank,
+                "world_size": world_size,
+                "run": run,
+                "step": step,
+                "tags": tags,
+            },
+        )
+
+    def _begin(
+        self, record: GradientsParamsRecord, shard: dict[str, Any]
+    ) -> SnapshotHandle[ShardInfo] | concurrent.futures.Future[ShardInfo]:
+        """The running write of ``record``; ``shard`` holds :meth:`start`'s keywords."""
         raise NotImplementedError
 
     def done(self) -> bool:
@@ -73,26 +89,10 @@ class _StoreWrite(ShardWrite):
         super().__init__()
         self._recorder = where.recorder(**store_options)
 
-    def start(
-        self,
-        record: GradientsParamsRecord,
-        *,
-        snapshot_id: str,
-        rank: int,
-        world_size: int,
-        run: str,
-        step: int,
-        tags: Mapping[str, str],
-    ) -> None:
-        self._pending = self._recorder.start_snapshot_shard(
-            record,
-            snapshot_id=snapshot_id,
-            rank=rank,
-            world_size=world_size,
-            run=run,
-            step=step,
-            tags=tags,
-        )
+    def _begin(
+        self, record: GradientsParamsRecord, shard: dict[str, Any]
+    ) -> SnapshotHandle[ShardInfo]:
+        return self._recorder.start_snapshot_shard(record, **shard)
 
     def _release(self, ended: bool) -> None:
         if ended:  # the recorder's close would wait for a write that has not
@@ -109,29 +109,11 @@ class _ServiceUpload(ShardWrite):
             max_workers=1, thread_name_prefix="gradvault-shard-upload"
         )
 
-    def start(
-        self,
-        record: GradientsParamsRecord,
-        *,
-        snapshot_id: str,
-        rank: int,
-        world_size: int,
-        run: str,
-        step: int,
-        tags: Mapping[str, str],
-    ) -> None:
+    def _begin(
+        self, record: GradientsParamsRecord, shard: dict[str, Any]
+    ) -> concurrent.futures.Future[ShardInfo]:
         client = self._client
-        self._pending = self._uploads.submit(
-            lambda: client.push_shard(
-                record,
-                snapshot_id=snapshot_id,
-                rank=rank,
-                world_size=world_size,
-                run=run,
-                step=step,
-                tags=tags,
-            )
-        )
+        return self._uploads.submit(lambda: client.push_shard(record, **shard))
 
     def _release(self, ended: bool) -> None:
         self._uploads.shutdown(wait=False)

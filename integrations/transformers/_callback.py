@@ -16,11 +16,10 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from gradvault.core import GradientsParams
 from gradvault.core.errors import UnsupportedSetupError
-from gradvault.core.records.record_rules import check_snapshot_fields
 
 from .._grads import snapshot_gradients
 from .._ranks import any_rank
-from .._target import SnapshotTarget
+from .._target import SnapshotTarget, check_schedule
 from ._folder import prune_older
 from ._protocol import WindowSnapshot, WindowTrainer
 
@@ -65,15 +64,7 @@ class GradvaultCallback(TrainerCallback):
         keep_last: int | None = None,
         store_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if every is not None:
-            if type(every) is not int:
-                raise TypeError(f"every must be an int >= 1 or None; got {every!r}")
-            if every < 1:
-                raise ValueError(f"every must be an int >= 1 or None; got {every}")
-        if type(on_sigterm) is not bool:
-            raise TypeError(f"on_sigterm must be True or False; got {on_sigterm!r}")
-        if run is not None:
-            check_snapshot_fields(run, 0, None)
+        check_schedule(every, on_sigterm, run)
         self.target = SnapshotTarget(
             target, token=token, keep_last=keep_last, store_options=store_options
         )

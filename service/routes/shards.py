@@ -11,10 +11,10 @@ from gradvault.core.store import check_rank, parse_snapshot_id
 
 from ..deps import IndexDep, MetricsDep, SettingsDep, StoreDep, WriteAccess
 from ..error_handlers import error_responses
-from ..params import MAX_STEP, SnapshotIdPath
+from ..params import RunQuery, SnapshotIdPath, StepQuery, TagsQuery
 from ..schemas import ShardInfo
 from ..uploads import parse_tags, receive_upload, remove_spool
-from .snapshots import SAFETENSORS_BODY
+from .snapshots import SAFETENSORS_BODY, created
 
 router = APIRouter(prefix="/v1/snapshots/{snapshot_id}/shards", tags=["shards"])
 
@@ -25,15 +25,10 @@ router = APIRouter(prefix="/v1/snapshots/{snapshot_id}/shards", tags=["shards"])
     response_model=ShardInfo,
     dependencies=[WriteAccess],
     responses={
-        201: {
-            "description": "The shard is durable; `committed` says whether the snapshot is",
-            "headers": {
-                "Location": {
-                    "description": "the snapshot's URL, when this upload committed it",
-                    "schema": {"type": "string"},
-                }
-            },
-        },
+        201: created(
+            "The shard is durable; `committed` says whether the snapshot is",
+            "the snapshot's URL, when this upload committed it",
+        ),
         **error_responses(400, 401, 403, 413, 422, 503, 507),
     },
     openapi_extra={"requestBody": SAFETENSORS_BODY},
@@ -48,11 +43,9 @@ async def upload_shard(
     settings: SettingsDep,
     rank: Annotated[int, Query(ge=0, description="this shard's rank, 0..world_size-1")],
     world_size: Annotated[int, Query(ge=1, description="the job's number of ranks")],
-    run: Annotated[str, Query(min_length=1, description="the run the snapshot belongs to")],
-    step: Annotated[int, Query(ge=0, le=MAX_STEP, description="the training step")],
-    tags: Annotated[
-        str | None, Query(description='a JSON object of strings, e.g. {"lr": "0.1"}')
-    ] = None,
+    run: RunQuery,
+    step: StepQuery,
+    tags: TagsQuery = None,
 ) -> ShardInfo:
     """Upload a safetensors file (streamed) as rank ``rank``'s shard of the sharded snapshot
     ``snapshot_id``; the snapshot commits with the upload that completes its ranks."""

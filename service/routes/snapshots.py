@@ -13,7 +13,15 @@ from gradvault.core.store import parse_snapshot_id
 
 from ..deps import IndexDep, MetricsDep, ReadAccess, SettingsDep, StoreDep, WriteAccess
 from ..error_handlers import error_responses
-from ..params import MAX_STEP, SNAPSHOT_ID_PATTERN, RankQuery, SnapshotIdPath
+from ..params import (
+    MAX_STEP,
+    SNAPSHOT_ID_PATTERN,
+    RankQuery,
+    RunQuery,
+    SnapshotIdPath,
+    StepQuery,
+    TagsQuery,
+)
 from ..queries import snapshot_manifest
 from ..schemas import (
     GradientStats,
@@ -130,21 +138,22 @@ SAFETENSORS_BODY = {
 }
 
 
+def created(description: str, location: str) -> dict[str, Any]:
+    """An upload's 201 response in the OpenAPI schema: ``description``, and the
+    ``Location`` header described as ``location``."""
+    return {
+        "description": description,
+        "headers": {"Location": {"description": location, "schema": {"type": "string"}}},
+    }
+
+
 @router.post(
     "",
     status_code=201,
     response_model=SnapshotSummary,
     dependencies=[WriteAccess],
     responses={
-        201: {
-            "description": "Committed",
-            "headers": {
-                "Location": {
-                    "description": "the new snapshot's URL",
-                    "schema": {"type": "string"},
-                }
-            },
-        },
+        201: created("Committed", "the new snapshot's URL"),
         **error_responses(400, *_AUTH_ERRORS, 413, 422, 503, 507),
     },
     openapi_extra={"requestBody": SAFETENSORS_BODY},
@@ -156,11 +165,9 @@ async def upload_snapshot(
     index: IndexDep,
     metrics: MetricsDep,
     settings: SettingsDep,
-    run: Annotated[str, Query(min_length=1, description="the run the snapshot belongs to")],
-    step: Annotated[int, Query(ge=0, le=MAX_STEP, description="the training step")],
-    tags: Annotated[
-        str | None, Query(description='a JSON object of strings, e.g. {"lr": "0.1"}')
-    ] = None,
+    run: RunQuery,
+    step: StepQuery,
+    tags: TagsQuery = None,
 ) -> SnapshotSummary:
     """Upload a safetensors file (streamed) as a new snapshot; its summary once committed."""
     run, step, tag_map = check_snapshot_fields(run, step, parse_tags(tags))

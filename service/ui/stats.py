@@ -27,6 +27,11 @@ STATS_CACHE_ENTRIES = 200_000
 MAX_NONFINITE_LISTED = 1_000
 
 
+def _summary_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The fields every snapshot's stats take from its (top) manifest as they are."""
+    return {key: manifest[key] for key in ("id", "run", "step", "created_at", "nbytes")}
+
+
 def _as_float(value: float | str) -> float:
     """A manifest number; the string ``"Infinity"`` (an overflowed norm) as ``inf``."""
     return math.inf if value == "Infinity" else float(value)
@@ -63,11 +68,7 @@ class SnapshotStats:
         """A sharded snapshot's stats: its ranks' gradients one after another, in rank order
         (a ParamId that several ranks hold is there once per rank)."""
         return cls(
-            id=manifest["id"],
-            run=manifest["run"],
-            step=manifest["step"],
-            created_at=manifest["created_at"],
-            nbytes=manifest["nbytes"],
+            **_summary_of(manifest),
             param_ids=tuple(p for rank in ranks for p in rank.param_ids),
             names=tuple(n for rank in ranks for n in rank.names),
             l2_norms=tuple(v for rank in ranks for v in rank.l2_norms),
@@ -83,11 +84,7 @@ class SnapshotStats:
         table = manifest.get("gradients") or {"param_id": [], "name": [], "stats": {}}
         stats = table["stats"] or {key: [] for key in _STATS}
         return cls(
-            id=manifest["id"],
-            run=manifest["run"],
-            step=manifest["step"],
-            created_at=manifest["created_at"],
-            nbytes=manifest["nbytes"],
+            **_summary_of(manifest),
             param_ids=tuple(table["param_id"]),
             names=tuple(table["name"]),
             l2_norms=tuple(_as_float(value) for value in stats["l2_norm"]),
