@@ -138,3 +138,52 @@ def use_device(dev: Device) -> Any:
 def xp_of(array: Any) -> ModuleType:
     """The array module that owns ``array``."""
     return np if isinstance(array, np.ndarray | np.generic) else _cupy()
+
+
+#: Host arrays of at least this many bytes that the engine makes for results (a matrix
+#: product, a gradient's copy or sum) start at a multiple of PAGE_ALIGNMENT: the local store
+#: writes such a gradient to disk with O_DIRECT straight from its memory, which needs an
+#: aligned address, instead of copying it into an aligned buffer first. Smaller ones are
+#: packed by copying anyway.
+ALIGNED_MIN_BYTES = 64 << 10
+PAGE_ALIGNMENT = 4096
+
+
+def empty(xp: ModuleType, shape: tuple[int, ...], dtype: Any) -> Any:
+    """``xp.empty(shape, dtype)`` (C order), page-aligned on the host when it is large."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if xp is not np or nbytes < ALIGNED_MIN_BYTES:
+        return xp.empty(shape, dtype)
+    raw = np.empty(nbytes + PAGE_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % PAGE_ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def empty_like(array: Any) -> Any:
+    """An uninitialised array of ``array``'s shape and dtype, C order (see :func:`empty`)."""
+    return empty(xp_of(array), array.shape, array.dtype)
+
+
+def matmul(a: Any, b: Any) -> Any:
+    """``a @ b``; on the host, a large result of two arrays of one floating dtype, both at
+    least 2-d, goes into a page-aligned array (:func:`empty`)."""
+    xp = xp_of(a)
+    if (
+        xp is np
+        and isinstance(a, np.ndarray)
+        and isinstance(b, np.ndarray)
+        and a.ndim >= 2
+        and b.ndim >= 2
+        and a.dtype == b.dtype
+        and a.dtype.kind in "fc"
+        and a.shape[-1] == b.shape[-2]
+    ):
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            return xp.matmul(a, b)  # NumPy's own error
+        shape = (*batch, a.shape[-2], b.shape[-1])
+        if int(np.prod(shape, dtype=np.int64)) * a.dtype.itemsize >= ALIGNED_MIN_BYTES:
+            return np.matmul(a, b, out=empty(np, shape, a.dtype))
+    return xp.matmul(a, b)

@@ -600,7 +600,12 @@ class Tensor:
         that neither can reach the buffer a snapshot holds (copy-on-write).
         """
         if self._cow:
-            self._data = self._data.copy(order="K")
+            data = self._data
+            if data.flags.c_contiguous:  # page-aligned when large (backend.empty)
+                self._data = backend.empty_like(data)
+                self._data[...] = data
+            else:
+                self._data = data.copy(order="K")
             self._cow = False
 
     def _alias_array(self) -> Any:
@@ -690,8 +695,10 @@ class Tensor:
         """
         array = grad._data
         if self._cow:
-            total = backend.xp_of(self._data).empty_like(self._data)
-            backend.xp_of(self._data).add(self._data, array, out=total)
+            data = self._data
+            xp = backend.xp_of(data)
+            total = backend.empty_like(data) if data.flags.c_contiguous else xp.empty_like(data)
+            xp.add(data, array, out=total)
             self._data = total
             self._cow = False
         else:

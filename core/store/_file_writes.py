@@ -195,6 +195,20 @@ class _DirectFile:
         self._filled += len(piece)
         return crc
 
+    def from_memory(self, view: memoryview) -> int:
+        """Write the start of ``view`` from its own memory, not copied, where it can be: its
+        whole aligned blocks, when it starts at an aligned address and the file's bytes so
+        far are whole blocks (a page-aligned gradient, ``backend.empty``, at an aligned
+        offset of the packed array). Returns how many bytes that is (0: none); the caller
+        still takes their crc32c, and :meth:`add` the rest."""
+        if len(view) < DIRECT_ALIGNMENT or self._filled % DIRECT_ALIGNMENT:
+            return 0
+        if np.frombuffer(view, np.uint8).ctypes.data % DIRECT_ALIGNMENT:
+            return 0
+        length = len(view) - len(view) % DIRECT_ALIGNMENT
+        self._write_from_memory(view[:length])
+        return length
+
     def add(self, piece: memoryview, crc: int | None) -> int | None:
         """Copy ``piece`` into the buffer (writing it out whenever it is full); with
         ``crc``, the crc32c continued over ``piece``, taken from the copy."""
@@ -207,6 +221,13 @@ class _DirectFile:
                 self._write(buffer)
                 self._filled = 0
         return crc
+
+    def _write_from_memory(self, view: memoryview) -> None:
+        """Write ``view`` (aligned) after the buffer's bytes, which go first (whole blocks)."""
+        if self._filled:
+            self._write(self._buffer[: self._filled])
+            self._filled = 0
+        self._write(view)
 
     def abandon(self) -> None:
         """The write failed part way: nothing of this file is left in flight."""
@@ -272,22 +293,30 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 
 class _PiecedDirectFile(_DirectFile):
-    """Writes one file that fits the buffer whole: every PIECE_BYTES copied are handed to
-    the piece thread at once and written with O_DIRECT at their offset while the next
-    piece is copied; :meth:`finish` hands over the aligned rest, waits for every piece,
-    and writes the unaligned tail through the cache."""
+    """Writes one file that fits the buffer whole, the buffer's offsets the file's: every
+    PIECE_BYTES copied are handed to the piece thread at once and written with O_DIRECT at
+    their offset while the next piece is copied. A part written from its own memory
+    (:meth:`from_memory`) is handed over whole, its stretch of the buffer left unused, and
+    written while the caller checksums it. :meth:`finish` hands over the aligned rest,
+    waits for every piece, and writes the unaligned tail through the cache."""
 
     def __init__(self, fd: int, path: str, direct: DirectWrites, buffer: memoryview) -> None:
         super().__init__(fd, path, direct, buffer)
-        self._issued = 0
+        self._issued = 0  # the file's bytes before this are handed over
         self._pending: list[Future[None]] = []
 
     def add(self, piece: memoryview, crc: int | None) -> int | None:
         crc = self._copy_in(piece, crc)
-        ready = self._filled - self._filled % PIECE_BYTES
-        if ready > self._issued:
-            self._issue(ready)
+        if self._filled - self._issued >= PIECE_BYTES:
+            self._issue(self._filled - self._filled % DIRECT_ALIGNMENT)
         return crc
+
+    def _write_from_memory(self, view: memoryview) -> None:
+        if self._filled > self._issued:  # whole blocks: from_memory saw to it
+            self._issue(self._filled)
+        self._hand_over(view, self._filled)
+        self._filled += len(view)
+        self._issued = self._filled
 
     def finish(self) -> None:
         aligned = self._filled - self._filled % DIRECT_ALIGNMENT
@@ -302,13 +331,16 @@ class _PiecedDirectFile(_DirectFile):
         self._wait(raising=False)  # the buffer is given back once nothing reads it
 
     def _issue(self, end: int) -> None:
+        """Hand over the buffer's copied bytes from the last handed over to ``end``."""
         start, self._issued = self._issued, end
-        self._pending.append(_piece_thread.submit(lambda: self._write_at(start, end)))
+        self._hand_over(self._buffer[start:end], start)
 
-    def _write_at(self, start: int, end: int) -> None:
-        """Write the buffer's bytes ``start:end`` at that offset (in the piece thread, the
-        pieces in order), directly; where refused or short, the rest through the cache."""
-        view = self._buffer[start:end]
+    def _hand_over(self, view: memoryview, start: int) -> None:
+        self._pending.append(_piece_thread.submit(lambda: self._write_at(view, start)))
+
+    def _write_at(self, view: memoryview, start: int) -> None:
+        """Write ``view`` at ``start`` (in the piece thread, the pieces in order), directly;
+        where refused or short, the rest through the cache."""
         try:
             written = os.pwrite(self._fd, view, start)
         except OSError as error:
@@ -360,12 +392,20 @@ def _write_direct_through(
     crc = None if trailer is None else 0
     try:
         for view, visit in zip(views, visits, strict=True):
+            # an aligned gradient goes to the device from its memory while it is read here
+            from_memory = out.from_memory(view)
             for start in range(0, len(view), SLICE_BYTES):
                 piece = view[start : start + SLICE_BYTES]
-                crc = out.add(piece, crc)
-                if visit is not None:  # just copied: still in the CPU's cache
+                if start + len(piece) <= from_memory:
+                    crc = None if crc is None else crc32c(piece, crc)
+                elif start < from_memory:
+                    crc = None if crc is None else crc32c(piece[: from_memory - start], crc)
+                    crc = out.add(piece[from_memory - start :], crc)
+                else:
+                    crc = out.add(piece, crc)
+                if visit is not None:  # just read: still in the CPU's cache
                     visit(piece)
-                release_pages(piece)  # copied out: a mapped upload's slice may go
+                release_pages(piece)  # copied or in flight: a mapped upload's slice may go
             if trailer is not None:
                 assert crc is not None
                 trailer.add(crc)

@@ -26,6 +26,11 @@ STORE_FORMAT_VERSION = 2
 PACKED_ARRAY = "packed"
 #: Every gradient in the packed array starts at a multiple of this many bytes.
 PACK_ALIGNMENT = 8
+#: ... and one of at least LARGE_PACKED_BYTES at a multiple of this many: in a snapshot
+#: written as one chunk of the packed array, a page-aligned gradient then lies at an
+#: aligned offset of the file too, and goes to the disk from its own memory (O_DIRECT).
+LARGE_PACK_ALIGNMENT = 4096
+LARGE_PACKED_BYTES = 64 * 1024
 #: Gradients smaller than this many bytes are packed (by default).
 DEFAULT_PACK_THRESHOLD = 64 * 1024
 #: Target size of one chunk, before the crc32c suffix (by default).
@@ -223,13 +228,15 @@ def chunk_spans(
 def packed_layout(sizes: list[int], chunk_bytes: int) -> tuple[list[int], int, int]:
     """Offsets of gradients of ``sizes`` bytes in the packed array, its length and chunk size.
 
-    Offsets are multiples of PACK_ALIGNMENT; the chunk size splits the array into the
-    fewest chunks of at most ``chunk_bytes`` with less than one byte per chunk of padding.
+    Offsets are multiples of PACK_ALIGNMENT, those of gradients of LARGE_PACKED_BYTES or
+    more of LARGE_PACK_ALIGNMENT; the chunk size splits the array into the fewest chunks
+    of at most ``chunk_bytes`` with less than one byte per chunk of padding.
     """
     offsets = []
     end = 0
     for size in sizes:
-        start = -(-end // PACK_ALIGNMENT) * PACK_ALIGNMENT
+        alignment = LARGE_PACK_ALIGNMENT if size >= LARGE_PACKED_BYTES else PACK_ALIGNMENT
+        start = -(-end // alignment) * alignment
         offsets.append(start)
         end = start + size
     if end == 0:

@@ -210,7 +210,7 @@ class LayoutCopy(Function):
         if like is not None and _is_dense(like):
             out = xp.empty_like(like, dtype=grad.dtype, order="K")
         else:
-            out = xp.empty(grad.shape, dtype=grad.dtype)
+            out = backend.empty(xp, grad.shape, grad.dtype)
         out[...] = array_of(grad)
         return out
 

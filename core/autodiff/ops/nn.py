@@ -6,6 +6,7 @@ from typing import Any
 
 from ...errors import InvalidArgumentError
 from ...records.dtypes import is_floating
+from .. import backend
 from ..function import Function, sum_to_shape
 from ..graph import Context
 from ..op_table import register_op
@@ -25,7 +26,7 @@ class Matmul(Function):
     @staticmethod
     def forward(ctx: Context, a: Tensor, b: Tensor) -> Any:
         ctx.save_for_backward(a, b)
-        return xp(a).matmul(array_of(a), array_of(b))
+        return backend.matmul(array_of(a), array_of(b))
 
     @staticmethod
     def backward(ctx: Context, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -66,7 +67,7 @@ class Linear(Function):
     def forward(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Any:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        out = xp(x).matmul(array_of(x), array_of(weight).T)
+        out = backend.matmul(array_of(x), array_of(weight).T)
         if bias is not None:
             out += array_of(bias)
         return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import shutil
 import signal
@@ -369,3 +370,133 @@ def test_a_forked_process_writes_in_pieces_too(tmp_path: Path) -> None:
         pytest.fail("the forked child's write did not finish within 60 s")
     assert os.waitstatus_to_exitcode(status[1]) == 0
     assert (tmp_path / "child").read_bytes() == expected_file(data)
+
+
+def page_aligned(size: int, seed: int) -> np.ndarray:
+    """``size`` random bytes in memory that starts at a page (as the engine's large
+    gradients do)."""
+    memory = mmap.mmap(-1, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+    array = np.frombuffer(memory, np.uint8, count=size)
+    array[:] = np.frombuffer(payload(size, seed), np.uint8)
+    assert array.ctypes.data % DIRECT_ALIGNMENT == 0
+    return array
+
+
+def direct_sources_seen(
+    monkeypatch: pytest.MonkeyPatch, fail: Callable[[int], OSError | None] = lambda n: None
+) -> list[tuple[int, int]]:
+    """Records (address, length) of the memory of every os.write or os.pwrite made while
+    O_DIRECT is set on the descriptor; ``fail(n)`` may give an error for the n-th of them."""
+    seen: list[tuple[int, int]] = []
+    real_write, real_pwrite = os.write, os.pwrite
+
+    def spy(fd: int, data) -> None:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT:
+            flat = np.frombuffer(data, np.uint8)
+            seen.append((flat.ctypes.data, flat.nbytes))
+            error = fail(len(seen) - 1)
+            if error is not None:
+                raise error
+
+    def spying_write(fd: int, data) -> int:
+        spy(fd, data)
+        return real_write(fd, data)
+
+    def spying_pwrite(fd: int, data, offset: int) -> int:
+        spy(fd, data)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "write", spying_write)
+    monkeypatch.setattr(os, "pwrite", spying_pwrite)
+    return seen
+
+
+def bytes_from(seen: list[tuple[int, int]], array: np.ndarray) -> int:
+    """How many of ``array``'s bytes went to the device straight from its memory."""
+    start, end = array.ctypes.data, array.ctypes.data + array.nbytes
+    return sum(length for address, length in seen if start <= address < end)
+
+
+def parts_from_memory() -> tuple[list[object], bytes, list[np.ndarray]]:
+    """A chunk as the one-chunk packed array lays it out: a page-aligned gradient with an
+    unaligned tail, zeros to the next block, another aligned one, a small one, the trailer."""
+    first = page_aligned(2 * PIECE_BYTES + 1000, seed=11)
+    gap = bytes(-first.nbytes % DIRECT_ALIGNMENT)
+    second = page_aligned(3 * (1 << 20), seed=12)
+    small = payload(40, seed=13)
+    parts = [memoryview(first), memoryview(gap), memoryview(second), memoryview(small)]
+    body = b"".join(bytes(part) for part in parts)
+    return [*parts, Crc32cTrailer()], body, [first, second]
+
+
+@needs_o_direct
+@pytest.mark.parametrize("whole_file", [True, False], ids=["in-pieces", "one-buffer"])
+def test_aligned_gradients_go_to_the_device_from_their_own_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_file: bool
+) -> None:
+    """Page-aligned parts at aligned offsets of the file are written from their memory,
+    not copied (their unaligned tails and the parts between are); the file and the
+    running crc32c are those of a buffered write of the same bytes."""
+    seen = direct_sources_seen(monkeypatch)
+    direct = DirectWrites()
+    parts, body, (first, second) = parts_from_memory()
+    write_file(str(tmp_path / "direct"), parts, direct, whole_file=whole_file)
+    monkeypatch.undo()
+    again, _, _ = parts_from_memory()
+    write_file(str(tmp_path / "buffered"), again)
+    assert (tmp_path / "direct").read_bytes() == body + google_crc32c.value(body).to_bytes(
+        4, "little"
+    )
+    assert parts[-1].running == again[-1].running  # type: ignore[attr-defined]
+    if direct.enabled:
+        assert bytes_from(seen, first) == first.nbytes - first.nbytes % DIRECT_ALIGNMENT
+        assert bytes_from(seen, second) == second.nbytes
+        assert all(address % DIRECT_ALIGNMENT == 0 for address, _ in seen)
+        assert all(length % DIRECT_ALIGNMENT == 0 for _, length in seen)
+
+
+@needs_o_direct
+@pytest.mark.parametrize("refused_at", [0, 1, 2])
+def test_a_refused_write_from_a_gradients_memory_goes_through_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_at: int
+) -> None:
+    """EINVAL at a direct write from a gradient's memory (the first, or a later one):
+    that write and the rest go through the page cache; the file is the same bytes."""
+
+    def einval(n: int) -> OSError | None:
+        return OSError(errno.EINVAL, "Invalid argument (injected)") if n == refused_at else None
+
+    direct_sources_seen(monkeypatch, einval)
+    direct = DirectWrites()
+    parts, body, _ = parts_from_memory()
+    write_file(str(tmp_path / "chunk"), parts, direct, whole_file=True)
+    assert not direct.enabled
+    assert (tmp_path / "chunk").read_bytes() == body + google_crc32c.value(body).to_bytes(
+        4, "little"
+    )
+
+
+@needs_o_direct
+@pytest.mark.parametrize("whole_file", [True, False], ids=["in-pieces", "one-buffer"])
+def test_a_full_disk_under_a_write_from_a_gradients_memory_fails_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_file: bool
+) -> None:
+    """ENOSPC at a direct write from a gradient's memory fails the file's write with it;
+    the next write of the same parts (the disk has room again) gives the whole file."""
+
+    def full_disk(n: int) -> OSError | None:
+        return OSError(errno.ENOSPC, "No space left on device (injected)") if n == 1 else None
+
+    direct_sources_seen(monkeypatch, full_disk)
+    parts, body, _ = parts_from_memory()
+    with pytest.raises(OSError) as raised:
+        write_file(str(tmp_path / "chunk"), parts, DirectWrites(), whole_file=whole_file)
+    assert raised.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    seen = direct_sources_seen(monkeypatch)
+    parts, body, (first, _) = parts_from_memory()
+    write_file(str(tmp_path / "again"), parts, DirectWrites(), whole_file=whole_file)
+    assert bytes_from(seen, first) > 0  # from its memory again: the buffer was given back
+    assert (tmp_path / "again").read_bytes() == body + google_crc32c.value(body).to_bytes(
+        4, "little"
+    )
