@@ -160,23 +160,41 @@ def empty(xp: ModuleType, shape: tuple[int, ...], dtype: Any) -> Any:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
+def _plain_host(array: Any) -> bool:
+    """A NumPy ndarray itself (no subclass), C-contiguous."""
+    return type(array) is np.ndarray and array.flags.c_contiguous
+
+
 def empty_like(array: Any) -> Any:
-    """An uninitialised array of ``array``'s shape and dtype, C order (see :func:`empty`)."""
-    return empty(xp_of(array), array.shape, array.dtype)
+    """``xp.empty_like(array)``: a C-contiguous host array's is page-aligned when large
+    (:func:`empty`); any other array's is its module's own (same device, same layout)."""
+    if _plain_host(array):
+        return empty(np, array.shape, array.dtype)
+    return xp_of(array).empty_like(array)
+
+
+def copy(array: Any) -> Any:
+    """``array.copy(order="K")``: a C-contiguous host array's copy is page-aligned when
+    large (:func:`empty`); any other array's is its module's own."""
+    if _plain_host(array) and array.nbytes >= ALIGNED_MIN_BYTES:
+        out = empty(np, array.shape, array.dtype)
+        np.copyto(out, array)
+        return out
+    return array.copy(order="K")
 
 
 def matmul(a: Any, b: Any) -> Any:
-    """``a @ b``; on the host, a large result of two arrays of one floating dtype, both at
-    least 2-d, goes into a page-aligned array (:func:`empty`)."""
+    """``a @ b``; on the host, a large result of two plain arrays of one native-order
+    floating dtype, both at least 2-d, goes into a page-aligned array (:func:`empty`)."""
     xp = xp_of(a)
     if (
-        xp is np
-        and isinstance(a, np.ndarray)
-        and isinstance(b, np.ndarray)
+        type(a) is np.ndarray
+        and type(b) is np.ndarray
         and a.ndim >= 2
         and b.ndim >= 2
         and a.dtype == b.dtype
         and a.dtype.kind in "fc"
+        and a.dtype.isnative
         and a.shape[-1] == b.shape[-2]
     ):
         try:

@@ -600,12 +600,7 @@ class Tensor:
         that neither can reach the buffer a snapshot holds (copy-on-write).
         """
         if self._cow:
-            data = self._data
-            if data.flags.c_contiguous:  # page-aligned when large (backend.empty)
-                self._data = backend.empty_like(data)
-                self._data[...] = data
-            else:
-                self._data = data.copy(order="K")
+            self._data = backend.copy(self._data)  # page-aligned when large, on the host
             self._cow = False
 
     def _alias_array(self) -> Any:
@@ -696,9 +691,8 @@ class Tensor:
         array = grad._data
         if self._cow:
             data = self._data
-            xp = backend.xp_of(data)
-            total = backend.empty_like(data) if data.flags.c_contiguous else xp.empty_like(data)
-            xp.add(data, array, out=total)
+            total = backend.empty_like(data)  # page-aligned when large, on the host
+            backend.xp_of(data).add(data, array, out=total)
             self._data = total
             self._cow = False
         else:

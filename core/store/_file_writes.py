@@ -166,6 +166,17 @@ class WholeFileBuffer:
 _whole_file_buffer = WholeFileBuffer()
 
 
+def _goes_cached(direct: DirectWrites, path: str, error: OSError) -> bool:
+    """Whether a direct write that failed with ``error`` (writing nothing) is made again
+    through the page cache: on EINVAL (the file system's refusal: the store stops trying)
+    and on EFAULT (memory written from as it is that the kernel cannot pin for the device,
+    such as some drivers' mappings: the page cache copies from it all the same)."""
+    if error.errno == errno.EINVAL:
+        direct.refused(path, error)
+        return True
+    return error.errno == errno.EFAULT
+
+
 def _set_direct(fd: int, on: bool) -> None:
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     fcntl.fcntl(fd, fcntl.F_SETFL, flags | O_DIRECT if on else flags & ~O_DIRECT)
@@ -245,10 +256,9 @@ class _DirectFile:
         try:
             written = os.write(self._fd, view)
         except OSError as error:
-            if error.errno != errno.EINVAL:
-                raise
             # accepted at fcntl, refused at the write (nothing was written): go on cached
-            self._direct.refused(self._path, error)
+            if not _goes_cached(self._direct, self._path, error):
+                raise
             written = 0
         if written < len(view):  # refused, or short: the rest through the cache
             _set_direct(self._fd, False)
@@ -344,9 +354,8 @@ class _PiecedDirectFile(_DirectFile):
         try:
             written = os.pwrite(self._fd, view, start)
         except OSError as error:
-            if error.errno != errno.EINVAL:
+            if not _goes_cached(self._direct, self._path, error):
                 raise
-            self._direct.refused(self._path, error)
             written = 0
         if written < len(view):
             _set_direct(self._fd, False)

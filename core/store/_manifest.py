@@ -105,15 +105,26 @@ def pack(entries: list[GradientRecordEntry], chunk_bytes: int) -> PackedGradient
     """One buffer (whole chunks, zero padded) holding ``entries`` at aligned offsets."""
     sizes = [entry.array.nbytes for entry in entries]
     offsets, length, chunk = packed_layout(sizes, chunk_bytes)
+    tail = -(-length // chunk) * chunk - length
+    return PackedGradients(lay_out(entries, offsets, 0, tail), length, chunk, offsets)
+
+
+def lay_out(
+    entries: list[GradientRecordEntry], offsets: list[int], start: int, tail: int = 0
+) -> bytes:
+    """The bytes from ``start`` to the end of the last of ``entries``, each at its offset
+    in the packed array (``offsets``, from :func:`packed_layout` of the whole array), zeros
+    between them and ``tail`` zeros after. A run of a packed array laid out on its own
+    keeps the whole array's offsets: alignments count from the array's start."""
     pieces: list[Any] = []
-    end = 0
-    for entry, offset, size in zip(entries, offsets, sizes, strict=True):
+    end = start
+    for entry, offset in zip(entries, offsets, strict=True):
         if offset > end:
             pieces.append(bytes(offset - end))
         pieces.append(entry.array)
-        end = offset + size
-    pieces.append(bytes(-(-length // chunk) * chunk - end))
-    return PackedGradients(b"".join(pieces), length, chunk, offsets)
+        end = offset + entry.array.nbytes
+    pieces.append(bytes(tail))
+    return b"".join(pieces)
 
 
 def packed_checksums(entries: list[GradientRecordEntry]) -> list[int]:

@@ -44,7 +44,7 @@ from ._codecs import encode_chunk, zeros
 from ._commit_order import CommitTurn, holding
 from ._device_snapshot import DeviceGradient, DeviceSnapshot
 from ._device_stream import RingPool, RingStreamer
-from ._manifest import PackedGradients, build_manifest, pack, packed_checksums
+from ._manifest import PackedGradients, build_manifest, lay_out, pack, packed_checksums
 from ._manifest_checksum import seal
 from ._shards import ShardedSet
 from ._stats import StatsAccumulator, gradient_stats, packed_stats
@@ -259,9 +259,9 @@ class _OneChunkPacked:
                 run.clear()
                 return
             start = offsets[run[0]]
-            block = pack([entries[slot] for slot in run], 1 << 62).buffer  # one chunk, no tail
-            parts.append(block)
             small = [entries[slot] for slot in run]
+            block = lay_out(small, [offsets[slot] for slot in run], start)
+            parts.append(block)
             columns = packed_stats(
                 block,
                 [offsets[slot] - start for slot in run],

@@ -78,3 +78,29 @@ def test_matmul_of_mismatched_shapes_raises_numpys_error() -> None:
         backend.matmul(np.ones((2, 300, 200)), np.ones((3, 200, 300)))
     with pytest.raises(ValueError):
         backend.matmul(np.ones((300, 200)), np.ones((300, 200)))
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_matmul_keeps_numpys_result_for_other_byte_orders_and_subclasses() -> None:
+    """Where NumPy's own result differs from an aligned ``out`` (a non-native byte order
+    gives a native result; a subclass gives the subclass), the product is NumPy's own."""
+    big = np.arange(256 * 64, dtype=">f4").reshape(256, 64)
+    other = np.arange(64 * 256, dtype=">f4").reshape(64, 256)
+    out = backend.matmul(big, other)
+    assert out.dtype == np.matmul(big, other).dtype and out.dtype.isnative
+    assert np.array_equal(out, np.matmul(big, other))
+    matrix = np.asmatrix(np.ones((256, 64), np.float32))
+    assert type(backend.matmul(matrix, np.asmatrix(np.ones((64, 256), np.float32)))) is np.matrix
+
+
+def test_copy_and_empty_like_keep_layout_and_byte_order() -> None:
+    """A large C-contiguous array's copy starts at a page and keeps its dtype (byte order
+    included); a non-contiguous one's copy keeps its layout, as ``copy(order="K")``."""
+    big = np.arange(32 * 1024, dtype=">f4").reshape(32, 1024)
+    copied = backend.copy(big)
+    assert copied.ctypes.data % PAGE == 0 and copied.dtype == big.dtype
+    assert np.array_equal(copied, big) and not np.shares_memory(copied, big)
+    transposed = np.ones((1024, 32), np.float32).T
+    assert backend.copy(transposed).strides == transposed.copy(order="K").strides
+    assert backend.empty_like(transposed).strides == np.empty_like(transposed).strides
+    assert backend.empty_like(big).ctypes.data % PAGE == 0

@@ -500,3 +500,26 @@ def test_a_full_disk_under_a_write_from_a_gradients_memory_fails_the_write(
     assert (tmp_path / "again").read_bytes() == body + google_crc32c.value(body).to_bytes(
         4, "little"
     )
+
+
+@needs_o_direct
+@pytest.mark.parametrize("whole_file", [True, False], ids=["in-pieces", "one-buffer"])
+def test_memory_the_kernel_cannot_pin_is_written_through_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_file: bool
+) -> None:
+    """EFAULT at a direct write from a gradient's own memory (a driver's mapping the
+    kernel cannot pin for the device): that part goes through the page cache, the file is
+    the same bytes, and the store keeps writing with O_DIRECT."""
+
+    def efault(n: int) -> OSError | None:
+        return OSError(errno.EFAULT, "Bad address (injected)") if n == 0 else None
+
+    seen = direct_sources_seen(monkeypatch, efault)
+    direct = DirectWrites()
+    parts, body, (first, _) = parts_from_memory()
+    write_file(str(tmp_path / "chunk"), parts, direct, whole_file=whole_file)
+    assert seen and seen[0][0] == first.ctypes.data  # the refused write was from its memory
+    assert direct.enabled
+    assert (tmp_path / "chunk").read_bytes() == body + google_crc32c.value(body).to_bytes(
+        4, "little"
+    )

@@ -676,6 +676,34 @@ def test_a_compression_that_is_not_text_is_refused_naming_it(compression: object
         store_package.parse_compression(compression)
 
 
+async def test_a_run_of_small_gradients_keeps_the_packed_arrays_offsets(tmp_path: Path) -> None:
+    """With a pack_threshold above 64 KiB, a run of more than 16 small gradients (laid out
+    together) can start off a 4096-byte boundary and hold one of 64 KiB or more, which
+    the packed layout aligns to 4096 from the array's start: every gradient is at the
+    manifest's offset, for gradvault and for zarr-python, bit for bit."""
+    rng = np.random.default_rng(5)
+    arrays = {"big": rng.standard_normal(300 * 256 + 2).astype(np.float32)}  # 300 KiB + 8
+    arrays |= {f"s{i}": rng.standard_normal(100).astype(np.float32) for i in range(20)}
+    arrays["mid"] = rng.standard_normal(20_000).astype(np.float32)  # 80,000 bytes
+    arrays |= {f"t{i}": rng.standard_normal(100).astype(np.float32) for i in range(5)}
+    async with open_store(tmp_path, pack_threshold=256 << 10) as store:
+        info = await store.write_snapshot(make_record(arrays), run="r", step=1)
+        manifest = await store.info(info.id)
+        restored = await store.read_snapshot(info.id)
+    columns = manifest["gradients"]
+    assert set(columns["array"]) == {"packed"}
+    mid = columns["name"].index("mid")
+    assert columns["offset"][mid] % 4096 == 0 and columns["offset"][mid - 1] % 4096 != 0
+    assert {e.name: e.array.tobytes() for e in restored} == {
+        name: array.tobytes() for name, array in arrays.items()
+    }
+    packed = zarr.open_group(tmp_path / "snapshots" / info.id, mode="r")["packed"]
+    for name, offset, nbytes in zip(
+        columns["name"], columns["offset"], columns["nbytes"], strict=True
+    ):
+        assert packed[offset : offset + nbytes].tobytes() == arrays[name].tobytes(), name
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 @pytest.mark.parametrize("large", [False, True], ids=["small", "written-in-pieces"])
 async def test_a_snapshot_of_one_chunk_is_one_packed_chunk_fsynced_in_three_rounds(
