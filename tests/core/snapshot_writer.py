@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 import gradvault.core as gv
+from gradvault.core.autodiff import backend
 from gradvault.core.autodiff.tensor import wrap
 
 #: 5 MiB and a few small ones: one packed chunk, written to the device in 2 MiB pieces
@@ -19,11 +20,19 @@ SHAPES = [(1280, 1024), (1024,), (64, 64), (3,)]
 
 
 def seeded_grads(seed: int, shapes: list[tuple[int, ...]] = SHAPES) -> gv.GradientsParams:
-    """The gradients a writer snapshots for ``seed``: ids and values both follow the seed."""
+    """The gradients a writer snapshots for ``seed``: ids and values both follow the seed.
+
+    For an even seed the arrays are page-aligned copies (as the engine makes its large
+    results, ``backend.copy``), so the large one goes to the device from its own memory;
+    for an odd seed they are NumPy's own, copied into the writer's aligned buffer and
+    written in pieces. The values are the same either way.
+    """
     rng = np.random.default_rng(seed)
     grads = gv.GradientsParams()
     for index, shape in enumerate(shapes):
         array = rng.standard_normal(shape).astype(np.float32)
+        if seed % 2 == 0:
+            array = backend.copy(array)
         pid = gv.ParamId(int(rng.integers(0, 2**63)))
         grads.register(pid, wrap(array), name=f"layer{index}")
     return grads
