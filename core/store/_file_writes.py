@@ -405,13 +405,11 @@ def _write_direct_through(
             from_memory = out.from_memory(view)
             for start in range(0, len(view), SLICE_BYTES):
                 piece = view[start : start + SLICE_BYTES]
-                if start + len(piece) <= from_memory:
-                    crc = None if crc is None else crc32c(piece, crc)
-                elif start < from_memory:
-                    crc = None if crc is None else crc32c(piece[: from_memory - start], crc)
-                    crc = out.add(piece[from_memory - start :], crc)
-                else:
-                    crc = out.add(piece, crc)
+                handed = min(len(piece), max(0, from_memory - start))  # already on its way
+                if handed and crc is not None:
+                    crc = crc32c(piece[:handed], crc)
+                if handed < len(piece):
+                    crc = out.add(piece[handed:], crc)
                 if visit is not None:  # just read: still in the CPU's cache
                     visit(piece)
                 release_pages(piece)  # copied or in flight: a mapped upload's slice may go

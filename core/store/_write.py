@@ -219,15 +219,15 @@ class _OneChunkPacked:
     def __init__(
         self,
         entries: list[GradientRecordEntry],
-        length: int,
+        layout: tuple[list[int], int],
         large_bytes: int,
         write: SnapshotWrite,
     ) -> None:
         self._entries = entries
         self._large_bytes = large_bytes
         self._write = write
-        sizes = [entry.array.nbytes for entry in entries]
-        self.offsets, self.length, self.chunk_bytes = packed_layout(sizes, max(1, length))
+        self.offsets, self.length = layout  # the packed layout: offsets and length
+        self.chunk_bytes = self.length  # one chunk
         self.checksums: list[int] = []
         self.stats: dict[str, list] = {}
 
@@ -397,7 +397,7 @@ class SnapshotWrite:
         small = [entries[i] for i in packed_positions]
         # a host snapshot of one uncompressed chunk: written and committed in one step
         alone = (
-            self._one_chunk_length(small)
+            self._one_chunk_layout(small)
             if shard is None and not own_positions and not isinstance(record, DeviceSnapshot)
             else None
         )
@@ -538,9 +538,9 @@ class SnapshotWrite:
         are computed meanwhile, and the write goes on while the manifest is built (it is
         awaited before the commit).
         """
-        length = self._one_chunk_length(small)
-        if length is not None:
-            return await self._write_one_chunk_packed(writer, small, length)
+        layout = self._one_chunk_layout(small)
+        if layout is not None:
+            return await self._write_one_chunk_packed(writer, small, layout)
         # Only small gradients (or zstd): one buffer, written while their checksums and
         # stats are taken in another thread (for 10,000 gradients of 1 KiB that overlap
         # is worth more than the copy it costs)
@@ -559,32 +559,36 @@ class SnapshotWrite:
         packed.checksums, packed.stats = await self._threads.run(_packed_columns, packed, small)
         return packed
 
-    def _one_chunk_length(self, small: list[GradientRecordEntry]) -> int | None:
-        """The packed array's length if ``small`` are written as one uncompressed chunk
-        from their own memory (``_OneChunkPacked``), else None (packed into one buffer)."""
+    def _one_chunk_layout(self, small: list[GradientRecordEntry]) -> tuple[list[int], int] | None:
+        """The packed array's offsets and length if ``small`` are written as one
+        uncompressed chunk from their own memory (``_OneChunkPacked``), else None (packed
+        into one buffer)."""
         if not small or self._compression is not None:
             return None
         sizes = [entry.array.nbytes for entry in small]
-        _, length, chunk_bytes = packed_layout(sizes, self._chunk_bytes)
+        offsets, length, chunk_bytes = packed_layout(sizes, self._chunk_bytes)
         if length != chunk_bytes or max(sizes) < self._pack_threshold:
             return None  # several chunks, or only small gradients: not worth it
-        return length
+        return offsets, length
 
     def _one_chunk(
-        self, small: list[GradientRecordEntry], length: int
+        self, small: list[GradientRecordEntry], layout: tuple[list[int], int]
     ) -> tuple[_OneChunkPacked, bytes]:
         """The packed array's one chunk and its ``zarr.json``."""
-        chunk = _OneChunkPacked(small, length, self._pack_threshold, self)
+        chunk = _OneChunkPacked(small, layout, self._pack_threshold, self)
         document = array_metadata((chunk.length,), "uint8", (chunk.chunk_bytes,), self._compression)
         self._array_documents[PACKED_ARRAY] = document
         return chunk, _packed_document_json(chunk.length, chunk.chunk_bytes)
 
     async def _write_one_chunk_packed(
-        self, writer: SnapshotWriter, small: list[GradientRecordEntry], length: int
+        self,
+        writer: SnapshotWriter,
+        small: list[GradientRecordEntry],
+        layout: tuple[list[int], int],
     ) -> PackedGradients:
         """Write a packed array of one uncompressed chunk from the gradients' own memory
         (``_OneChunkPacked``); their columns, taken as it is written."""
-        chunk, document = self._one_chunk(small, length)
+        chunk, document = self._one_chunk(small, layout)
         await writer.write_array(PACKED_ARRAY, document, iter(chunk))
         return chunk.packed()
 
@@ -592,13 +596,13 @@ class SnapshotWrite:
         self,
         writer: SnapshotWriter,
         small: list[GradientRecordEntry],
-        length: int,
+        layout: tuple[list[int], int],
         manifest_of: Callable[[PackedGradients, dict[int, dict[str, Any]]], dict[str, Any]],
     ) -> dict[str, Any]:
         """A snapshot that is one chunk of the packed array: the chunk written and the
         snapshot committed in one step of the writer (``write_array_and_commit``), its
         manifest made there once the chunk's checksums and stats are known; the manifest."""
-        chunk, document = self._one_chunk(small, length)
+        chunk, document = self._one_chunk(small, layout)
         made: list[dict[str, Any]] = []
 
         def group_metadata() -> bytes:

@@ -84,14 +84,17 @@ class SnapshotHandle(Generic[R]):
 
     def result(self, timeout: float | None = None) -> R:
         """The committed snapshot's info; re-raises the error if the commit failed."""
-        if self._hand_back is not None and not self._future.done():
-            self._hand_back.now()  # the caller waits: nothing left to hand back to
+        self._waited_for()
         return self._future.result(timeout)
 
     def __await__(self) -> Generator[Any, None, R]:
+        self._waited_for()
+        return asyncio.wrap_future(self._future).__await__()
+
+    def _waited_for(self) -> None:
+        """The caller waits: nothing left to hand back to, the commit may start at once."""
         if self._hand_back is not None and not self._future.done():
             self._hand_back.now()
-        return asyncio.wrap_future(self._future).__await__()
 
 
 class _HandBack:

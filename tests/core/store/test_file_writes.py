@@ -444,9 +444,7 @@ def test_aligned_gradients_go_to_the_device_from_their_own_memory(
     monkeypatch.undo()
     again, _, _ = parts_from_memory()
     write_file(str(tmp_path / "buffered"), again)
-    assert (tmp_path / "direct").read_bytes() == body + google_crc32c.value(body).to_bytes(
-        4, "little"
-    )
+    assert (tmp_path / "direct").read_bytes() == expected_file(body)
     assert parts[-1].running == again[-1].running  # type: ignore[attr-defined]
     if direct.enabled:
         assert bytes_from(seen, first) == first.nbytes - first.nbytes % DIRECT_ALIGNMENT
@@ -471,9 +469,7 @@ def test_a_refused_write_from_a_gradients_memory_goes_through_the_cache(
     parts, body, _ = parts_from_memory()
     write_file(str(tmp_path / "chunk"), parts, direct, whole_file=True)
     assert not direct.enabled
-    assert (tmp_path / "chunk").read_bytes() == body + google_crc32c.value(body).to_bytes(
-        4, "little"
-    )
+    assert (tmp_path / "chunk").read_bytes() == expected_file(body)
 
 
 @needs_o_direct
@@ -497,9 +493,7 @@ def test_a_full_disk_under_a_write_from_a_gradients_memory_fails_the_write(
     parts, body, (first, _) = parts_from_memory()
     write_file(str(tmp_path / "again"), parts, DirectWrites(), whole_file=whole_file)
     assert bytes_from(seen, first) > 0  # from its memory again: the buffer was given back
-    assert (tmp_path / "again").read_bytes() == body + google_crc32c.value(body).to_bytes(
-        4, "little"
-    )
+    assert (tmp_path / "again").read_bytes() == expected_file(body)
 
 
 @needs_o_direct
@@ -520,6 +514,4 @@ def test_memory_the_kernel_cannot_pin_is_written_through_the_cache(
     write_file(str(tmp_path / "chunk"), parts, direct, whole_file=whole_file)
     assert seen and seen[0][0] == first.ctypes.data  # the refused write was from its memory
     assert direct.enabled
-    assert (tmp_path / "chunk").read_bytes() == body + google_crc32c.value(body).to_bytes(
-        4, "little"
-    )
+    assert (tmp_path / "chunk").read_bytes() == expected_file(body)
