@@ -226,8 +226,13 @@ class StoreBackend(ABC):
         """Create the root and ``snapshots`` group documents if they are missing."""
 
     @abstractmethod
-    async def begin(self, snapshot_id: str) -> SnapshotWriter:
-        """A writer for a new snapshot."""
+    async def begin(self, snapshot_id: str, *, in_one_step: bool = False) -> SnapshotWriter:
+        """A writer for a new snapshot.
+
+        With ``in_one_step`` (the snapshot is written by one ``write_array_and_commit``),
+        the backend may leave what it makes for a write (the local staging folder) to
+        that step, off the loop, instead of a step of its own now.
+        """
 
     @abstractmethod
     async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:

@@ -155,10 +155,11 @@ class Crc32cTrailer:
 class ReadAlong:
     """A part of an encoded chunk whose bytes someone else reads too, in the write's pass.
 
-    The writer hands each slice of ``data`` (SLICE_BYTES at a time from its start) to
-    ``visit`` right after it has copied or written and checksummed it, while the slice is
-    still in the CPU's cache: a gradient's stats are taken in the same pass as its
-    crc32c and its write. A writer that does not write slice by slice calls
+    The writer hands each slice of ``data`` (in order from its start, SLICE_BYTES at a
+    time, or longer spans where it writes them from their own memory) to ``visit`` right
+    after it has copied or written and checksummed it, while the slice is still in the
+    CPU's cache: a gradient's stats are taken in the same pass as its crc32c and its
+    write. A writer that does not write slice by slice calls
     :meth:`visit_all` first (:func:`resolved` does).
     """
 

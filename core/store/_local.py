@@ -480,10 +480,14 @@ class LocalBackend(StoreBackend):
             await self.in_thread("creating the store folders", self._prepare_sync)
             self._prepared = True
 
-    async def begin(self, snapshot_id: str) -> SnapshotWriter:
+    async def begin(self, snapshot_id: str, *, in_one_step: bool = False) -> SnapshotWriter:
         folder = self.staging_dir / snapshot_id
-        await self.in_thread(f"creating staging folder {folder}", folder.mkdir)
-        return _LocalSnapshotWriter(self, snapshot_id, folder)
+        writer = _LocalSnapshotWriter(self, snapshot_id, folder)
+        if in_one_step:  # made by that step, in its thread: one trip through a thread
+            writer.folder_to_make = True
+        else:
+            await self.in_thread(f"creating staging folder {folder}", folder.mkdir)
+        return writer
 
     async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:
         # A private folder: the shard appears under ranks/ only once whole (a rename).
@@ -710,6 +714,9 @@ class _LocalSnapshotWriter(SnapshotWriter):
         #: array documents and folders written but not fsynced yet: all of them are
         #: fsynced together, in parallel, before the manifest is written
         self._unsynced: list[str] = []
+        #: whether the staging folder is still to be made by the write (``begin``'s
+        #: ``in_one_step``)
+        self.folder_to_make = False
 
     @property
     def written_where(self) -> str:
@@ -727,13 +734,32 @@ class _LocalSnapshotWriter(SnapshotWriter):
                 raise self._collected() from error
             raise
 
-    def _write_array_sync(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
+    def _write_array_sync(
+        self,
+        name: str,
+        metadata: bytes,
+        chunks: Iterator[EncodedChunk],
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
+        """Write array ``name``: its folders, its chunks, its document. With ``meanwhile``
+        (an array of one chunk), the document is written and ``meanwhile`` called once
+        the chunk's bytes are all read, while its last direct writes are in flight."""
         array_dir = os.path.join(self._folder, name)
         os.mkdir(array_dir)
         deferred = name == PACKED_ARRAY
         folders = [array_dir]
         made = {""}
         written = []
+        document = os.path.join(array_dir, MANIFEST_NAME)
+        documented = False
+
+        def document_then_meanwhile() -> None:
+            nonlocal documented
+            write_file_unsynced(document, [metadata])
+            documented = True
+            assert meanwhile is not None
+            meanwhile()
+
         for key, buffers in chunks:
             parent = key.rpartition("/")[0]
             if parent not in made:
@@ -747,14 +773,22 @@ class _LocalSnapshotWriter(SnapshotWriter):
             path = os.path.join(array_dir, key)
             # the packed array's chunks (usually one) are fsynced with the documents and
             # folders at the commit; every other chunk file right after it is written
-            write_file(path, buffers, self._backend.direct, fsync=not deferred, whole_file=deferred)
+            write_file(
+                path,
+                buffers,
+                self._backend.direct,
+                fsync=not deferred,
+                whole_file=deferred,
+                meanwhile=None if meanwhile is None else document_then_meanwhile,
+            )
             written.append(f"{name}/{key}")
             if deferred:
                 self._unsynced.append(path)
         # The array's document is fsynced with the folders, before the manifest
-        write_file_unsynced(os.path.join(array_dir, MANIFEST_NAME), [metadata])
+        if not documented:
+            write_file_unsynced(document, [metadata])
         written.append(f"{name}/{MANIFEST_NAME}")
-        self._unsynced.append(os.path.join(array_dir, MANIFEST_NAME))
+        self._unsynced.append(document)
         self._unsynced.extend(reversed(folders))  # deepest first
         self._written.update(written)
 
@@ -865,9 +899,18 @@ class _LocalSnapshotWriter(SnapshotWriter):
         # and folder: a snapshot of one packed array (its chunk, its document, two folders,
         # the manifest, the staging folder) then costs one journal commit, the first
         # fsync's, not one per file, and nothing is visible before the rename anyway.
-        manifest = os.path.join(self._folder, MANIFEST_NAME)
-        write_file_unsynced(manifest, [group_document])
+        self._write_manifest_sync(group_document)
+        return self._seal_and_rename_sync(turn)
+
+    def _write_manifest_sync(self, group_document: bytes) -> None:
+        """Write the manifest (the group's ``zarr.json``), not fsynced yet."""
+        write_file_unsynced(os.path.join(self._folder, MANIFEST_NAME), [group_document])
         self._written.add(MANIFEST_NAME)
+
+    def _seal_and_rename_sync(self, turn: CommitTurn | None) -> bool:
+        """fsync what is pending, then the manifest and the staging folder; rename into
+        place if ``turn`` allows (:meth:`_commit_sync`)."""
+        manifest = os.path.join(self._folder, MANIFEST_NAME)
         pending, self._unsynced = self._unsynced, []
         self._fsync_staged(pending)
         self._fsync_staged([manifest, str(self._folder)])
@@ -891,9 +934,21 @@ class _LocalSnapshotWriter(SnapshotWriter):
         group_metadata: Callable[[], bytes],
         turn: CommitTurn | None,
     ) -> bool:
-        """:meth:`_write_array_sync`, then :meth:`_commit_sync` of ``group_metadata()``."""
-        self._write_array_sync(name, metadata, chunks)
-        return self._commit_sync(group_metadata(), turn)
+        """:meth:`_write_array_sync`, then :meth:`_commit_sync` of ``group_metadata()``
+        (the staging folder made first if ``begin`` left it to this step).
+
+        The manifest is made and written while the device writes the chunk's last bytes
+        (``meanwhile``): it needs only their checksums and stats, known once they are read.
+        """
+        if self.folder_to_make:
+            os.mkdir(self._folder)
+            self.folder_to_make = False
+        self._write_array_sync(
+            name, metadata, chunks, lambda: self._write_manifest_sync(group_metadata())
+        )
+        if MANIFEST_NAME not in self._written:  # the array had no chunk
+            self._write_manifest_sync(group_metadata())
+        return self._seal_and_rename_sync(turn)
 
     async def write_array_and_commit(
         self,

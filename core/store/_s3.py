@@ -370,8 +370,8 @@ class S3Backend(StoreBackend):
                 await self.put(key, dump_json(group_metadata()))
         self._prepared = True
 
-    async def begin(self, snapshot_id: str) -> SnapshotWriter:
-        return _S3SnapshotWriter(self, snapshot_id)
+    async def begin(self, snapshot_id: str, *, in_one_step: bool = False) -> SnapshotWriter:
+        return _S3SnapshotWriter(self, snapshot_id)  # nothing to make before the first write
 
     async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:
         # Before any chunk is written: a second write of a rank would overwrite the

@@ -230,6 +230,8 @@ class _OneChunkPacked:
         self.chunk_bytes = self.length  # one chunk
         self.checksums: list[int] = []
         self.stats: dict[str, list] = {}
+        #: what the write's reads leave to be summed up (:meth:`_settle`), once iterated
+        self._unsettled: Callable[[], None] | None = None
 
     def __iter__(self) -> Iterator[EncodedChunk]:
         entries, offsets = self._entries, self.offsets
@@ -242,6 +244,15 @@ class _OneChunkPacked:
         run: list[int] = []  # slots of the small gradients laid out since the last part
         end = 0
 
+        def read_along(slot: int) -> ReadAlong:
+            """Gradient ``slot`` as a part of its own, its stats and crc32c taken as the
+            writer reads it (after the large ones before it are on their way)."""
+            accumulator = StatsAccumulator()
+            accumulators.append((slot, accumulator))
+            large.append((slot, len(parts)))
+            array = entries[slot].array
+            return ReadAlong(entries[slot].data, _stats_of_slices(accumulator, array.dtype))
+
         def close_run() -> None:
             if not run:
                 return
@@ -252,10 +263,7 @@ class _OneChunkPacked:
                         gap = offsets[slot] - offsets[previous] - entries[previous].array.nbytes
                         if gap:
                             parts.append(zeros(gap))
-                    parts.append(entries[slot].data)
-                    checksums[slot] = crc32c(entries[slot].array)
-                    for key, value in gradient_stats(entries[slot].array).items():
-                        stats[key][slot] = value
+                    parts.append(read_along(slot))
                 run.clear()
                 return
             start = offsets[run[0]]
@@ -286,29 +294,39 @@ class _OneChunkPacked:
                 close_run()
                 if offsets[slot] > end:
                     parts.append(zeros(offsets[slot] - end))
-                accumulator = StatsAccumulator()
-                accumulators.append((slot, accumulator))
-                large.append((slot, len(parts)))
-                parts.append(
-                    ReadAlong(entry.data, _stats_of_slices(accumulator, entry.array.dtype))
-                )
+                parts.append(read_along(slot))
             end = offsets[slot] + nbytes
         close_run()
         trailer = Crc32cTrailer()
         parts.append(trailer)
+
+        def settle() -> None:
+            for slot, accumulator in accumulators:  # each slice taken in as it was read
+                for key, value in accumulator.result().items():
+                    stats[key][slot] = value
+            running = trailer.running  # the crc32c of the chunk up to the end of each part
+            for slot, index in large:
+                before = running[index - 1] if index else 0
+                nbytes = entries[slot].array.nbytes
+                checksums[slot] = crc32c_of_tail(running[index], before, nbytes)
+            self.checksums = checksums
+            self.stats = stats
+
+        self._unsettled = settle
         yield "c/0", parts
-        for slot, accumulator in accumulators:  # each slice was taken in as it was written
-            for key, value in accumulator.result().items():
-                stats[key][slot] = value
-        running = trailer.running  # the crc32c of the chunk up to the end of each part
-        for slot, index in large:
-            before = running[index - 1] if index else 0
-            checksums[slot] = crc32c_of_tail(running[index], before, entries[slot].array.nbytes)
-        self.checksums = checksums
-        self.stats = stats
+        self._settle()
+
+    def _settle(self) -> None:
+        """Sum up the checksums and stats the write's reads took: callable once every byte
+        of the chunk is read, before its writes have finished (``write_file``'s
+        ``meanwhile``); once only."""
+        settle, self._unsettled = self._unsettled, None
+        if settle is not None:
+            settle()
 
     def packed(self) -> PackedGradients:
-        """The packed gradients' layout and columns, once the chunk is written."""
+        """The packed gradients' layout and columns, once the chunk's bytes are all read."""
+        self._settle()
         return PackedGradients(
             b"", self.length, self.chunk_bytes, self.offsets, self.checksums, self.stats
         )
@@ -381,8 +399,19 @@ class SnapshotWrite:
         own_positions = [i for i, entry in enumerate(entries) if entry.array.nbytes >= threshold]
         await self._backend.prepare()
         shard = self._shard
+        small = [entries[i] for i in packed_positions]
+        # a host snapshot of one uncompressed chunk: written and committed in one step
+        alone = (
+            self._one_chunk_layout(small)
+            if shard is None and not own_positions and not isinstance(record, DeviceSnapshot)
+            else None
+        )
         if shard is None:
-            writer = await self._backend.begin(self._id)
+            writer = await (
+                self._backend.begin(self._id, in_one_step=True)
+                if alone is not None
+                else self._backend.begin(self._id)
+            )
             writer.turn = turn
         else:
             writer = await self._backend.begin_shard(self._id, shard.rank)
@@ -394,13 +423,6 @@ class SnapshotWrite:
             ]
         else:
             jobs = [self._guarded(self._write_own, writer, entries[i]) for i in own_positions]
-        small = [entries[i] for i in packed_positions]
-        # a host snapshot of one uncompressed chunk: written and committed in one step
-        alone = (
-            self._one_chunk_layout(small)
-            if shard is None and not own_positions and not isinstance(record, DeviceSnapshot)
-            else None
-        )
         if packed_positions and alone is None:
             if isinstance(record, DeviceSnapshot):  # small: read to host whole, then packed
                 jobs.append(self._guarded(self._write_packed_from_device, writer, small))

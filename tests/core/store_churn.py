@@ -34,8 +34,8 @@ def stall_before_commits(store: SnapshotStore, rng: random.Random) -> None:
     backend = store.backend
     begin = backend.begin
 
-    async def begin_with_stall(snapshot_id: str):
-        writer = await begin(snapshot_id)
+    async def begin_with_stall(snapshot_id: str, **options: bool):
+        writer = await begin(snapshot_id, **options)
         commit = writer.commit
 
         async def stalled_commit(document: bytes) -> None:

@@ -54,8 +54,8 @@ class PausedFirstCommit:
         backend = recorder.store.backend
         begin = backend.begin
 
-        async def begin_and_pause_step_0(snapshot_id: str):
-            writer = await begin(snapshot_id)
+        async def begin_and_pause_step_0(snapshot_id: str, **options: bool):
+            writer = await begin(snapshot_id, **options)
             commit = writer.commit
 
             async def paused_commit(document: bytes) -> None:
@@ -158,8 +158,8 @@ def test_a_failed_queued_snapshot_holds_up_none_after_it(recorders) -> None:
     backend = recorder.store.backend
     begin = backend.begin
 
-    async def begin_failing_the_marked_one(snapshot_id: str):
-        writer = await begin(snapshot_id)
+    async def begin_failing_the_marked_one(snapshot_id: str, **options: bool):
+        writer = await begin(snapshot_id, **options)
         write_array = writer.write_array
 
         async def full_disk_for_the_marked(name, metadata, chunks) -> None:

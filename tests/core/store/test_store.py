@@ -521,8 +521,8 @@ async def test_a_full_disk_leaves_no_snapshot_and_no_staging(tmp_path: Path, mon
                 raise OSError(errno.ENOSPC, "No space left on device", key)
             yield key, buffers
 
-    async def begin_on_a_filling_disk(snapshot_id: str) -> SnapshotWriter:
-        writer = await begin(snapshot_id)
+    async def begin_on_a_filling_disk(snapshot_id: str, **options: bool) -> SnapshotWriter:
+        writer = await begin(snapshot_id, **options)
         write_array = writer.write_array
 
         async def write_array_until_full(name: str, metadata: bytes, chunks: Iterator) -> None:

@@ -179,8 +179,8 @@ async def test_gc_removing_a_staging_folder_as_it_commits_never_loses_a_reported
     staged, go = asyncio.Event(), asyncio.Event()
     begin = writer.backend.begin
 
-    async def begin_and_pause_before_commit(snapshot_id: str):
-        snapshot_writer = await begin(snapshot_id)
+    async def begin_and_pause_before_commit(snapshot_id: str, **options: bool):
+        snapshot_writer = await begin(snapshot_id, **options)
         commit = snapshot_writer.commit
 
         async def paused_commit(document: bytes) -> None:
@@ -218,8 +218,8 @@ async def test_gc_taking_a_staging_folder_before_commit_fails_the_write_clearly(
     writer, collector = local_stores(), local_stores()
     begin = writer.backend.begin
 
-    async def begin_then_gc_before_commit(snapshot_id: str):
-        snapshot_writer = await begin(snapshot_id)
+    async def begin_then_gc_before_commit(snapshot_id: str, **options: bool):
+        snapshot_writer = await begin(snapshot_id, **options)
         commit = snapshot_writer.commit
 
         async def commit_after_gc(document: bytes) -> None:
@@ -244,8 +244,8 @@ async def test_a_staged_file_removed_before_commit_fails_the_write(
     store = local_stores()
     begin = store.backend.begin
 
-    async def begin_then_lose_a_chunk(snapshot_id: str):
-        snapshot_writer = await begin(snapshot_id)
+    async def begin_then_lose_a_chunk(snapshot_id: str, **options: bool):
+        snapshot_writer = await begin(snapshot_id, **options)
         commit = snapshot_writer.commit
 
         async def commit_without_a_chunk(document: bytes) -> None:
@@ -300,8 +300,8 @@ async def test_s3_a_commit_between_gcs_check_and_its_delete_is_refused(
     staged, go = asyncio.Event(), asyncio.Event()
     begin = writer.backend.begin
 
-    async def begin_and_pause_before_commit(snapshot_id: str):
-        snapshot_writer = await begin(snapshot_id)
+    async def begin_and_pause_before_commit(snapshot_id: str, **options: bool):
+        snapshot_writer = await begin(snapshot_id, **options)
         commit = snapshot_writer.commit
 
         async def paused_commit(document: bytes) -> None:
@@ -388,8 +388,8 @@ def test_retention_never_deletes_the_snapshot_its_own_commit_wrote(recorders, mo
     staged, go = threading.Event(), threading.Event()
     begin = slow_backend.begin
 
-    async def begin_and_pause_before_commit(snapshot_id: str):
-        snapshot_writer = await begin(snapshot_id)
+    async def begin_and_pause_before_commit(snapshot_id: str, **options: bool):
+        snapshot_writer = await begin(snapshot_id, **options)
         commit = snapshot_writer.commit
 
         async def paused_commit(document: bytes) -> None:
