@@ -47,7 +47,7 @@ from ._device_stream import RingPool, RingStreamer
 from ._manifest import PackedGradients, build_manifest, lay_out, pack, packed_checksums
 from ._manifest_checksum import seal
 from ._shards import ShardedSet
-from ._stats import StatsAccumulator, gradient_stats, packed_stats
+from ._stats import StatsAccumulator, packed_stats
 from ._validation import STATS_COLUMNS
 from ._zarr_format import (
     PACKED_ARRAY,
@@ -206,14 +206,15 @@ class _OneChunkPacked:
     """The one chunk of a packed array no longer than a chunk, written from the gradients'
     own memory: its checksums and stats, known once iterated.
 
-    Nothing is copied but runs of small gradients (under ``large_bytes``), which are laid
-    end to end into one buffer each (a write of 10,000 gradients of 1 KiB is then a few
-    writes, not 10,000, and their stats are taken together, as ``packed_stats`` does).
-    Each large gradient is a part of the chunk of its own (a ReadAlong): its stats are
-    taken a slice at a time as the writer copies or writes and checksums that slice, in
-    the same pass over its bytes, and its crc32c falls out of the running crc32c the
-    writer records after each part (``crc32c_of_tail``), with no pass of its own. The
-    small ones' crc32c are taken from their own memory, as before.
+    Nothing is copied but runs of more than FEW_SMALL_GRADIENTS small gradients (under
+    ``large_bytes``), which are laid end to end into one buffer each (a write of 10,000
+    gradients of 1 KiB is then a few writes, not 10,000, and their stats are taken
+    together, as ``packed_stats`` does). Every other gradient is a part of the chunk of
+    its own (a ReadAlong): its stats are taken a slice at a time as the writer copies or
+    writes and checksums that slice, in the same pass over its bytes, and its crc32c
+    falls out of the running crc32c the writer records after each part
+    (``crc32c_of_tail``), with no pass of its own. Nothing is read before the writer
+    starts, so the first bytes go to the device at once.
     """
 
     def __init__(
