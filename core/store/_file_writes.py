@@ -105,6 +105,9 @@ def _sync_file_range() -> Any:
 
 _sync_file_range_call = _sync_file_range()
 
+#: Whether :func:`start_writeback` does anything here (Linux's ``sync_file_range``)
+CAN_START_WRITEBACK = _sync_file_range_call is not None
+
 
 def start_writeback(fd: int) -> None:
     """Start writing ``fd``'s dirty pages to the device, without waiting for them.

@@ -552,7 +552,7 @@ def _delayed_extents(path: Path) -> int | None:
     return sum(1 for f in flags if f & FIEMAP_EXTENT_DELALLOC)
 
 
-@pytest.mark.skipif(file_writes._sync_file_range_call is None, reason="no sync_file_range")
+@pytest.mark.skipif(not file_writes.CAN_START_WRITEBACK, reason="no sync_file_range")
 def test_a_file_fsynced_later_has_its_writeback_started(tmp_path: Path) -> None:
     """A file written without its fsync (a document, the manifest, the packed chunk's
     tail) leaves no extent waiting for delayed allocation: its writeback has started. A
