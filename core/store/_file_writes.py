@@ -112,14 +112,14 @@ CAN_START_WRITEBACK = _sync_file_range_call is not None
 def start_writeback(fd: int) -> None:
     """Start writing ``fd``'s dirty pages to the device, without waiting for them.
 
-    For a file written now and fsynced later: on ext4 its blocks are allocated (delayed
-    allocation otherwise waits for the fsync) in the journal transaction that the next
-    fsync of any file commits, and its bytes go to the device meanwhile, so its own fsync
-    finds them there (a manifest and its staging folder fsynced after the chunk's round:
-    0.23-0.25 ms, against 0.35 ms without). Only a hint: it makes nothing durable, and
-    a write error it meets is reported by the fsync (with ``SYNC_FILE_RANGE_WRITE`` alone
-    the call neither waits nor consumes the file's writeback error), so its own result is
-    not looked at. Nothing where the call does not exist.
+    For a file written now and fsynced later: on ext4 its blocks are allocated now
+    (delayed allocation otherwise waits for the fsync; with a journal, the next fsync of
+    any file commits them) and its bytes go to the device meanwhile, so its own fsync
+    finds them there (a manifest and its staging folder fsynced after the chunk's round,
+    on ext4 without a journal: 0.23-0.25 ms, against 0.35 ms without). Only a hint: it
+    makes nothing durable, and a write error it meets is reported by the fsync (with
+    ``SYNC_FILE_RANGE_WRITE`` alone the call neither waits nor consumes the file's
+    writeback error), so its own result is not looked at. Nothing where the call does not exist.
     """
     if _sync_file_range_call is not None:
         _sync_file_range_call(fd, 0, 0, SYNC_FILE_RANGE_WRITE)

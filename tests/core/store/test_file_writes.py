@@ -10,6 +10,7 @@ import mmap
 import os
 import shutil
 import signal
+import struct
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -528,10 +529,9 @@ _FIEMAP_EXTENT = "=QQQQQI12x"
 def _delayed_extents(path: Path) -> int | None:
     """How many of ``path``'s extents still wait for delayed allocation (FIEMAP), or None
     where the file system does not say."""
-    import struct
-
     count = 8
-    request = bytearray(struct.calcsize(_FIEMAP_HEADER) + count * struct.calcsize(_FIEMAP_EXTENT))
+    header, extent = struct.calcsize(_FIEMAP_HEADER), struct.calcsize(_FIEMAP_EXTENT)
+    request = bytearray(header + count * extent)
     struct.pack_into(_FIEMAP_HEADER, request, 0, 0, 2**64 - 1, 0, 0, count, 0)
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -542,12 +542,7 @@ def _delayed_extents(path: Path) -> int | None:
         os.close(fd)
     mapped = struct.unpack_from(_FIEMAP_HEADER, request, 0)[3]
     flags = [
-        struct.unpack_from(
-            _FIEMAP_EXTENT,
-            request,
-            struct.calcsize(_FIEMAP_HEADER) + i * struct.calcsize(_FIEMAP_EXTENT),
-        )[5]
-        for i in range(mapped)
+        struct.unpack_from(_FIEMAP_EXTENT, request, header + i * extent)[5] for i in range(mapped)
     ]
     return sum(1 for f in flags if f & FIEMAP_EXTENT_DELALLOC)
 
