@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: An encoded chunk: its key under the array (``c/0/1``) and the buffers to write, in order.
+#: An encoded chunk: its key under the array (``c.0.1``) and the buffers to write, in order.
 #: The last buffer may be a ``Crc32cTrailer`` (``_checksums``): the writer computes it
 #: from the buffers before it as it writes them, before taking the next chunk.
 EncodedChunk = tuple[str, list[Any]]

@@ -896,7 +896,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
         one trip through a thread.
         """
         # The manifest is written before the fsyncs, and fsynced after every other file
-        # and folder: a snapshot of one packed array (its chunk, its document, two folders,
+        # and folder: a snapshot of one packed array (its chunk, its document, its folder,
         # the manifest, the staging folder) then costs one journal commit, the first
         # fsync's, not one per file, and nothing is visible before the rename anyway.
         self._write_manifest_sync(group_document)

@@ -28,6 +28,7 @@ from ._zarr_format import (
     STORE_FORMAT_VERSION,
     ChunkSpan,
     Compression,
+    chunk_key_separator,
     packed_layout,
     parse_compression,
 )
@@ -263,6 +264,8 @@ class Manifest:
         self.count = len(self.columns["param_id"])
         self.compression = parse_compression(document.get("compression"))
         self.packed: dict[str, Any] | None = document.get("packed")
+        #: the separator of this snapshot's chunk keys ("/" before format 3)
+        self.chunk_separator = chunk_key_separator(document["format_version"])
         self._index: dict[str, int] | None = None
         self._ids: list[ParamId] | None = None
         self._checksums: list[int] | None = None
@@ -305,7 +308,7 @@ class Manifest:
         gradients are read in whole chunks, and only a snapshot with packed gradients has
         this array."""
         chunk = self.packed_fields()["chunk_bytes"]
-        return ChunkSpan(f"c/{index}", index * chunk, chunk, chunk)
+        return ChunkSpan(f"c{self.chunk_separator}{index}", index * chunk, chunk, chunk)
 
     def describe_packed_chunk(self, span: ChunkSpan) -> str:
         """How messages name the gradients a packed chunk holds (the first five, then a

@@ -23,8 +23,9 @@ from ._checksums import crc32c, format_checksum, parse_checksum
 
 #: The manifest key that holds the manifest's checksum of itself (format 2 on).
 MANIFEST_CHECKSUM_KEY = "manifest_checksum"
-#: Store format versions this release reads: 1 (no checksum of the manifest) and 2.
-READABLE_FORMAT_VERSIONS = (1, 2)
+#: Store format versions this release reads: 1 (no checksum of the manifest), 2 and 3
+#: (chunk keys ``c.0.1``, not ``c/0/1``).
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 #: The first format version whose manifests carry their checksum.
 _SEALED_FROM = 2
 
@@ -53,12 +54,13 @@ def check_sealed(manifest: dict[str, Any], where: str) -> None:
     hashes to its own ``manifest_checksum``.
 
     FormatVersionError for another version; ManifestError (a FormatVersionError) for a
-    format 2 manifest without a well-formed checksum or edited since it was written, and
-    for a format 1 manifest that carries one (a format 2 manifest whose version was edited).
+    manifest of format 2 on without a well-formed checksum or edited since it was written,
+    and for a format 1 manifest that carries one (a later manifest whose version was edited).
     """
     version = manifest.get("format_version")
     if type(version) is not int or version not in READABLE_FORMAT_VERSIONS:
-        readable = " and ".join(str(v) for v in READABLE_FORMAT_VERSIONS)
+        *earlier, last = (str(v) for v in READABLE_FORMAT_VERSIONS)
+        readable = f"{', '.join(earlier)} and {last}" if earlier else last
         raise FormatVersionError(
             f"{where} has store format version {version!r}; this release reads versions {readable}"
         )

@@ -205,6 +205,7 @@ class SnapshotReader:
                 tuple(columns["shape"][position]),
                 tuple(columns["chunk_shape"][position]),
                 itemsize,
+                separator=manifest.chunk_separator,
             )
             await self._present_chunks(
                 array, spans, objects.get(array, {}), manifest.describe(position)
@@ -338,6 +339,7 @@ class SnapshotReader:
             dtype=columns["dtype"][position],
             chunk_shape=columns["chunk_shape"][position],
             compression=self._manifest.compression,
+            separator=self._manifest.chunk_separator,
             fields={
                 "data_type": "gradients.dtype",
                 "shape": "gradients.shape",
@@ -357,6 +359,7 @@ class SnapshotReader:
             dtype="uint8",
             chunk_shape=[packed["chunk_bytes"]],
             compression=self._manifest.compression,
+            separator=self._manifest.chunk_separator,
             fields={
                 "shape": "packed.nbytes",
                 "chunk_grid": "packed.chunk_bytes",
@@ -392,6 +395,7 @@ class SnapshotReader:
                 tuple(columns["chunk_shape"][position]),
                 itemsize,
                 start,
+                separator=manifest.chunk_separator,
             ),
         )
         return await self._present_chunks(array, needed, objects, manifest.describe(position))

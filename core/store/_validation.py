@@ -441,12 +441,15 @@ class ArrayClaim:
         dtype: str,
         chunk_shape: list[int],
         compression: Compression | None,
+        separator: str,
         fields: dict[str, str],
         attributes: dict[str, Any] | None = None,
     ) -> None:
         self.who = who
         self.shape, self.dtype, self.chunk_shape = shape, dtype, chunk_shape
         self.compression = compression
+        #: of the chunk keys, as the snapshot's format version has it
+        self.separator = separator
         self.fields = fields
         self.attributes = attributes
 
@@ -507,9 +510,13 @@ def validate_array_document(raw: memoryview, claim: ArrayClaim, snapshot_id: str
         type(encoding) is not dict
         or encoding.get("name") != "default"
         or (configuration is not None and type(configuration) is not dict)
-        or (configuration or {}).get("separator", "/") != "/"
+        or (configuration or {}).get("separator", "/") != claim.separator
     ):
-        fail("chunk_key_encoding", "default, with separator '/'", encoding)
+        fail(
+            "chunk_key_encoding",
+            _Said(f"default, with separator {claim.separator!r}"),
+            encoding,
+        )
     if get("storage_transformers") not in (None, []):
         fail("storage_transformers", [], get("storage_transformers"))
     codecs = get("codecs", _MISSING)

@@ -50,6 +50,7 @@ from ._shards import ShardedSet
 from ._stats import StatsAccumulator, packed_stats
 from ._validation import STATS_COLUMNS
 from ._zarr_format import (
+    CHUNK_KEY_SEPARATOR,
     PACKED_ARRAY,
     ChunkSpan,
     Compression,
@@ -314,7 +315,7 @@ class _OneChunkPacked:
             self.stats = stats
 
         self._unsettled = settle
-        yield "c/0", parts
+        yield f"c{CHUNK_KEY_SEPARATOR}0", parts
         self._settle()
 
     def _settle(self) -> None:
@@ -394,7 +395,7 @@ class SnapshotWrite:
         threshold: float = self._pack_threshold
         if threshold and sum(entry.array.nbytes for entry in entries) <= self._chunk_bytes:
             # a snapshot no longer than a chunk is one chunk of the packed array: one file
-            # and two folders to write and fsync, not a folder tree per gradient
+            # and one folder to write and fsync, not a folder tree per gradient
             threshold = math.inf
         packed_positions = [i for i, entry in enumerate(entries) if entry.array.nbytes < threshold]
         own_positions = [i for i, entry in enumerate(entries) if entry.array.nbytes >= threshold]

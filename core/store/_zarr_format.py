@@ -21,7 +21,10 @@ import orjson
 from ..records.dtypes import BFLOAT16_NAME
 
 #: Version of the snapshot layout and manifest (``attributes["gradvault"]["format_version"]``).
-STORE_FORMAT_VERSION = 2
+STORE_FORMAT_VERSION = 3
+#: Chunk keys are written with this separator (store format 3 on): ``c.0.1``, a file beside
+#: the array's ``zarr.json``. Formats 1 and 2 wrote ``c/0/1``, a folder per level.
+CHUNK_KEY_SEPARATOR = "."
 #: Name of the array that holds the packed small gradients of a snapshot.
 PACKED_ARRAY = "packed"
 #: Every gradient in the packed array starts at a multiple of this many bytes.
@@ -63,6 +66,11 @@ def parse_compression(text: object) -> Compression | None:
 # --- Zarr v3 metadata documents -------------------------------------------------------
 
 
+def chunk_key_separator(format_version: int) -> str:
+    """The separator of the chunk keys of a snapshot of ``format_version``."""
+    return "/" if format_version < 3 else CHUNK_KEY_SEPARATOR
+
+
 def _fill_value(dtype: str) -> bool | int | float:
     if dtype == "bool":
         return False
@@ -76,7 +84,8 @@ def array_metadata(
     compression: Compression | None,
     attributes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``zarr.json`` zarr-python 3.1 writes for such an array (key order included)."""
+    """The ``zarr.json`` zarr-python 3.1 writes for such an array (key order included), its
+    chunk keys separated by CHUNK_KEY_SEPARATOR."""
     bytes_codec: dict[str, Any] = {"name": "bytes"}
     if np.dtype(dtype).itemsize > 1:
         bytes_codec["configuration"] = {"endian": "little"}
@@ -88,7 +97,10 @@ def array_metadata(
         "shape": list(shape),
         "data_type": dtype,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk_shape)}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "chunk_key_encoding": {
+            "name": "default",
+            "configuration": {"separator": CHUNK_KEY_SEPARATOR},
+        },
         "fill_value": _fill_value(dtype),
         "codecs": codecs,
         "attributes": attributes or {},
@@ -174,13 +186,20 @@ def chunk_shape_for(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> 
 
 
 def iter_chunk_spans(
-    shape: tuple[int, ...], chunk_shape: tuple[int, ...], itemsize: int, start: int = 0
+    shape: tuple[int, ...],
+    chunk_shape: tuple[int, ...],
+    itemsize: int,
+    start: int = 0,
+    *,
+    separator: str = CHUNK_KEY_SEPARATOR,
 ) -> Iterator[ChunkSpan]:
     """Every chunk of an array laid out by :func:`chunk_shape_for`, in C order of keys.
 
     Lazy, so that a reader can stop at the first chunk the store does not hold, however
     many chunks a damaged manifest claims. With ``start``, the chunks from the one that
     holds byte ``start`` on (found by arithmetic, not by walking the chunks before it).
+    Keys are separated by ``separator``: a reader passes the one of the snapshot's format
+    (:func:`chunk_key_separator`).
     """
     if not shape:
         if start < itemsize:
@@ -197,16 +216,19 @@ def iter_chunk_spans(
     inner = itemsize * math.prod(shape[axis + 1 :])
     rows = chunk_shape[axis]
     row_bytes = shape[axis] * inner  # the bytes of one index of the leading axes
-    trailing_zeros = "/0" * (len(shape) - axis - 1)
+    trailing_zeros = f"{separator}0" * (len(shape) - axis - 1)
     first_outer, within = divmod(start, row_bytes)
     first_chunk = within // (rows * inner)
     for flat in range(first_outer, math.prod(shape[:axis])):
-        prefix = "".join(f"/{i}" for i in _c_order_unravel(flat, shape[:axis]))
+        prefix = "".join(f"{separator}{i}" for i in _c_order_unravel(flat, shape[:axis]))
         base = flat * row_bytes
         for j in range(first_chunk if flat == first_outer else 0, -(-shape[axis] // rows)):
             length = min(rows, shape[axis] - j * rows) * inner
             yield ChunkSpan(
-                f"c{prefix}/{j}{trailing_zeros}", base + j * rows * inner, length, rows * inner
+                f"c{prefix}{separator}{j}{trailing_zeros}",
+                base + j * rows * inner,
+                length,
+                rows * inner,
             )
 
 

@@ -119,7 +119,11 @@ def is_top_level_key(segments: list[str]) -> bool:
 
 
 def snapshot_key_exists(manifest: Manifest, inside: list[str]) -> bool:
-    """Whether ``inside`` (the segments after ``snapshots/<id>/``) is a key of the snapshot."""
+    """Whether ``inside`` (the segments after ``snapshots/<id>/``) is a key of the snapshot.
+
+    A chunk key is ``c`` and the chunk's indices, separated as the snapshot's format
+    separates them: ``c.0.1`` (one segment) from format 3, ``c/0/1`` before.
+    """
     if inside == [MANIFEST_NAME]:
         return True
     array, *rest = inside
@@ -137,6 +141,7 @@ def snapshot_key_exists(manifest: Manifest, inside: list[str]) -> bool:
         grid = tuple(ceil(n / c) for n, c in zip(shape, chunk_shape, strict=True))
     if rest == [MANIFEST_NAME]:
         return True
+    rest = _chunk_key_parts(manifest, rest)
     if not rest or rest[0] != "c" or len(rest) != len(grid) + 1:
         return False
     indices = rest[1:]
@@ -145,6 +150,14 @@ def snapshot_key_exists(manifest: Manifest, inside: list[str]) -> bool:
     if any(n == 0 for n in grid):
         return False  # an empty array has no chunk files
     return all(int(index) < n for index, n in zip(indices, grid, strict=True))
+
+
+def _chunk_key_parts(manifest: Manifest, rest: list[str]) -> list[str]:
+    """``c`` and the indices of the chunk key whose path segments are ``rest``."""
+    separator = manifest.chunk_separator
+    if separator == "/":
+        return rest
+    return rest[0].split(separator) if len(rest) == 1 else []
 
 
 @dataclass(frozen=True)
@@ -280,7 +293,7 @@ def _chunk_of(manifest: Manifest, array: str, chunk_key: str) -> tuple[ChunkSpan
     """The span of a chunk within the snapshot's chunk grid, and who it holds."""
     columns = manifest.columns
     if array == PACKED_ARRAY:
-        span = manifest.packed_chunk(int(chunk_key.removeprefix("c/")))
+        span = manifest.packed_chunk(int(chunk_key.removeprefix(f"c{manifest.chunk_separator}")))
         return span, manifest.describe_packed_chunk(span) or "the packed array"
     position = manifest.position(array)
     assert position is not None  # the caller found the key in the manifest

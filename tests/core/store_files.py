@@ -1,6 +1,6 @@
 """The files (or objects) of a store, reached around gradvault, to damage them in tests.
 
-Keys are relative to the store root (``snapshots/<id>/<array>/c/0``), as the backends
+Keys are relative to the store root (``snapshots/<id>/<array>/c.0``), as the backends
 name them; the local one can also put a FIFO, a folder or a symbolic link in a file's place.
 """
 
@@ -14,6 +14,13 @@ from typing import Any
 import google_crc32c
 
 from .conftest import S3_BUCKET
+
+
+def is_chunk_key(key: str) -> bool:
+    """Whether ``key`` names a chunk: ``c.0.1`` (``c/0/1`` before format 3), or ``c`` of a
+    0-d array."""
+    name = key.rpartition("/")[2]
+    return name == "c" or name.startswith("c.") or "/c/" in key
 
 
 class LocalFiles:

@@ -202,7 +202,7 @@ async def test_gradvault_reads_a_bf16_array_tensorstore_wrote(tmp_path: Path) ->
                 "shape": [2, 1500],
                 "data_type": "bfloat16",
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1, 1500]}},
-                "chunk_key_encoding": {"name": "default"},
+                "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
                 "fill_value": "NaN",
                 "codecs": [
                     {"name": "bytes", "configuration": {"endian": "little"}},

@@ -1,7 +1,7 @@
 """Store format 2: a manifest's checksum of itself is the one docs/FORMAT.md defines.
 
 (Edits refused: tests/core/store/test_store_hostile.py, test_store_shards.py; format 1
-read: test_format1_fixture.py.)
+read: test_format_fixtures.py.)
 """
 
 from __future__ import annotations
@@ -33,5 +33,5 @@ async def test_a_written_manifest_hashes_as_the_format_defines_it(tmp_path: Path
         info = await store.write_snapshot(record, run="r", step=0)
     raw = (tmp_path / "store" / "snapshots" / info.id / "zarr.json").read_bytes()
     manifest = json.loads(raw)["attributes"]["gradvault"]
-    assert manifest["format_version"] == 2
+    assert manifest["format_version"] == 3
     assert manifest["manifest_checksum"] == manifest_checksum(manifest)

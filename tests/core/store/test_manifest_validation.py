@@ -329,13 +329,13 @@ async def test_a_damaged_manifest_is_refused_clearly_and_skipped_by_list(
 
 async def test_list_skips_a_manifest_of_another_format_version(three_snapshots) -> None:
     root, ids, records = three_snapshots
-    rewrite_manifest(root, ids[0], set_field("format_version", 3))
+    rewrite_manifest(root, ids[0], set_field("format_version", 4))
     rewrite_manifest(root, ids[2], drop_field("gradients"))
     async with open_store(root, **OPTIONS) as store:
         assert [info.id for info in await store.list()] == [ids[1]]
         assert [info.id for info in await store.list(run="train")] == [ids[1]]
         assert_same(await store.read_snapshot(ids[1]), records[1])
-        with pytest.raises(FormatVersionError, match="format version 3"):
+        with pytest.raises(FormatVersionError, match="format version 4"):
             await store.read_snapshot(ids[0])
 
 

@@ -242,7 +242,7 @@ async def test_manifest_has_stats_checksums_and_run_fields(store: SnapshotStore)
     record = make_record(arrays)
     info = await store.write_snapshot(record, run="r", step=3, tags={"a": "b"}, device="cpu")
     manifest = await store.info(info.id)
-    assert manifest["format_version"] == 2
+    assert manifest["format_version"] == 3
     # the manifest's checksum of itself, computed as docs/FORMAT.md defines it
     # (tests/core/store_files.py: from the rules, apart from gradvault and orjson)
     assert manifest["manifest_checksum"] == manifest_checksum(manifest)
@@ -469,7 +469,7 @@ async def test_a_flipped_byte_in_any_chunk_names_the_parameter(tmp_path: Path) -
     damaged = await store.write_snapshot(record, run="r", step=1)
     intact = await store.write_snapshot(record, run="r", step=2)
     folder = tmp_path / "snapshots" / damaged.id
-    chunk_files = sorted(p for p in folder.rglob("*") if p.is_file() and "c" in p.parts[-3:])
+    chunk_files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.startswith("c."))
     chunk_files = [p for p in chunk_files if p.name != "zarr.json"]
     assert len(chunk_files) > 3
     manifest = await store.info(damaged.id)
@@ -498,7 +498,7 @@ async def test_a_missing_chunk_is_reported(tmp_path: Path) -> None:
     record = make_record({"w": np.ones((4, 4), np.float32)})
     info = await store.write_snapshot(record, run="r", step=1)
     pid = str(record.entries[0].param_id)
-    (tmp_path / "snapshots" / info.id / pid / "c" / "0" / "0").unlink()
+    (tmp_path / "snapshots" / info.id / pid / "c.0.0").unlink()
     with pytest.raises(ChecksumMismatchError, match=pid):
         await store.read_snapshot(info.id)
     await store.close()
@@ -641,6 +641,7 @@ async def test_metadata_documents_are_what_zarr_writes(tmp_path: Path) -> None:
             shape=tuple(document["shape"]),
             chunks=tuple(document["chunk_grid"]["configuration"]["chunk_shape"]),
             dtype=document["data_type"],
+            chunk_key_encoding={"name": "default", "separator": "."},
             serializer=BytesCodec(endian="little"),
             compressors=[ZstdCodec(level=5), Crc32cCodec()],
             fill_value=0,
@@ -662,7 +663,7 @@ async def test_zarr_rejects_a_corrupted_chunk_too(tmp_path: Path) -> None:
     info = await store.write_snapshot(record, run="r", step=1)
     await store.close()
     pid = str(record.entries[0].param_id)
-    chunk = tmp_path / "snapshots" / info.id / pid / "c" / "0" / "0"
+    chunk = tmp_path / "snapshots" / info.id / pid / "c.0.0"
     data = bytearray(chunk.read_bytes())
     data[0] ^= 1
     chunk.write_bytes(bytes(data))
@@ -710,7 +711,8 @@ async def test_a_snapshot_of_one_chunk_is_one_packed_chunk_fsynced_in_three_roun
     tmp_path: Path, monkeypatch, large: bool
 ) -> None:
     """Every gradient of a snapshot no longer than a chunk is packed, large ones included:
-    one chunk file, one array document, two folders; every file and folder is fsynced
+    one chunk file, one array document, one folder beside the staging folder (the chunk
+    key ``c.0`` is a file of the array's folder, format 3); every file and folder is fsynced
     before the manifest, the manifest and the staging folder before the rename, and
     snapshots/ after it. The same when the chunk is long enough to go to the device in
     pieces (at least two PIECE_BYTES)."""
@@ -726,17 +728,16 @@ async def test_a_snapshot_of_one_chunk_is_one_packed_chunk_fsynced_in_three_roun
 
     committed = tmp_path / "snapshots" / info.id
     found = sorted(p.relative_to(committed).as_posix() for p in committed.rglob("*"))
-    assert found == ["packed", "packed/c", "packed/c/0", "packed/zarr.json", "zarr.json"]
+    assert found == ["packed", "packed/c.0", "packed/zarr.json", "zarr.json"]
     manifest = (await store.info(info.id))["gradients"]
     assert set(manifest["array"]) == {"packed"}
     assert max(manifest["nbytes"]) >= 512  # gradients over pack_threshold, packed too
     assert_bit_identical(await store.read_snapshot(info.id), record)
 
     staging = tmp_path.resolve() / ".staging" / info.id
-    inside = {str(staging / name) for name in ["packed/c/0", "packed/zarr.json", "packed/c"]}
-    inside.add(str(staging / "packed"))
-    assert set(events[:4]) == {("fsync", path) for path in inside}
-    assert set(events[4:6]) == {("fsync", str(staging / "zarr.json")), ("fsync", str(staging))}
-    assert events[6] == ("rename", str(staging))
-    assert events[7:] == [("fsync", str(tmp_path.resolve() / "snapshots"))]
+    inside = {str(staging / name) for name in ["packed/c.0", "packed/zarr.json", "packed"]}
+    assert set(events[:3]) == {("fsync", path) for path in inside}
+    assert set(events[3:5]) == {("fsync", str(staging / "zarr.json")), ("fsync", str(staging))}
+    assert events[5] == ("rename", str(staging))
+    assert events[6:] == [("fsync", str(tmp_path.resolve() / "snapshots"))]
     await store.close()

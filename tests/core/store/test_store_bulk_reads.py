@@ -23,6 +23,8 @@ from gradvault.core.records.param_id import ParamId
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, open_store
 
+from ..store_files import is_chunk_key
+
 
 def make_record(arrays: dict[str, np.ndarray]) -> GradientsParamsRecord:
     return GradientsParamsRecord(
@@ -47,7 +49,7 @@ async def chunk_keys(store: SnapshotStore, snapshot_id: str) -> dict[str, int]:
     return {
         f"{prefix}/{key}": size
         for key, size in objects.items()
-        if "/c/" in key and not key.startswith("packed/") and size is not None
+        if is_chunk_key(key) and not key.startswith("packed/") and size is not None
     }
 
 
@@ -55,7 +57,7 @@ async def test_read_many_gives_each_key_its_bytes_or_its_refusal(store: Snapshot
     info = await store.write_snapshot(make_record(many_arrays(6)), run="r", step=1)
     keys = sorted(await chunk_keys(store, info.id))
     assert len(keys) > 12  # more than the threads that read them
-    missing = f"snapshots/{info.id}/{ParamId()}/c/0/0"
+    missing = f"snapshots/{info.id}/{ParamId()}/c.0.0"
     outcomes = await store.backend.read_many([*keys, missing])
     assert len(outcomes) == len(keys) + 1
     for key, outcome in zip(keys, outcomes, strict=False):
@@ -87,7 +89,7 @@ async def test_read_many_into_checked_fills_the_buffers_and_gives_running_crcs(
         whole = memoryview(bytearray(size))
         requests.append((key, [whole[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]))
     wrong_size = (requests[0][0], [memoryview(bytearray(sizes[requests[0][0]] + 1))])
-    missing = (f"snapshots/{info.id}/{ParamId()}/c/0/0", [memoryview(bytearray(8))])
+    missing = (f"snapshots/{info.id}/{ParamId()}/c.0.0", [memoryview(bytearray(8))])
     outcomes = await store.backend.read_many_into_checked([*requests, wrong_size, missing])
     for (key, buffers), outcome in zip(requests, outcomes, strict=False):
         expected = bytes(await store.backend.read(key))
@@ -183,7 +185,7 @@ async def test_the_first_damaged_chunk_in_read_order_is_named(tmp_path: Path) ->
     entries = list(record)
     # damage the last chunk of the fourth gradient and a middle one of the second
     for entry, pick in ((entries[3], -1), (entries[1], 1)):
-        chunks = sorted((folder / str(entry.param_id) / "c").rglob("*"))
+        chunks = sorted((folder / str(entry.param_id)).glob("c.*"))
         path = [p for p in chunks if p.is_file()][pick]
         data = bytearray(path.read_bytes())
         data[len(data) // 3] ^= 0x10
@@ -213,6 +215,7 @@ async def test_a_cancelled_bulk_read_starts_no_other_file(tmp_path: Path) -> Non
     info = await store.write_snapshot(make_record(many_arrays(4, seed=5)), run="r", step=1)
     sizes = await chunk_keys(store, info.id)
     requests = [(key, [memoryview(bytearray(b"\xab" * size))]) for key, size in sizes.items()]
+    assert len(requests) > 1  # else no reading thread would start, and the wait below with it
     pool = store.backend.threads
     run = pool.run
     release = threading.Event()

@@ -23,7 +23,14 @@ from gradvault.core.records.param_id import ParamId
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, open_store
 
-from ..store_files import LocalFiles, edit_json, manifest_checksum, manifest_key, store_files
+from ..store_files import (
+    LocalFiles,
+    edit_json,
+    is_chunk_key,
+    manifest_checksum,
+    manifest_key,
+    store_files,
+)
 from ..store_reader import ReaderProcess, digest
 
 OPTIONS = {"chunk_bytes": 4096, "pack_threshold": 512}
@@ -201,7 +208,7 @@ SAME_LENGTH_EDITS = [
     ("dtype of a packed gradient", b'"bool"', b'"int8"'),
     ("shape of an own array", b"[64,33]", b"[33,64]"),
     ("step", b'"step":1', b'"step":7'),
-    ("format version", b'"format_version":2', b'"format_version":1'),
+    ("format version", b'"format_version":3', b'"format_version":1'),
 ]
 
 
@@ -228,10 +235,10 @@ async def test_a_manifest_edited_in_place_is_refused_not_read_as_edited(
     assert info.get("error") == "ManifestError" and case.id in info["message"], info
 
 
-async def test_an_untouched_format_2_snapshot_reads(case: Case) -> None:
+async def test_an_untouched_snapshot_of_this_format_reads(case: Case) -> None:
     document = json.loads(case.files.read(manifest_key(case.id)))
     manifest = document["attributes"]["gradvault"]
-    assert manifest["format_version"] == 2
+    assert manifest["format_version"] == 3
     assert manifest["manifest_checksum"] == manifest_checksum(manifest)
     assert case.ask("read_snapshot")["result"] == rows(case.record)
     assert case.id in case.ask("list")["result"]
@@ -298,11 +305,31 @@ async def test_a_data_type_edited_in_the_array_document_is_refused(case: Case) -
     )
 
 
+async def test_an_array_document_with_the_earlier_chunk_key_separator_is_refused(
+    case: Case,
+) -> None:
+    """A format 3 snapshot whose array document says chunk keys ``c/0/0`` (formats 1 and
+    2) is refused, naming the array and both separators, not looked up under other names."""
+
+    def earlier_separator(document: dict) -> None:
+        document["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": "/"}}
+
+    edit_json(case.files, f"snapshots/{case.id}/{case.own_array}/zarr.json", earlier_separator)
+    case.assert_refused(
+        "ManifestError",
+        [*WHOLE, "fc.weight"],
+        case.own_array,
+        "chunk_key_encoding",
+        "separator '.'",
+        "'/'",
+    )
+
+
 # --- something other than a regular file in a file's place (local store) ---------------
 
 
 def first_chunk(case: Case) -> str:
-    return f"snapshots/{case.id}/{case.own_array}/c/0/0"
+    return f"snapshots/{case.id}/{case.own_array}/c.0.0"
 
 
 @pytest.mark.parametrize("replace", ["fifo", "folder", "link"])
@@ -382,7 +409,7 @@ async def test_a_restored_gradient_is_unaffected_by_its_chunk_file_changing_in_p
     restored = case.ask("restore")
     assert restored["result"] == rows(record)
     array_name = str(record.entries[0].param_id) if layout == "own array" else "packed"
-    path = tmp_path / "snapshots" / info.id / array_name / "c" / "0"
+    path = tmp_path / "snapshots" / info.id / array_name / "c.0"
     with open(path, "r+b") as file:  # in place: the same inode, as a careless tool would
         if damage == "rewrite":
             file.write(b"\xff" * (1 << 20))
@@ -409,7 +436,7 @@ async def test_restoring_n_bytes_peaks_at_n_bytes_plus_one_chunk(tmp_path: Path)
     async with open_store(tmp_path, chunk_bytes=CHUNK_BYTES) as store:
         info = await store.write_snapshot(record, run="r", step=1)
     files = LocalFiles(tmp_path)
-    assert len([key for key in files.keys(info.id) if "/c/" in key]) == 8
+    assert len([key for key in files.keys(info.id) if is_chunk_key(key)]) == 8
     del array, record  # the digest below is of the same values, computed again
     expected = digest(np.arange(RESTORED_BYTES // 4, dtype=np.float32))
 

@@ -250,7 +250,7 @@ async def test_a_staged_file_removed_before_commit_fails_the_write(
 
         async def commit_without_a_chunk(document: bytes) -> None:
             staged = Path(store.location) / ".staging" / snapshot_id
-            chunk = next(p for p in sorted(staged.rglob("c/*")) if p.is_file())
+            chunk = next(p for p in sorted(staged.rglob("c.*")) if p.is_file())
             chunk.unlink()
             await commit(document)
 

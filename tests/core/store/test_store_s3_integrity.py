@@ -13,6 +13,7 @@ from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRe
 from gradvault.core.store import open_store
 
 from ..conftest import S3_BUCKET, S3_CREDENTIALS
+from ..store_files import is_chunk_key
 
 
 def _record() -> GradientsParamsRecord:
@@ -53,9 +54,7 @@ async def test_a_flipped_byte_in_any_s3_chunk_names_the_parameter(
         for i in range(len(table["param_id"]))
     }
     listing = boto3_s3.list_objects_v2(Bucket=S3_BUCKET, Prefix=f"{prefix}/snapshots/{damaged.id}/")
-    chunk_keys = [
-        o["Key"] for o in listing["Contents"] if "/c/" in o["Key"] or o["Key"].endswith("/c")
-    ]
+    chunk_keys = [o["Key"] for o in listing["Contents"] if is_chunk_key(o["Key"])]
     assert len(chunk_keys) > 3
     for key in chunk_keys:
         original = boto3_s3.get_object(Bucket=S3_BUCKET, Key=key)["Body"].read()

@@ -312,7 +312,7 @@ async def test_the_zarr_view_serves_each_shard_as_a_snapshot(store: SnapshotStor
     table = shard["attributes"]["gradvault"]["gradients"]
     own = [name for name in table["array"] if name != "packed"][0]
     position = table["array"].index(own)
-    chunk = await store.read_key(f"snapshots/{snapshot_id}/ranks/1/{own}/c/0")
+    chunk = await store.read_key(f"snapshots/{snapshot_id}/ranks/1/{own}/c.0")
     assert bytes(chunk[:-4])[:400] == _record(1).entries[position].data[:400]
     for missing in ("ranks/2/zarr.json", "ranks/x/zarr.json", "packed/zarr.json"):
         with pytest.raises(gv.StoreKeyNotFoundError):
@@ -349,7 +349,7 @@ async def test_a_shard_manifest_or_the_snapshot_manifest_edited_in_place_is_refu
     folder = root / "snapshots" / snapshot_id
     for document in (folder / "zarr.json", folder / "ranks" / "1" / "zarr.json"):
         manifest = json.loads(document.read_text())["attributes"]["gradvault"]
-        assert manifest["format_version"] == 2 and manifest["manifest_checksum"].startswith(
+        assert manifest["format_version"] == 3 and manifest["manifest_checksum"].startswith(
             "crc32c:"
         )
     shard = folder / "ranks" / "1" / "zarr.json"

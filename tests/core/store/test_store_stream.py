@@ -42,6 +42,7 @@ from gradvault.core.records.safetensors_file import (
 from gradvault.core.store import SnapshotStore, new_snapshot_id
 
 from ..conftest import S3_BUCKET
+from ..store_files import is_chunk_key
 
 CHUNK = 4096  # the store fixture's chunk_bytes
 
@@ -120,7 +121,7 @@ class ReadCounter:
         return watched
 
     def chunks(self) -> list[str]:
-        return [key for key in self.keys if "/c/" in key or key.endswith("/c")]
+        return [key for key in self.keys if is_chunk_key(key)]
 
 
 # --- iter_gradient ----------------------------------------------------------------------
@@ -220,7 +221,7 @@ async def test_a_flipped_byte_is_caught_mid_stream_before_its_bytes_go_out(
     record = make_record()
     info = await store.write_snapshot(record, run="r", step=1)
     gradient = by_name(record, "wide")  # rows of 8000 bytes, chunks of 512 values: 2 per row
-    key = f"snapshots/{info.id}/{gradient.param_id}/c/1/0"  # the 3rd chunk: bytes 8000..12096
+    key = f"snapshots/{info.id}/{gradient.param_id}/c.1.0"  # the 3rd chunk: bytes 8000..12096
     original = raw.get(key)
     damaged = bytearray(original)
     damaged[100] ^= 0x01
@@ -248,7 +249,7 @@ async def test_a_flipped_byte_in_the_packed_chunk_names_the_gradients(
 ) -> None:
     record = make_record()
     info = await store.write_snapshot(record, run="r", step=1)
-    key = f"snapshots/{info.id}/packed/c/0"
+    key = f"snapshots/{info.id}/packed/c.0"
     original = raw.get(key)
     damaged = bytearray(original)
     damaged[0] ^= 0x01
@@ -313,7 +314,7 @@ async def test_a_flipped_byte_ends_the_safetensors_stream(
     record = make_record()
     info = await store.write_snapshot(record, run="r", step=1)
     gradient = by_name(record, "big.weight")
-    key = f"snapshots/{info.id}/{gradient.param_id}/c/1/0"
+    key = f"snapshots/{info.id}/{gradient.param_id}/c.1.0"
     damaged = bytearray(raw.get(key))
     damaged[-10] ^= 0x80
     raw.put(key, bytes(damaged))
@@ -340,10 +341,10 @@ async def test_read_key_serves_the_zarr_hierarchy_of_a_snapshot(
     manifest = await store.info(info.id)
     keys = ["zarr.json", "snapshots/zarr.json", f"snapshots/{info.id}/zarr.json"]
     keys.append(f"snapshots/{info.id}/packed/zarr.json")
-    keys.append(f"snapshots/{info.id}/packed/c/0")
+    keys.append(f"snapshots/{info.id}/packed/c.0")
     wide = str(by_name(record, "wide").param_id)
     keys += [f"snapshots/{info.id}/{wide}/zarr.json"]
-    keys += [f"snapshots/{info.id}/{wide}/c/{i}/{j}" for i in range(3) for j in range(2)]
+    keys += [f"snapshots/{info.id}/{wide}/c.{i}.{j}" for i in range(3) for j in range(2)]
     for key in keys:
         data = await store.read_key(key)
         assert bytes(data) == raw.get(key), key
@@ -381,16 +382,19 @@ async def test_keys_outside_the_snapshots_chunk_grids_are_not_found(
         "snapshots/foo/zarr.json",
         f"snapshots/{info.id}/nothing/zarr.json",
         f"snapshots/{info.id}/{packed}/zarr.json",  # packed: no array of its own
-        f"snapshots/{info.id}/{empty}/c/0/0",
-        f"snapshots/{info.id}/{wide}/c/3/0",  # outside the grid
-        f"snapshots/{info.id}/{wide}/c/0/2",
-        f"snapshots/{info.id}/{wide}/c/0",
-        f"snapshots/{info.id}/{wide}/c/0/0/0",
-        f"snapshots/{info.id}/{wide}/c/00/0",
-        f"snapshots/{info.id}/{wide}/c/+1/0",
+        f"snapshots/{info.id}/{empty}/c.0.0",
+        f"snapshots/{info.id}/{wide}/c.3.0",  # outside the grid
+        f"snapshots/{info.id}/{wide}/c.0.2",
+        f"snapshots/{info.id}/{wide}/c.0",
+        f"snapshots/{info.id}/{wide}/c.0.0.0",
+        f"snapshots/{info.id}/{wide}/c.00.0",
+        f"snapshots/{info.id}/{wide}/c.+1.0",
+        f"snapshots/{info.id}/{wide}/c/0/0",  # the separator of formats 1 and 2
+        f"snapshots/{info.id}/{wide}/c.0/0",
+        f"snapshots/{info.id}/{wide}/c..0",
         f"snapshots/{info.id}/{wide}/c",
         f"snapshots/{info.id}/{wide}",
-        f"snapshots/{info.id}/packed/c/1",
+        f"snapshots/{info.id}/packed/c.1",
         f"snapshots/{info.id}/gc-collected",
         f"snapshots/{info.id}/zarr.json/x",
         "zarr.json/.zattrs",

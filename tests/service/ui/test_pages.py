@@ -68,7 +68,7 @@ def test_run_stats_never_read_gradient_bytes(trained_store: TrainedStore, tmp_pa
     """With every chunk of every snapshot gone, the stats and the pages still answer."""
     copy = tmp_path / "store"
     shutil.copytree(trained_store.path, copy)
-    removed = [chunk for chunk in copy.glob("snapshots/*/**/c/*") if chunk.is_file()]
+    removed = [chunk for chunk in copy.glob("snapshots/*/**/c.*") if chunk.is_file()]
     assert removed
     for chunk in removed:
         chunk.unlink()
