@@ -141,7 +141,7 @@ def snapshot_key_exists(manifest: Manifest, inside: list[str]) -> bool:
         grid = tuple(ceil(n / c) for n, c in zip(shape, chunk_shape, strict=True))
     if rest == [MANIFEST_NAME]:
         return True
-    rest = _chunk_key_parts(manifest, rest)
+    rest = "/".join(rest).split(manifest.chunk_separator)  # "c" and the chunk's indices
     if not rest or rest[0] != "c" or len(rest) != len(grid) + 1:
         return False
     indices = rest[1:]
@@ -150,14 +150,6 @@ def snapshot_key_exists(manifest: Manifest, inside: list[str]) -> bool:
     if any(n == 0 for n in grid):
         return False  # an empty array has no chunk files
     return all(int(index) < n for index, n in zip(indices, grid, strict=True))
-
-
-def _chunk_key_parts(manifest: Manifest, rest: list[str]) -> list[str]:
-    """``c`` and the indices of the chunk key whose path segments are ``rest``."""
-    separator = manifest.chunk_separator
-    if separator == "/":
-        return rest
-    return rest[0].split(separator) if len(rest) == 1 else []
 
 
 @dataclass(frozen=True)
