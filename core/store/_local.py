@@ -97,35 +97,73 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-def _fsync_paths(paths: list[str]) -> None:
-    """fsync each file or folder of ``paths``, in order (a read-only descriptor will do)."""
+def _fsync_paths(paths: list[str]) -> float:
+    """fsync each file or folder of ``paths``, in order (a read-only descriptor will do);
+    the seconds the fsyncs took, all together."""
+    waited = 0.0
     for path in paths:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
+            start = time.perf_counter()
             os.fsync(fd)
+            waited += time.perf_counter() - start
         finally:
             os.close(fd)
+    return waited
 
 
 class FsyncTogether:
-    """fsyncs several files and folders at once, from any thread, in a few threads of its own.
+    """fsyncs several files and folders, from any thread: one after the other in the
+    calling thread while this device's fsyncs are quick, at once in a few threads of its
+    own while they are slow.
 
-    On ext4 every fsync ends with a flush of the device's write cache, even when the
-    journal commit of the first one already made every change durable: measured here
-    1-4 ms each, one after the other, for the six a small snapshot needs. Issued together,
-    their flushes overlap. The threads only ever fsync, so a writer thread that waits for
+    Every fsync on ext4 ends with a flush of the device's write cache, even when the first
+    one already made every change durable. Where a flush is slow (1-4 ms each, measured
+    on an earlier machine of this project's), the six fsyncs of a small snapshot issued together overlap
+    their flushes. Where it is quick (0.07-0.09 ms for a folder or a file whose writeback
+    was started, 0.47 ms for the chunk written with ``O_DIRECT``, on ext4 without a
+    journal), handing an fsync to another thread costs more than it saves: on two busy
+    cores each hand-over took ~0.15 ms of CPU, and a commit of the MLP's 8.4 MB cost
+    0.45-0.55 ms less CPU per commit with its fsyncs in line, and no more wall time
+    (docs/FORMAT.md, "Local I/O"). So the fsyncs made in line are timed, and the moving
+    average of their mean decides: in line below ``IN_LINE_BELOW``, together above, with
+    one call in ``PROBE_EVERY`` made in line all the same to measure again (fsyncs made
+    together are not timed: they wait for each other's flushes, so their times would say
+    nothing of one alone). The threads only ever fsync, so a writer thread that waits for
     them cannot deadlock the store's own pool.
     """
+
+    #: Mean fsync time (seconds) under which fsyncs run one after the other in line.
+    IN_LINE_BELOW = 0.5e-3
+    #: Weight of the latest in-line call's mean fsync time in the moving average.
+    WEIGHT = 0.25
+    #: While fsyncs run together, one call in this many runs in line, to measure again.
+    PROBE_EVERY = 32
 
     def __init__(self, threads: int = 8) -> None:
         self._threads = threads
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        self._calls = 0
+        #: moving average of the mean time of one fsync made in line (seconds); 0 at first
+        self.mean_fsync_seconds = 0.0
+
+    def in_line(self) -> bool:
+        """Whether fsyncs run one after the other in the calling thread now."""
+        return self.mean_fsync_seconds < self.IN_LINE_BELOW
 
     def fsync(self, paths: list[str]) -> None:
-        """fsync every path of ``paths``, all at once; raises the first failure."""
-        if len(paths) <= 1:
-            _fsync_paths(paths)
+        """fsync every path of ``paths`` (in line or all at once, see the class); raises
+        the first failure."""
+        if not paths:
+            return
+        with self._lock:
+            self._calls += 1
+            probe = self._calls % self.PROBE_EVERY == 0
+        if len(paths) == 1 or probe or self.in_line():
+            mean = _fsync_paths(paths) / len(paths)
+            with self._lock:
+                self.mean_fsync_seconds += self.WEIGHT * (mean - self.mean_fsync_seconds)
             return
         with self._lock:
             if self._executor is None:
