@@ -11,7 +11,12 @@ side writes the same bytes and returns only once they are durable:
 - ``torch.save`` of the six tensors (copies of the arrays, made once), then fsync;
 - one ``O_DIRECT`` write of the same bytes (already laid out end to end in page-aligned
   memory, rounded up to 4 KiB) to a new file, then fsync: the floor, no copy and no pass
-  over the bytes.
+  over the bytes;
+- the floor of a commit that keeps gradvault's checksums and stats: that ``O_DIRECT``
+  write and fsync, after the passes over the bytes every gradvault commit makes, each
+  once and nothing else: the crc32c of each array (the ``crc32c`` package gradvault
+  uses), its max and min (NumPy) and its sum of squares (``np.dot``, BLAS). What
+  gradvault spends above it is its files, folders, fsyncs and Python.
 
 CPU is ``getrusage(RUSAGE_SELF)`` (user + system, every thread of the process) around the
 call; wall is ``perf_counter``. The sides run interleaved, each round starting one side
@@ -36,6 +41,7 @@ from bench.mlp_step import BATCH, CLASSES, WIDTH
 from bench.store_io import fsync_path
 
 ROUNDS = 30
+FLOOR = "crc32c+max+min+sum of squares, O_DIRECT write+fsync"
 DIRECT_ALIGNMENT = 4096
 
 
@@ -77,6 +83,17 @@ def _direct_file(path: Path, aligned: memoryview) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _floor_commit(path: Path, arrays: list[np.ndarray], aligned: memoryview) -> None:
+    import crc32c
+
+    crc = 0
+    for array in arrays:
+        flat = array.reshape(-1)
+        crc = crc32c.crc32c(flat, crc)
+        flat.max(), flat.min(), np.dot(flat, flat)
+    _direct_file(path, aligned)
 
 
 def _aligned_copy(arrays: list[np.ndarray]) -> memoryview:
@@ -153,6 +170,7 @@ def measure_sides(root: Path, rounds: int = ROUNDS) -> dict[str, tuple[list[floa
     side("os.writev+fsync", lambda p: _writev_file(p, arrays), lambda: None)
     side("torch.save+fsync", torch_write, lambda: None)
     side("O_DIRECT write+fsync", lambda p: _direct_file(p, aligned), lambda: None)
+    side(FLOOR, lambda p: _floor_commit(p, arrays, aligned), lambda: None)
     try:
         interleaved(sides, rounds, warmup=2)
     finally:
