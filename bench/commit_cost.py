@@ -1,4 +1,4 @@
-"""What one durable commit of a small snapshot costs: CPU and wall time against four peers.
+"""One durable commit of a small snapshot: CPU and wall time against four peers and a floor.
 
 The snapshot is the MLP loop's gradients (``bench.mlp_step``'s model: 8.4 MB in 6
 tensors, two 1024x1024 float32 weights, their biases, a 10x1024 head and its bias). Each
