@@ -119,18 +119,18 @@ class FsyncTogether:
 
     Every fsync on ext4 ends with a flush of the device's write cache, even when the first
     one already made every change durable. Where a flush is slow (1-4 ms each, measured
-    on an earlier machine of this project's), the six fsyncs of a small snapshot issued together overlap
-    their flushes. Where it is quick (0.07-0.09 ms for a folder or a file whose writeback
-    was started, 0.47 ms for the chunk written with ``O_DIRECT``, on ext4 without a
-    journal), handing an fsync to another thread costs more than it saves: on two busy
-    cores each hand-over took ~0.15 ms of CPU, and a commit of the MLP's 8.4 MB cost
-    0.45-0.55 ms less CPU per commit with its fsyncs in line, and no more wall time
-    (docs/FORMAT.md, "Local I/O"). So the fsyncs made in line are timed, and the moving
-    average of their mean decides: in line below ``IN_LINE_BELOW``, together above, with
-    one call in ``PROBE_EVERY`` made in line all the same to measure again (fsyncs made
-    together are not timed: they wait for each other's flushes, so their times would say
-    nothing of one alone). The threads only ever fsync, so a writer thread that waits for
-    them cannot deadlock the store's own pool.
+    on an earlier machine of this project's), the six fsyncs of a small snapshot issued
+    together overlap their flushes. Where it is quick (0.07-0.09 ms for a folder or a file
+    whose writeback was started, 0.47 ms for the chunk written with ``O_DIRECT``, on ext4
+    without a journal), handing an fsync to another thread costs more than it saves: on
+    two busy cores each hand-over took ~0.15 ms of CPU, and a commit of the MLP's 8.4 MB
+    took 0.33-0.50 ms less CPU with its fsyncs in line, its wall time within 0.3 ms either
+    way (docs/FORMAT.md, "Local I/O"). So the fsyncs made in line are timed, and the
+    moving average of their mean decides: in line below ``IN_LINE_BELOW``, together above,
+    with one call in ``PROBE_EVERY`` made in line all the same to measure again (fsyncs
+    made together are not timed: they wait for each other's flushes, so their times would
+    say nothing of one alone). The threads only ever fsync, so a writer thread that waits
+    for them cannot deadlock the store's own pool.
     """
 
     #: Mean fsync time (seconds) under which fsyncs run one after the other in line.
