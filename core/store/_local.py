@@ -137,6 +137,10 @@ class FsyncTogether:
     IN_LINE_BELOW = 0.5e-3
     #: Weight of the latest in-line call's mean fsync time in the moving average.
     WEIGHT = 0.25
+    #: A call's mean counts for at most this much (seconds): one stall (writeback of
+    #: someone else's files, a busy device) does not send fsyncs to the threads, nor keep
+    #: them there for hundreds of commits; fsyncs slow call after call still do.
+    SAMPLE_CAP = 2 * IN_LINE_BELOW
     #: While fsyncs run together, one call in this many runs in line, to measure again.
     PROBE_EVERY = 32
 
@@ -161,7 +165,7 @@ class FsyncTogether:
             self._calls += 1
             probe = self._calls % self.PROBE_EVERY == 0
         if len(paths) == 1 or probe or self.in_line():
-            mean = _fsync_paths(paths) / len(paths)
+            mean = min(_fsync_paths(paths) / len(paths), self.SAMPLE_CAP)
             with self._lock:
                 self.mean_fsync_seconds += self.WEIGHT * (mean - self.mean_fsync_seconds)
             return
