@@ -707,21 +707,28 @@ async def test_a_run_of_small_gradients_keeps_the_packed_arrays_offsets(tmp_path
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 @pytest.mark.parametrize("large", [False, True], ids=["small", "written-in-pieces"])
+@pytest.mark.parametrize("slow_fsyncs", [False, True], ids=["in-line", "together"])
 async def test_a_snapshot_of_one_chunk_is_one_packed_chunk_fsynced_in_three_rounds(
-    tmp_path: Path, monkeypatch, large: bool
+    tmp_path: Path, monkeypatch, large: bool, slow_fsyncs: bool
 ) -> None:
     """Every gradient of a snapshot no longer than a chunk is packed, large ones included:
     one chunk file, one array document, one folder beside the staging folder (the chunk
     key ``c.0`` is a file of the array's folder, format 3); every file and folder is fsynced
     before the manifest, the manifest and the staging folder before the rename, and
     snapshots/ after it. The same when the chunk is long enough to go to the device in
-    pieces (at least two PIECE_BYTES)."""
+    pieces (at least two PIECE_BYTES), and whether a round's fsyncs are made one after the
+    other (quick fsyncs, as here) or in threads of their own (the backend told its fsyncs
+    are slow)."""
     store = open_store(tmp_path, pack_threshold=512)
     arrays = varied_arrays(5)
     if large:
         arrays["big"] = np.random.default_rng(3).standard_normal(5 << 18).astype(np.float32)
     record = make_record(arrays)
     await store.write_snapshot(record, run="r", step=0)  # the store's own folders exist
+    fsyncs = store.backend.fsyncs  # type: ignore[attr-defined]
+    if slow_fsyncs:
+        fsyncs.mean_fsync_seconds = 1.0
+    assert fsyncs.in_line() is not slow_fsyncs
     events = record_fsyncs_and_renames(monkeypatch)
     info = await store.write_snapshot(record, run="r", step=1)
     monkeypatch.undo()
