@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
 import numpy as np
 
 from bench._timing import Row, interleaved, print_rows
@@ -86,8 +87,6 @@ def _direct_file(path: Path, aligned: memoryview) -> None:
 
 
 def _floor_commit(path: Path, arrays: list[np.ndarray], aligned: memoryview) -> None:
-    import crc32c
-
     crc = 0
     for array in arrays:
         flat = array.reshape(-1)

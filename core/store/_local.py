@@ -97,19 +97,14 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-def _fsync_paths(paths: list[str]) -> float:
-    """fsync each file or folder of ``paths``, in order (a read-only descriptor will do);
-    the seconds the fsyncs took, all together."""
-    waited = 0.0
+def _fsync_paths(paths: list[str]) -> None:
+    """fsync each file or folder of ``paths``, in order (a read-only descriptor will do)."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            start = time.perf_counter()
             os.fsync(fd)
-            waited += time.perf_counter() - start
         finally:
             os.close(fd)
-    return waited
 
 
 class FsyncTogether:
@@ -125,11 +120,12 @@ class FsyncTogether:
     without a journal), handing an fsync to another thread costs more than it saves: on
     two busy cores each hand-over took ~0.15 ms of CPU, and a commit of the MLP's 8.4 MB
     took 0.33-0.50 ms less CPU with its fsyncs in line, its wall time within 0.3 ms either
-    way (docs/FORMAT.md, "Local I/O"). So the fsyncs made in line are timed, and the
-    moving average of their mean decides: in line below ``IN_LINE_BELOW``, together above,
-    with one call in ``PROBE_EVERY`` made in line all the same to measure again (fsyncs
-    made together are not timed: they wait for each other's flushes, so their times would
-    say nothing of one alone). The threads only ever fsync, so a writer thread that waits
+    way (docs/FORMAT.md, "Local I/O"). So each round made in line is timed (its opens and
+    fsyncs), and the moving average of its mean per path (capped at ``SAMPLE_CAP``)
+    decides: in line below ``IN_LINE_BELOW``, together above, with one call in
+    ``PROBE_EVERY`` made in line all the same to measure again (rounds made together are
+    not timed: their fsyncs wait for each other's flushes, so their times would say
+    nothing of one alone). The threads only ever fsync, so a writer thread that waits
     for them cannot deadlock the store's own pool.
     """
 
@@ -165,7 +161,9 @@ class FsyncTogether:
             self._calls += 1
             probe = self._calls % self.PROBE_EVERY == 0
         if len(paths) == 1 or probe or self.in_line():
-            mean = min(_fsync_paths(paths) / len(paths), self.SAMPLE_CAP)
+            start = time.perf_counter()
+            _fsync_paths(paths)
+            mean = min((time.perf_counter() - start) / len(paths), self.SAMPLE_CAP)
             with self._lock:
                 self.mean_fsync_seconds += self.WEIGHT * (mean - self.mean_fsync_seconds)
             return
