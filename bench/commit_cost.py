@@ -21,6 +21,13 @@ side writes the same bytes and returns only once they are durable:
 CPU is ``getrusage(RUSAGE_SELF)`` (user + system, every thread of the process) around the
 call; wall is ``perf_counter``. The sides run interleaved, each round starting one side
 later; each row is gradvault against one peer, the median of per-round ratios.
+
+gradvault's CPU is also split by thread (each thread's own CPU clock,
+``time.pthread_getcpuclockid``, read around each commit): the store's threads, the
+``O_DIRECT`` writer, the recorder's event loop, the fsync threads, the calling thread, and
+the rest (threads Python does not know of, such as the BLAS's, or that ended during the
+commit). The means per commit are the CPU rows' note: where a commit's milliseconds go, in
+every run.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import os
 import resource
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +57,49 @@ DIRECT_ALIGNMENT = 4096
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+#: the threads a commit runs on, by the start of their names, and what the note calls them
+THREAD_ROLES = (
+    ("gradvault-store", "store"),
+    ("gradvault-direct", "O_DIRECT writer"),
+    ("gradvault-recorder", "recorder loop"),
+    ("gradvault-fsync", "fsync threads"),
+    ("MainThread", "caller"),
+)
+OTHER_THREADS = "other threads"
+
+
+def thread_role(name: str) -> str:
+    """What the note calls the thread named ``name`` (OTHER_THREADS for one not listed)."""
+    return next((role for prefix, role in THREAD_ROLES if name.startswith(prefix)), OTHER_THREADS)
+
+
+def _cpu_by_thread() -> dict[int, tuple[str, float]]:
+    """Per live Python thread (by ident): its role and the CPU seconds its clock shows."""
+    clocks: dict[int, tuple[str, float]] = {}
+    for thread in threading.enumerate():
+        if thread.ident is None:
+            continue
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):  # ended meanwhile, or no per-thread clocks here
+            continue
+        clocks[thread.ident] = (thread_role(thread.name), seconds)
+    return clocks
+
+
+def split_by_thread(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], total: float
+) -> dict[str, float]:
+    """CPU seconds per role between two :func:`_cpu_by_thread` readings; what ``total``
+    (the process's CPU over the same span) leaves is OTHER_THREADS'."""
+    spent: dict[str, float] = {}
+    for ident, (role, seconds) in after.items():
+        spent[role] = spent.get(role, 0.0) + seconds - before.get(ident, (role, 0.0))[1]
+    counted = sum(value for role, value in spent.items() if role != OTHER_THREADS)
+    spent[OTHER_THREADS] = max(0.0, total - counted)
+    return spent
 
 
 def _mlp_gradients() -> object:
@@ -107,8 +158,11 @@ def _aligned_copy(arrays: list[np.ndarray]) -> memoryview:
     return view
 
 
-def measure_sides(root: Path, rounds: int = ROUNDS) -> dict[str, tuple[list[float], list[float]]]:
-    """Per side, (CPU seconds, wall seconds) of each of ``rounds`` commits."""
+def measure_sides(
+    root: Path, rounds: int = ROUNDS
+) -> tuple[dict[str, tuple[list[float], list[float]]], list[dict[str, float]]]:
+    """Per side, (CPU seconds, wall seconds) of each of ``rounds`` commits; and for each of
+    gradvault's commits, its CPU seconds by thread role (:func:`split_by_thread`)."""
     import safetensors.numpy
     import torch
 
@@ -127,6 +181,7 @@ def measure_sides(root: Path, rounds: int = ROUNDS) -> dict[str, tuple[list[floa
     recorder.start_snapshot(grads, run="warm-up", step=0).result()
     steps = iter(range(1, 1 << 30))
     samples: dict[str, tuple[list[float], list[float]]] = {}
+    by_thread: list[dict[str, float]] = []
 
     def side(name: str, write: Callable[[Path], object], clean: Callable[[], None]) -> None:
         cpu: list[float] = []
@@ -135,10 +190,13 @@ def measure_sides(root: Path, rounds: int = ROUNDS) -> dict[str, tuple[list[floa
 
         def measure() -> float:
             path = files / f"{name.replace(' ', '-')}-{time.monotonic_ns()}"
+            threads_before = _cpu_by_thread() if name == "gradvault" else {}
             cpu_start, wall_start = _cpu_seconds(), time.perf_counter()
             write(path)
             wall.append(time.perf_counter() - wall_start)
             cpu.append(_cpu_seconds() - cpu_start)
+            if name == "gradvault":
+                by_thread.append(split_by_thread(threads_before, _cpu_by_thread(), cpu[-1]))
             clean()
             if path.exists():
                 path.unlink()
@@ -176,7 +234,19 @@ def measure_sides(root: Path, rounds: int = ROUNDS) -> dict[str, tuple[list[floa
         recorder.close()
     for cpu, wall in samples.values():  # the warm-up rounds are not samples
         del cpu[:2], wall[:2]
-    return samples
+    del by_thread[:2]
+    return samples, by_thread
+
+
+def thread_note(by_thread: list[dict[str, float]]) -> str:
+    """gradvault's CPU per commit by thread role, means over the commits (these add up to
+    the mean, not to the rows' median), largest first."""
+    roles = {role for commit in by_thread for role in commit}
+    means = {role: sum(c.get(role, 0.0) for c in by_thread) / len(by_thread) for role in roles}
+    total = sum(means.values())
+    largest_first = sorted(means.items(), key=lambda item: -item[1])
+    parts = ", ".join(f"{role} {1e3 * seconds:.2f}" for role, seconds in largest_first)
+    return f"gradvault's CPU per commit by thread, mean {1e3 * total:.2f} ms: {parts}"
 
 
 def run() -> list[Row]:
@@ -184,13 +254,14 @@ def run() -> list[Row]:
     base = os.environ.get("GRADVAULT_BENCH_DIR")
     root = Path(tempfile.mkdtemp(prefix="gv-bench-commit-", dir=base))
     try:
-        samples = measure_sides(root)
+        samples, by_thread = measure_sides(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ours_cpu, ours_wall = samples.pop("gradvault")
     cpu_targets = {"safetensors save_file+fsync": 1.0, "O_DIRECT write+fsync": 4.0}
     wall_targets = {"safetensors save_file+fsync": 1.1}
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    threads = thread_note(by_thread)
     label = "commit of the MLP's gradients (8.4 MB, 6 tensors)"
     rows = []
     for kind, ours, targets, index in (
@@ -207,7 +278,9 @@ def run() -> list[Row]:
                     measured[index],
                     f"<= {limit}" if limit is not None else "",
                     limit,
-                    note=f"load average after: {load}" if peer.startswith("O_DIRECT") else "",
+                    note=f"{threads}; load average after: {load}"
+                    if peer.startswith("O_DIRECT")
+                    else "",
                 )
             )
     print_rows("Commit cost: 8.4 MB snapshot, CPU and wall per commit", rows)
