@@ -51,6 +51,7 @@ from bench.store_io import fsync_path
 
 ROUNDS = 30
 FLOOR = "crc32c+max+min+sum of squares, O_DIRECT write+fsync"
+LAYOUT_FLOOR = "the same passes and write in the snapshot layout, plain loop"
 DIRECT_ALIGNMENT = 4096
 
 
@@ -146,6 +147,45 @@ def _floor_commit(path: Path, arrays: list[np.ndarray], aligned: memoryview) -> 
     _direct_file(path, aligned)
 
 
+def _new_file(path: str, data: memoryview | bytes, direct: bool = False) -> None:
+    """Create ``path`` holding ``data``, fsynced (with ``O_DIRECT`` if ``direct``)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if direct else 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        written = os.write(fd, data)
+        assert written == len(data), f"short write of {path}"
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _layout_floor_commit(
+    staging: Path,
+    committed: Path,
+    arrays: list[np.ndarray],
+    aligned: memoryview,
+    documents: tuple[bytes, bytes],
+) -> None:
+    """A one-chunk snapshot's files, folders, fsyncs and rename, and the floor's passes and
+    write, in one thread: ``staging`` becomes ``committed`` (a folder of ``snapshots/``)."""
+    array_document, manifest = documents
+    packed = staging / "packed"
+    staging.mkdir()
+    packed.mkdir()
+    crc = 0
+    for array in arrays:
+        flat = array.reshape(-1)
+        crc = crc32c.crc32c(flat, crc)
+        flat.max(), flat.min(), np.dot(flat, flat)
+    _new_file(str(packed / "c.0"), aligned, direct=True)
+    _new_file(str(packed / "zarr.json"), array_document)
+    fsync_path(packed)
+    _new_file(str(staging / "zarr.json"), manifest)
+    fsync_path(staging)
+    staging.rename(committed)
+    fsync_path(committed.parent)
+
+
 def _aligned_copy(arrays: list[np.ndarray]) -> memoryview:
     total = sum(a.nbytes for a in arrays)
     length = -(-total // DIRECT_ALIGNMENT) * DIRECT_ALIGNMENT
@@ -178,7 +218,15 @@ def measure_sides(
     files = root / "files"
     files.mkdir()
     recorder = gv.Recorder(root / "store")
-    recorder.start_snapshot(grads, run="warm-up", step=0).result()
+    warm_up = recorder.start_snapshot(grads, run="warm-up", step=0).result()
+    snapshot_folder = root / "store" / "snapshots" / warm_up.id
+    documents = (
+        (snapshot_folder / "packed" / "zarr.json").read_bytes(),
+        (snapshot_folder / "zarr.json").read_bytes(),
+    )
+    layout_root = root / "layout"
+    (layout_root / "staging").mkdir(parents=True)
+    (layout_root / "snapshots").mkdir()
     steps = iter(range(1, 1 << 30))
     samples: dict[str, tuple[list[float], list[float]]] = {}
     by_thread: list[dict[str, float]] = []
@@ -228,6 +276,21 @@ def measure_sides(
     side("torch.save+fsync", torch_write, lambda: None)
     side("O_DIRECT write+fsync", lambda p: _direct_file(p, aligned), lambda: None)
     side(FLOOR, lambda p: _floor_commit(p, arrays, aligned), lambda: None)
+
+    def layout_floor(path: Path) -> None:
+        committed = layout_root / "snapshots" / path.name
+        _layout_floor_commit(
+            layout_root / "staging" / path.name, committed, arrays, aligned, documents
+        )
+        layout_written.append(committed)
+
+    layout_written: list[Path] = []
+
+    def forget_layout() -> None:
+        while layout_written:
+            shutil.rmtree(layout_written.pop())
+
+    side(LAYOUT_FLOOR, layout_floor, forget_layout)
     try:
         interleaved(sides, rounds, warmup=2)
     finally:
