@@ -172,6 +172,23 @@ class SnapshotWriter(ABC):
     async def abort(self) -> None:
         """Remove whatever was written, as far as possible; never raises."""
 
+    def write_array_and_commit_blocking(
+        self,
+        name: str,
+        metadata: bytes,
+        chunks: Iterator[EncodedChunk],
+        group_metadata: Callable[[], bytes],
+    ) -> None:
+        """:meth:`write_array_and_commit` in the calling thread, for a writer from
+        :meth:`StoreBackend.begin_blocking` whose ``turn``, if set, is open (RuntimeError
+        otherwise). The turn is not released here: its holder releases it, on the loop
+        its order's waiters wait on."""
+        raise NotImplementedError(f"{type(self).__name__} has no blocking commit")
+
+    def abort_blocking(self) -> None:
+        """:meth:`abort` in the calling thread; never raises."""
+        raise NotImplementedError(f"{type(self).__name__} has no blocking abort")
+
 
 class ShardWriter(SnapshotWriter):
     """Writes one rank's shard of a sharded snapshot; :meth:`publish` makes it durable.
@@ -233,6 +250,14 @@ class StoreBackend(ABC):
         the backend may leave what it makes for a write (the local staging folder) to
         that step, off the loop, instead of a step of its own now.
         """
+
+    def begin_blocking(self, snapshot_id: str) -> SnapshotWriter | None:
+        """A writer for a new snapshot of one array, written and committed by its
+        ``write_array_and_commit_blocking`` in the calling thread (a thread that runs no
+        event loop: it blocks for the whole write); None where this backend writes
+        nothing so, or not yet (the local one before its first write has made the store's
+        folders; the S3 one, whose requests run on its event loop)."""
+        return None
 
     @abstractmethod
     async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:

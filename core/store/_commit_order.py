@@ -18,7 +18,10 @@ Within gradvault a turn is released in one place, on leaving a :meth:`CommitTurn
 block: whoever has the turn holds it for as long as the write may still need it (the
 recorder while it builds the record, the store's write while it writes, the writer until
 the snapshot is visible), and the first block left releases it, so no path out of a
-write, failed or not, can keep it.
+write, failed or not, can keep it. The exception is the recorder's commit thread, which
+writes a small snapshot in the calling thread (``SnapshotStore.write_snapshot_blocking``)
+and releases its turn once that returns or raises, unless it hands the snapshot to the
+loop, whose write then holds the turn. A release may come from any thread.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from ._ids import new_snapshot_id
 class CommitOrder:
     """Hands out turns; snapshots become visible in the order their turns were taken.
 
-    ``take()`` may be called from any thread; waiting and releasing happen on the event
-    loop that runs the writes (one loop per order).
+    ``take()`` and a turn's ``release()`` may be called from any thread; waiting happens
+    on the event loop that runs the writes (one loop per order), and a release from
+    another thread wakes the waiters there.
     """
 
     def __init__(self) -> None:
@@ -57,6 +61,7 @@ class _Passage:
     :class:`CommitOrder` and its turns share; only the turns call it)."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()  # releases may come from any thread
         #: every turn below this one has been released
         self._passed = 0
         self._released: set[int] = set()
@@ -64,12 +69,13 @@ class _Passage:
 
     async def wait(self, position: int) -> None:
         """Return once every turn below ``position`` has been released."""
-        if self._passed >= position:
-            return
-        waiter = self._waiters.get(position)
-        if waiter is None:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters[position] = waiter
+        with self._lock:
+            if self._passed >= position:
+                return
+            waiter = self._waiters.get(position)
+            if waiter is None:
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters[position] = waiter
         await asyncio.shield(waiter)
 
     def is_open(self, position: int) -> bool:
@@ -78,16 +84,38 @@ class _Passage:
         return self._passed >= position
 
     def release(self, position: int) -> None:
-        """Turn ``position`` is released (again: nothing changes); wake whom that lets pass."""
-        if position < self._passed or position in self._released:
-            return
-        self._released.add(position)
-        while self._passed in self._released:
-            self._released.discard(self._passed)
-            self._passed += 1
-            waiter = self._waiters.pop(self._passed, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+        """Turn ``position`` is released (again: nothing changes); wake whom that lets pass,
+        on their loop (from another thread, through ``call_soon_threadsafe``)."""
+        woken = []
+        with self._lock:
+            if position < self._passed or position in self._released:
+                return
+            self._released.add(position)
+            while self._passed in self._released:
+                self._released.discard(self._passed)
+                self._passed += 1
+                waiter = self._waiters.pop(self._passed, None)
+                if waiter is not None:
+                    woken.append(waiter)
+        for waiter in woken:
+            _wake(waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """Resolve ``waiter``, here if this thread runs its loop, else on its loop's thread."""
+    loop = waiter.get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        if not waiter.done():
+            waiter.set_result(None)
+        return
+    try:
+        loop.call_soon_threadsafe(_wake, waiter)
+    except RuntimeError:  # its loop is closed: nothing waits on it any more
+        pass
 
 
 class CommitTurn:
@@ -112,7 +140,8 @@ class CommitTurn:
         return self._passage.is_open(self._position)
 
     def release(self) -> None:
-        """This snapshot is visible, or will never be: later turns may go on."""
+        """This snapshot is visible, or will never be: later turns may go on (callable
+        from any thread)."""
         self._passage.release(self._position)
 
     @contextlib.contextmanager

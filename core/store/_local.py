@@ -476,8 +476,12 @@ class LocalBackend(StoreBackend):
     async def in_thread(self, action: str, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` in the store's threads; an OSError but FileNotFoundError becomes
         StoreUnavailableError naming the store and ``action`` ("reading <key>")."""
+        return await self.threads.run(self.here, action, function, *args)
+
+    def here(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        """:meth:`in_thread` in the calling thread."""
         try:
-            return await self.threads.run(function, *args)
+            return function(*args)
         except FileNotFoundError:
             raise
         except OSError as error:
@@ -527,6 +531,13 @@ class LocalBackend(StoreBackend):
             writer.folder_to_make = True
         else:
             await self.in_thread(f"creating staging folder {folder}", folder.mkdir)
+        return writer
+
+    def begin_blocking(self, snapshot_id: str) -> SnapshotWriter | None:
+        if not self._prepared:  # the first write makes the store's folders, on the loop
+            return None
+        writer = _LocalSnapshotWriter(self, snapshot_id, self.staging_dir / snapshot_id)
+        writer.folder_to_make = True  # made by write_array_and_commit_blocking
         return writer
 
     async def begin_shard(self, snapshot_id: str, rank: int) -> ShardWriter:
@@ -1003,6 +1014,33 @@ class _LocalSnapshotWriter(SnapshotWriter):
         await self._commit_in_turn(
             action, self._write_and_commit_sync, name, metadata, chunks, group_metadata, self.turn
         )
+
+    def write_array_and_commit_blocking(
+        self,
+        name: str,
+        metadata: bytes,
+        chunks: Iterator[EncodedChunk],
+        group_metadata: Callable[[], bytes],
+    ) -> None:
+        turn = self.turn
+        if turn is not None and not turn.is_open():
+            raise RuntimeError(
+                f"snapshot {self._snapshot_id}: a blocking commit needs its turn open; "
+                "an earlier snapshot of its order is not visible yet"
+            )
+        action = f"writing array {name} of snapshot {self._snapshot_id} and committing it"
+        try:
+            committed = self._backend.here(
+                action, self._write_and_commit_sync, name, metadata, chunks, group_metadata, turn
+            )
+        except FileNotFoundError as error:
+            if not os.path.isdir(self._folder):
+                raise self._collected() from error
+            raise
+        assert committed, "an open turn stays open"
+
+    def abort_blocking(self) -> None:
+        shutil.rmtree(self._folder, True)
 
     async def _commit_in_turn(
         self, action: str, commit_sync: Callable[..., bool], *args: Any

@@ -147,6 +147,44 @@ class SnapshotStore:
         self._manifests.written(info)
         return info
 
+    def write_snapshot_blocking(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        run: str,
+        step: int,
+        tags: dict[str, str] | None = None,
+        device: str = "cpu",
+        compression: str | None = None,
+        turn: CommitTurn | None = None,
+    ) -> SnapshotInfo | None:
+        """:meth:`write_snapshot` in the calling thread, for a snapshot written and
+        committed in one step; None, with nothing written, for any other.
+
+        One step: a host record no longer than a chunk, uncompressed, holding a gradient
+        of at least ``pack_threshold`` bytes, in a store whose backend commits so
+        (:meth:`StoreBackend.begin_blocking`; the local folder does, once its first write
+        has made its folders). The same write, to the same bytes, with the same errors
+        as :meth:`write_snapshot`'s, with no trip through an event loop or another thread
+        but the device's (for a thread that runs no event loop: it blocks until the
+        snapshot is durable). ``turn``, if given, must be open (every earlier turn of its
+        order released); it is not released here, but by its holder.
+        """
+        run, step, tags, codec = _checked_write(record, run, step, tags, device, compression)
+        snapshot_id = new_snapshot_id() if turn is None else turn.snapshot_id
+        write = self._write(snapshot_id, codec)
+        layout = write.one_step_layout(record)
+        writer = None if layout is None else self._backend.begin_blocking(snapshot_id)
+        if layout is None or writer is None:
+            return None
+        writer.turn = turn
+        manifest = write.run_blocking(
+            writer, record, layout, run=run, step=step, tags=tags, device=device
+        )
+        info = SnapshotInfo.from_manifest(manifest)
+        self._manifests.written(info)
+        return info
+
     async def write_shard(
         self,
         record: GradientsParamsRecord | DeviceSnapshot,

@@ -372,6 +372,104 @@ class SnapshotWrite:
         #: consolidated metadata
         self._array_documents: dict[str, dict[str, Any]] = {}
 
+    def _packed_and_own(
+        self, record: GradientsParamsRecord | DeviceSnapshot
+    ) -> tuple[list[int], list[int]]:
+        """The record positions of the packed gradients and of those with arrays of their own."""
+        entries: tuple[Any, ...] = record.entries
+        threshold: float = self._pack_threshold
+        if threshold and sum(entry.array.nbytes for entry in entries) <= self._chunk_bytes:
+            # a snapshot no longer than a chunk is one chunk of the packed array: one file
+            # and one folder to write and fsync, not a folder tree per gradient
+            threshold = math.inf
+        packed = [i for i, entry in enumerate(entries) if entry.array.nbytes < threshold]
+        own = [i for i, entry in enumerate(entries) if entry.array.nbytes >= threshold]
+        return packed, own
+
+    def one_step_layout(
+        self,
+        record: GradientsParamsRecord | DeviceSnapshot,
+        positions: tuple[list[int], list[int]] | None = None,
+    ) -> tuple[list[int], int] | None:
+        """The packed array's offsets and length if ``record`` is written and committed in
+        one step (a host record, not a shard, that is one uncompressed chunk of the packed
+        array holding a gradient of at least ``pack_threshold`` bytes), else None.
+        ``positions`` is the record's :meth:`_packed_and_own`, where known already."""
+        if self._shard is not None or isinstance(record, DeviceSnapshot):
+            return None
+        packed_positions, own_positions = positions or self._packed_and_own(record)
+        if own_positions:
+            return None
+        return self._one_chunk_layout([record.entries[i] for i in packed_positions])
+
+    def _manifest_maker(
+        self,
+        record: GradientsParamsRecord | DeviceSnapshot,
+        packed_positions: list[int],
+        run: str,
+        step: int,
+        tags: dict[str, str],
+        device: str,
+    ) -> Callable[[PackedGradients | None, dict[int, dict[str, Any]]], dict[str, Any]]:
+        """``manifest_of(packed, own_arrays)``: the manifest once every array is written."""
+        shard = self._shard
+
+        def manifest_of(
+            packed: PackedGradients | None, own_arrays: dict[int, dict[str, Any]]
+        ) -> dict[str, Any]:
+            return build_manifest(
+                record,
+                snapshot_id=self._id,
+                run=run,
+                step=step,
+                tags=tags,
+                device=device,
+                compression=self._compression,
+                packed_positions=packed_positions,
+                packed=packed,
+                own_arrays=own_arrays,
+                shard=None if shard is None else (shard.rank, shard.world_size),
+            )
+
+        return manifest_of
+
+    def run_blocking(
+        self,
+        writer: SnapshotWriter,
+        record: GradientsParamsRecord,
+        layout: tuple[list[int], int],
+        *,
+        run: str,
+        step: int,
+        tags: dict[str, str],
+        device: str,
+    ) -> dict[str, Any]:
+        """:meth:`run` of a record that commits in one step (``layout`` is its
+        :meth:`one_step_layout`), in the calling thread, through ``writer`` (from the
+        backend's ``begin_blocking``, its turn open); the manifest once durable.
+
+        The same write as :meth:`run`'s: on any failure nothing becomes visible and the
+        staging folder is removed; OSError becomes StoreUnavailableError. The writer's
+        turn is left to its holder to release.
+        """
+        packed_positions, _ = self._packed_and_own(record)  # every one, for one step
+        manifest_of = self._manifest_maker(record, packed_positions, run, step, tags, device)
+        try:
+            small = [record.entries[i] for i in packed_positions]
+            name, document, chunks, group_document, made = self._one_step(
+                small, layout, manifest_of
+            )
+            writer.write_array_and_commit_blocking(name, document, chunks, group_document)
+        except BaseException as error:
+            self.failed = True
+            writer.abort_blocking()
+            if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):
+                raise StoreUnavailableError(
+                    f"store {self._backend.location}: writing snapshot {self._id} failed: {error}"
+                ) from error
+            raise
+        return made[0]
+
     async def run(
         self,
         record: GradientsParamsRecord | DeviceSnapshot,
@@ -392,22 +490,13 @@ class SnapshotWrite:
         becomes StoreUnavailableError naming the store and the snapshot.
         """
         entries: tuple[Any, ...] = record.entries
-        threshold: float = self._pack_threshold
-        if threshold and sum(entry.array.nbytes for entry in entries) <= self._chunk_bytes:
-            # a snapshot no longer than a chunk is one chunk of the packed array: one file
-            # and one folder to write and fsync, not a folder tree per gradient
-            threshold = math.inf
-        packed_positions = [i for i, entry in enumerate(entries) if entry.array.nbytes < threshold]
-        own_positions = [i for i, entry in enumerate(entries) if entry.array.nbytes >= threshold]
+        positions = self._packed_and_own(record)
+        packed_positions, own_positions = positions
         await self._backend.prepare()
         shard = self._shard
         small = [entries[i] for i in packed_positions]
         # a host snapshot of one uncompressed chunk: written and committed in one step
-        alone = (
-            self._one_chunk_layout(small)
-            if shard is None and not own_positions and not isinstance(record, DeviceSnapshot)
-            else None
-        )
+        alone = self.one_step_layout(record, positions)
         if shard is None:
             writer = await (
                 self._backend.begin(self._id, in_one_step=True)
@@ -431,22 +520,7 @@ class SnapshotWrite:
             else:
                 jobs.append(self._guarded(self._write_packed, writer, small))
 
-        def manifest_of(
-            packed: PackedGradients | None, own_arrays: dict[int, dict[str, Any]]
-        ) -> dict[str, Any]:
-            return build_manifest(
-                record,
-                snapshot_id=self._id,
-                run=run,
-                step=step,
-                tags=tags,
-                device=device,
-                compression=self._compression,
-                packed_positions=packed_positions,
-                packed=packed,
-                own_arrays=own_arrays,
-                shard=None if shard is None else (shard.rank, shard.world_size),
-            )
+        manifest_of = self._manifest_maker(record, packed_positions, run, step, tags, device)
 
         try:
             # released on leaving the block: visible (the writer released it already), or
@@ -626,15 +700,27 @@ class SnapshotWrite:
         """A snapshot that is one chunk of the packed array: the chunk written and the
         snapshot committed in one step of the writer (``write_array_and_commit``), its
         manifest made there once the chunk's checksums and stats are known; the manifest."""
+        name, document, chunks, group_document, made = self._one_step(small, layout, manifest_of)
+        await writer.write_array_and_commit(name, document, chunks, group_document)
+        return made[0]
+
+    def _one_step(
+        self,
+        small: list[GradientRecordEntry],
+        layout: tuple[list[int], int],
+        manifest_of: Callable[[PackedGradients, dict[int, dict[str, Any]]], dict[str, Any]],
+    ) -> tuple[str, bytes, Iterator[EncodedChunk], Callable[[], bytes], list[dict[str, Any]]]:
+        """What ``write_array_and_commit`` writes for a one-step snapshot: the packed
+        array's name, its document, its one chunk, and the group document's maker, which
+        puts the manifest into the list returned last when it runs."""
         chunk, document = self._one_chunk(small, layout)
         made: list[dict[str, Any]] = []
 
-        def group_metadata() -> bytes:
+        def group_document() -> bytes:
             made.append(manifest_of(chunk.packed(), {}))
             return _manifest_document(made[0], self._array_documents)
 
-        await writer.write_array_and_commit(PACKED_ARRAY, document, iter(chunk), group_metadata)
-        return made[0]
+        return PACKED_ARRAY, document, iter(chunk), group_document, made
 
 
 @functools.lru_cache(maxsize=64)

@@ -102,24 +102,33 @@ class _HandBack:
     the caller's thread has the interpreter while ``start_snapshot`` returns, or as soon as
     the caller waits for the commit (its thread is then blocked, competing for nothing).
 
-    ``now`` may be called from any thread; ``wait`` runs on the recorder's loop.
+    ``now`` may be called from any thread; ``wait`` runs on the recorder's loop, or, for a
+    commit in the recorder's commit thread (made with no loop), ``wait_blocking`` there.
     """
 
-    __slots__ = ("_loop", "_waiter", "_asked")
+    __slots__ = ("_loop", "_waiter", "_asked", "_asked_event")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
         self._waiter: asyncio.Future[None] | None = None
         self._asked = False
+        self._asked_event = threading.Event()
 
     def now(self) -> None:
         """The caller waits for the commit: let it start at once."""
         if not self._asked:
             self._asked = True
+            self._asked_event.set()
+            if self._loop is None:
+                return
             try:
                 self._loop.call_soon_threadsafe(self._release)
             except RuntimeError:  # the loop is closed: the recorder saw every commit end
                 pass
+
+    def wait_blocking(self) -> None:
+        """Return once the commit may take its first step (in the commit's own thread)."""
+        self._asked_event.wait(_HANDBACK_SECONDS)
 
     def _release(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -129,6 +138,7 @@ class _HandBack:
         """Return once the commit may take its first step."""
         if self._asked:
             return
+        assert self._loop is not None, "a hand-back made with no loop is waited for blocking"
         # on the loop, with no await before the waiter exists: a ``now`` from here on
         # schedules a ``_release`` that finds it
         self._waiter = self._loop.create_future()
@@ -190,6 +200,11 @@ class Recorder:
             target=self._loop.run_forever, name="gradvault-recorder", daemon=True
         )
         self._thread.start()
+        #: the thread a small snapshot launched with nothing in flight commits in, from
+        #: start to end, with no trip through the loop (``_commit_blocking``)
+        self._commit_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="gradvault-commit"
+        )
         #: every commit launched and not finished, with its captured bytes
         self._inflight: dict[concurrent.futures.Future[Any], int] = {}
         #: the commit launched last, and whether it is a shard's
@@ -250,6 +265,7 @@ class Recorder:
         commit: _Commit[R],
         shard: bool,
         captured: GradientsCapture | GradientsParamsRecord | None = None,
+        blocking: _BlockingCommit | None = None,
     ) -> tuple[SnapshotHandle[R] | None, GradientsCapture | GradientsParamsRecord]:
         """Capture (unless ``captured`` is given) and launch the commit if there is room.
 
@@ -257,6 +273,11 @@ class Recorder:
         no room for it: a snapshot enters the queue when nothing is in flight, or when
         its bytes and theirs together stay within ``max_pending_bytes``. The bound is
         what the queue holds in memory (each capture keeps its gradients' buffers).
+
+        With ``blocking`` (a whole snapshot's commit in one step, in the calling thread),
+        host gradients launched while nothing is in flight are committed by it in the
+        recorder's commit thread (``_commit_blocking``); ``commit`` writes them on the
+        loop where ``blocking`` does not take them.
         """
         with self._lock:
             if self._closed:
@@ -278,8 +299,17 @@ class Recorder:
             previous = self._last
             # a shard is published alone, after every commit started before it: no turn
             turn = None if shard else self._order.take()
-            hand_back = _HandBack(self._loop)
-            future = self._submit(commit(captured, _Queued(turn, previous, hand_back)))
+            future: concurrent.futures.Future[Any]
+            if blocking is not None and turn is not None and not pending and _on_host(captured):
+                # nothing in flight: its turn is open, no other commit to wait for
+                hand_back = _HandBack(None)
+                future = concurrent.futures.Future()
+                self._commit_thread.submit(
+                    self._commit_blocking, blocking, commit, captured, turn, hand_back, future
+                )
+            else:
+                hand_back = _HandBack(self._loop)
+                future = self._submit(commit(captured, _Queued(turn, previous, hand_back)))
             self._inflight[future] = nbytes
             self._last = (future, shard)
             future.add_done_callback(self._finished)
@@ -311,6 +341,45 @@ class Recorder:
         await queued.after_previous()
         await self._retain(info, run)
         return info
+
+    def _commit_blocking(
+        self,
+        blocking: _BlockingCommit,
+        commit: _Commit[SnapshotInfo],
+        captured: GradientsCapture | GradientsParamsRecord,
+        turn: CommitTurn,
+        hand_back: _HandBack,
+        future: concurrent.futures.Future[SnapshotInfo],
+    ) -> None:
+        """Commit ``captured`` in this thread (the recorder's commit thread) with
+        ``blocking``, then run the retention pass on the loop; ``future`` gets the info.
+
+        A snapshot that ``blocking`` does not take (not one step: large, compressed, or
+        the store's first) is handed to the loop as ``commit``, in the same turn.
+        """
+        try:
+            hand_back.wait_blocking()
+            record = (
+                captured if isinstance(captured, GradientsParamsRecord) else captured.to_record()
+            )
+            info = blocking(record, turn)
+        except BaseException as error:  # noqa: BLE001 - the handle raises it
+            turn.release()  # a failed write holds up no later one
+            future.set_exception(error)
+            return
+        if info is None:  # written on the loop, whose commit holds the turn from here on
+            handed_back = _HandBack(self._loop)
+            handed_back.now()  # waited for here already
+            queued = _Queued(turn, None, handed_back)
+            written = asyncio.run_coroutine_threadsafe(commit(record, queued), self._loop)
+            _chain(written, future)
+            return
+        turn.release()  # visible: later snapshots may become visible too
+        if self._retention.keeps_everything:
+            future.set_result(info)
+            return
+        retained = asyncio.run_coroutine_threadsafe(self._retain(info, info.run), self._loop)
+        retained.add_done_callback(lambda _: future.set_result(info))
 
     async def _commit_shard(
         self,
@@ -394,7 +463,9 @@ class Recorder:
         """
         run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
         return self._launch_blocking(
-            grads, lambda captured, queued: self._commit(captured, queued, run, step, plain_tags)
+            grads,
+            lambda captured, queued: self._commit(captured, queued, run, step, plain_tags),
+            blocking=self._blocking_commit(run, step, plain_tags),
         )
 
     def _launch_blocking(
@@ -402,13 +473,14 @@ class Recorder:
         grads: GradientsParams | GradientsParamsRecord,
         commit: _Commit[R],
         shard: bool = False,
+        blocking: _BlockingCommit | None = None,
     ) -> SnapshotHandle[R]:
-        handle, captured = self._try_launch(grads, commit, shard)
+        handle, captured = self._try_launch(grads, commit, shard, blocking=blocking)
         while handle is None:
             concurrent.futures.wait(
                 self._in_flight(), return_when=concurrent.futures.FIRST_COMPLETED
             )
-            handle, captured = self._try_launch(grads, commit, shard, captured)
+            handle, captured = self._try_launch(grads, commit, shard, captured, blocking)
         return handle
 
     async def _launch_waiting(
@@ -416,8 +488,9 @@ class Recorder:
         grads: GradientsParams | GradientsParamsRecord,
         commit: _Commit[R],
         shard: bool = False,
+        blocking: _BlockingCommit | None = None,
     ) -> R:
-        handle, captured = self._try_launch(grads, commit, shard)
+        handle, captured = self._try_launch(grads, commit, shard, blocking=blocking)
         while handle is None:
             busy = self._in_flight()
             if busy:
@@ -425,8 +498,25 @@ class Recorder:
                     [asyncio.wrap_future(future) for future in busy],
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-            handle, captured = self._try_launch(grads, commit, shard, captured)
+            handle, captured = self._try_launch(grads, commit, shard, captured, blocking)
         return await handle
+
+    def _blocking_commit(self, run: str, step: int, tags: dict[str, str]) -> _BlockingCommit:
+        """The store's one-step commit of a snapshot of ``run``/``step``/``tags`` in the
+        calling thread (``SnapshotStore.write_snapshot_blocking``)."""
+
+        def commit(record: GradientsParamsRecord, turn: CommitTurn) -> SnapshotInfo | None:
+            return self._store.write_snapshot_blocking(
+                record,
+                run=run,
+                step=step,
+                tags=tags,
+                device=str(record.metadata.get("device", "cpu")),
+                compression=self.compression,
+                turn=turn,
+            )
+
+        return commit
 
     async def snapshot(
         self,
@@ -439,7 +529,9 @@ class Recorder:
         """Capture and commit ``grads``; returns the committed snapshot's info."""
         run, step, plain_tags = check_snapshot_fields(run, step, tags)  # before the capture
         return await self._launch_waiting(
-            grads, lambda captured, queued: self._commit(captured, queued, run, step, plain_tags)
+            grads,
+            lambda captured, queued: self._commit(captured, queued, run, step, plain_tags),
+            blocking=self._blocking_commit(run, step, plain_tags),
         )
 
     def start_snapshot_shard(
@@ -553,6 +645,7 @@ class Recorder:
             self._closed = True
             pending = list(self._inflight)
         concurrent.futures.wait(pending)
+        self._commit_thread.shutdown()
         asyncio.run_coroutine_threadsafe(self._store.close(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
@@ -602,6 +695,27 @@ class _Queued:
 
 
 _Commit = Callable[[GradientsCapture | GradientsParamsRecord, _Queued], Coroutine[Any, Any, R]]
+#: A whole snapshot's commit in the calling thread: its info, or None where it is not one
+#: step (``SnapshotStore.write_snapshot_blocking``)
+_BlockingCommit = Callable[[GradientsParamsRecord, CommitTurn], SnapshotInfo | None]
+
+
+def _on_host(captured: GradientsCapture | GradientsParamsRecord) -> bool:
+    """Whether the captured gradients are in host memory already (no device to read)."""
+    return isinstance(captured, GradientsParamsRecord) or captured.device == "cpu"
+
+
+def _chain(source: concurrent.futures.Future[T], target: concurrent.futures.Future[T]) -> None:
+    """Give ``target`` the outcome of ``source`` once it has one."""
+
+    def copy(done: concurrent.futures.Future[T]) -> None:
+        error = done.exception()
+        if error is not None:
+            target.set_exception(error)
+        else:
+            target.set_result(done.result())
+
+    source.add_done_callback(copy)
 
 
 def _checked_shard(snapshot_id: str, rank: int, world_size: int) -> tuple[str, int, int]:

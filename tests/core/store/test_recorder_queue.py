@@ -269,3 +269,20 @@ def test_queued_snapshots_become_visible_in_start_order_on_every_store(
         assert [info.id for info in recorder.sync.list(run="o")] == ids[::-1]
         for snapshot_id, grads in zip(ids, sets, strict=True):
             assert grads_bytes(recorder.sync.restore(snapshot_id)) == grads_bytes(grads)
+
+
+def test_a_turn_released_from_another_thread_wakes_its_waiter_on_the_loop() -> None:
+    order = CommitOrder()
+    first, second = order.take(), order.take()
+
+    async def wait_for_second() -> bool:
+        waiting = asyncio.ensure_future(second.wait())
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        releaser = threading.Thread(target=first.release)
+        releaser.start()
+        await asyncio.wait_for(waiting, 30)
+        releaser.join()
+        return second.is_open()
+
+    assert asyncio.run(wait_for_second())
