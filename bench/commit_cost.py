@@ -23,8 +23,9 @@ call; wall is ``perf_counter``. The sides run interleaved, each round starting o
 later; each row is gradvault against one peer, the median of per-round ratios.
 
 gradvault's CPU is also split by thread (each thread's own CPU clock,
-``time.pthread_getcpuclockid``, read around each commit): the store's threads, the
-``O_DIRECT`` writer, the recorder's event loop, the fsync threads, the calling thread, and
+``time.pthread_getcpuclockid``, read around each commit): the recorder's commit thread,
+the store's threads, the ``O_DIRECT`` writer, the recorder's event loop, the fsync
+threads, the calling thread, and
 the rest (threads Python does not know of, such as the BLAS's, or that ended during the
 commit). The means per commit are the CPU rows' note: where a commit's milliseconds go, in
 every run.
@@ -62,6 +63,7 @@ def _cpu_seconds() -> float:
 
 #: the threads a commit runs on, by the start of their names, and what the note calls them
 THREAD_ROLES = (
+    ("gradvault-commit", "recorder's commit thread"),
     ("gradvault-store", "store"),
     ("gradvault-direct", "O_DIRECT writer"),
     ("gradvault-recorder", "recorder loop"),

@@ -13,6 +13,7 @@ from bench.commit_cost import OTHER_THREADS, _cpu_by_thread, split_by_thread, th
 @pytest.mark.parametrize(
     ("name", "role"),
     [
+        ("gradvault-commit_0", "recorder's commit thread"),
         ("gradvault-store_0", "store"),
         ("gradvault-store_11", "store"),
         ("gradvault-direct_0", "O_DIRECT writer"),
