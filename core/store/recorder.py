@@ -345,11 +345,11 @@ class Recorder:
     def _commit_blocking(
         self,
         blocking: _BlockingCommit,
-        commit: _Commit[SnapshotInfo],
+        commit: _Commit[Any],
         captured: GradientsCapture | GradientsParamsRecord,
         turn: CommitTurn,
         hand_back: _HandBack,
-        future: concurrent.futures.Future[SnapshotInfo],
+        future: concurrent.futures.Future[Any],
     ) -> None:
         """Commit ``captured`` in this thread (the recorder's commit thread) with
         ``blocking``, then run the retention pass on the loop; ``future`` gets the info.
