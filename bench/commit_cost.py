@@ -130,11 +130,13 @@ def _writev_file(path: Path, arrays: list[np.ndarray]) -> None:
         os.close(fd)
 
 
-def _direct_file(path: Path, aligned: memoryview) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+def _new_file(path: str, data: memoryview | bytes, direct: bool = False) -> None:
+    """Create ``path`` holding ``data``, fsynced (with ``O_DIRECT`` if ``direct``)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if direct else 0)
+    fd = os.open(path, flags, 0o644)
     try:
-        written = os.write(fd, aligned)
-        assert written == len(aligned), "short O_DIRECT write"
+        written = os.write(fd, data)
+        assert written == len(data), f"short write of {path}"
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -146,19 +148,7 @@ def _floor_commit(path: Path, arrays: list[np.ndarray], aligned: memoryview) -> 
         flat = array.reshape(-1)
         crc = crc32c.crc32c(flat, crc)
         flat.max(), flat.min(), np.dot(flat, flat)
-    _direct_file(path, aligned)
-
-
-def _new_file(path: str, data: memoryview | bytes, direct: bool = False) -> None:
-    """Create ``path`` holding ``data``, fsynced (with ``O_DIRECT`` if ``direct``)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if direct else 0)
-    fd = os.open(path, flags, 0o644)
-    try:
-        written = os.write(fd, data)
-        assert written == len(data), f"short write of {path}"
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _new_file(str(path), aligned, direct=True)
 
 
 def _layout_floor_commit(
@@ -276,7 +266,7 @@ def measure_sides(
     side("safetensors save_file+fsync", safetensors_write, lambda: None)
     side("os.writev+fsync", lambda p: _writev_file(p, arrays), lambda: None)
     side("torch.save+fsync", torch_write, lambda: None)
-    side("O_DIRECT write+fsync", lambda p: _direct_file(p, aligned), lambda: None)
+    side("O_DIRECT write+fsync", lambda p: _new_file(str(p), aligned, direct=True), lambda: None)
     side(FLOOR, lambda p: _floor_commit(p, arrays, aligned), lambda: None)
 
     def layout_floor(path: Path) -> None:

@@ -778,8 +778,13 @@ class _LocalSnapshotWriter(SnapshotWriter):
         return collected_error(self._snapshot_id, self.written_where)
 
     async def _run(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        return await self._backend.threads.run(self._here, action, function, *args)
+
+    def _here(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        """:meth:`_run` in the calling thread: the backend's errors (``LocalBackend.here``),
+        and a file gone with the staging folder reported as gc having collected the write."""
         try:
-            return await self._backend.in_thread(action, function, *args)
+            return self._backend.here(action, function, *args)
         except FileNotFoundError as error:
             if not os.path.isdir(self._folder):
                 raise self._collected() from error
@@ -1029,14 +1034,9 @@ class _LocalSnapshotWriter(SnapshotWriter):
                 "an earlier snapshot of its order is not visible yet"
             )
         action = f"writing array {name} of snapshot {self._snapshot_id} and committing it"
-        try:
-            committed = self._backend.here(
-                action, self._write_and_commit_sync, name, metadata, chunks, group_metadata, turn
-            )
-        except FileNotFoundError as error:
-            if not os.path.isdir(self._folder):
-                raise self._collected() from error
-            raise
+        committed = self._here(
+            action, self._write_and_commit_sync, name, metadata, chunks, group_metadata, turn
+        )
         assert committed, "an open turn stays open"
 
     def abort_blocking(self) -> None:
