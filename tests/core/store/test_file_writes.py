@@ -140,23 +140,23 @@ def test_a_file_system_refusing_the_flag_gets_a_buffered_write(
     assert (tmp_path / "b").read_bytes() == expected_file(data)
 
 
-def direct_pwrites_seen(
+def direct_pwritevs_seen(
     monkeypatch: pytest.MonkeyPatch, fail: Callable[[int], OSError | None] = lambda n: None
 ) -> list[tuple[int, int]]:
-    """Records (offset, length) of every os.pwrite made while O_DIRECT is set on the
+    """Records (offset, length) of every os.pwritev made while O_DIRECT is set on the
     descriptor; ``fail(n)`` may give an error for the n-th of them (counted from 0)."""
     seen: list[tuple[int, int]] = []
-    real_pwrite = os.pwrite
+    real_pwritev = os.pwritev
 
-    def spying_pwrite(fd: int, data, offset: int) -> int:
+    def spying_pwritev(fd: int, buffers, offset: int) -> int:
         if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT:
-            seen.append((offset, len(data)))
+            seen.append((offset, sum(memoryview(b).nbytes for b in buffers)))
             error = fail(len(seen) - 1)
             if error is not None:
                 raise error
-        return real_pwrite(fd, data, offset)
+        return real_pwritev(fd, buffers, offset)
 
-    monkeypatch.setattr(os, "pwrite", spying_pwrite)
+    monkeypatch.setattr(os, "pwritev", spying_pwritev)
     return seen
 
 
@@ -174,10 +174,12 @@ def test_a_whole_file_written_in_pieces_gives_the_same_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, padding: int
 ) -> None:
     """A file that fits the whole-file buffer goes to the device a piece at a time, each
-    at its offset, as it is copied; the bytes and the trailer are the buffered write's."""
+    at its offset, as it is copied; the bytes and the trailer are the buffered write's.
+    Only the data's whole blocks go directly: the rest of it and the trailer, through the
+    cache once the crc32c is known."""
     data = payload(size, seed=size)
     direct = DirectWrites()
-    seen = direct_pwrites_seen(monkeypatch)
+    seen = direct_pwritevs_seen(monkeypatch)
     parts, trailer = chunk_parts(data, padding)
     write_file(str(tmp_path / "pieced"), parts, direct, whole_file=True)
     buffered_parts, buffered_trailer = chunk_parts(data, padding)
@@ -185,7 +187,7 @@ def test_a_whole_file_written_in_pieces_gives_the_same_bytes(
     assert (tmp_path / "pieced").read_bytes() == expected_file(data, padding)
     assert trailer.running == buffered_trailer.running
     if direct.enabled:
-        aligned = (size + padding + 4) // DIRECT_ALIGNMENT * DIRECT_ALIGNMENT
+        aligned = (size + padding) // DIRECT_ALIGNMENT * DIRECT_ALIGNMENT
         assert len(seen) >= 2
         assert [offset for offset, _ in seen] == sorted(offset for offset, _ in seen)
         ends = [offset + length for offset, length in seen]
@@ -206,7 +208,7 @@ def test_a_piece_refused_goes_through_the_cache_with_the_rest(
     def einval(n: int) -> OSError | None:
         return OSError(errno.EINVAL, "Invalid argument (injected)") if n >= refused_at else None
 
-    seen = direct_pwrites_seen(monkeypatch, einval)
+    seen = direct_pwritevs_seen(monkeypatch, einval)
     direct = DirectWrites()
     data = payload(3 * PIECE_BYTES + 99, seed=6)
     parts, trailer = chunk_parts(data, padding=8)
@@ -227,7 +229,7 @@ def test_a_failed_piece_fails_the_write_and_gives_the_buffer_back(
     def full_disk(n: int) -> OSError | None:
         return OSError(errno.ENOSPC, "No space left on device (injected)") if n == 1 else None
 
-    direct_pwrites_seen(monkeypatch, full_disk)
+    direct_pwritevs_seen(monkeypatch, full_disk)
     data = payload(4 * PIECE_BYTES, seed=7)
     parts, _ = chunk_parts(data)
     with pytest.raises(OSError) as raised:
@@ -235,7 +237,7 @@ def test_a_failed_piece_fails_the_write_and_gives_the_buffer_back(
     assert raised.value.errno == errno.ENOSPC
     monkeypatch.undo()
     parts, _ = chunk_parts(data)
-    seen = direct_pwrites_seen(monkeypatch)
+    seen = direct_pwritevs_seen(monkeypatch)
     write_file(str(tmp_path / "again"), parts, DirectWrites(), whole_file=True)
     assert len(seen) >= 2  # the whole-file buffer was lent again, not lost
     assert (tmp_path / "again").read_bytes() == expected_file(data)
@@ -245,10 +247,10 @@ def test_a_failed_piece_fails_the_write_and_gives_the_buffer_back(
 def test_a_failure_while_copying_waits_for_the_pieces_in_flight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A reader along the bytes that fails (here after two pieces were handed over) fails
-    the write; the pieces already handed to the device are finished before the buffer
-    goes back, and the next whole-file write gets it."""
-    seen = direct_pwrites_seen(monkeypatch)
+    """A reader along the bytes that fails (here after two pieces were read, every piece
+    handed over before) fails the write; the pieces already handed to the device are
+    finished before the buffer goes back, and the next whole-file write gets it."""
+    seen = direct_pwritevs_seen(monkeypatch)
     data = payload(4 * PIECE_BYTES + 5, seed=8)
     visited: list[int] = []
 
@@ -386,29 +388,33 @@ def page_aligned(size: int, seed: int) -> np.ndarray:
 def direct_sources_seen(
     monkeypatch: pytest.MonkeyPatch, fail: Callable[[int], OSError | None] = lambda n: None
 ) -> list[tuple[int, int]]:
-    """Records (address, length) of the memory of every os.write or os.pwrite made while
-    O_DIRECT is set on the descriptor; ``fail(n)`` may give an error for the n-th of them."""
+    """Records (address, length) of the memory of every buffer of every os.write or
+    os.pwritev made while O_DIRECT is set on the descriptor; ``fail(n)`` may give an
+    error for the n-th of those calls."""
     seen: list[tuple[int, int]] = []
-    real_write, real_pwrite = os.write, os.pwrite
+    calls = [0]
+    real_write, real_pwritev = os.write, os.pwritev
 
-    def spy(fd: int, data) -> None:
+    def spy(fd: int, buffers: list) -> None:
         if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT:
-            flat = np.frombuffer(data, np.uint8)
-            seen.append((flat.ctypes.data, flat.nbytes))
-            error = fail(len(seen) - 1)
+            for data in buffers:
+                flat = np.frombuffer(data, np.uint8)
+                seen.append((flat.ctypes.data, flat.nbytes))
+            calls[0] += 1
+            error = fail(calls[0] - 1)
             if error is not None:
                 raise error
 
     def spying_write(fd: int, data) -> int:
-        spy(fd, data)
+        spy(fd, [data])
         return real_write(fd, data)
 
-    def spying_pwrite(fd: int, data, offset: int) -> int:
-        spy(fd, data)
-        return real_pwrite(fd, data, offset)
+    def spying_pwritev(fd: int, buffers, offset: int) -> int:
+        spy(fd, list(buffers))
+        return real_pwritev(fd, buffers, offset)
 
     monkeypatch.setattr(os, "write", spying_write)
-    monkeypatch.setattr(os, "pwrite", spying_pwrite)
+    monkeypatch.setattr(os, "pwritev", spying_pwritev)
     return seen
 
 
@@ -431,7 +437,7 @@ def parts_from_memory() -> tuple[list[object], bytes, list[np.ndarray]]:
 
 
 @needs_o_direct
-@pytest.mark.parametrize("whole_file", [True, False], ids=["in-pieces", "one-buffer"])
+@pytest.mark.parametrize("whole_file", [True, False], ids=["whole-file", "one-buffer"])
 def test_aligned_gradients_go_to_the_device_from_their_own_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_file: bool
 ) -> None:
@@ -455,12 +461,17 @@ def test_aligned_gradients_go_to_the_device_from_their_own_memory(
 
 
 @needs_o_direct
-@pytest.mark.parametrize("refused_at", [0, 1, 2])
+@pytest.mark.parametrize(
+    ("whole_file", "refused_at"),
+    [(True, 0), (False, 0), (False, 1), (False, 2)],
+    ids=["in-one-write", "one-buffer-first", "one-buffer-second", "one-buffer-third"],
+)
 def test_a_refused_write_from_a_gradients_memory_goes_through_the_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_at: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_file: bool, refused_at: int
 ) -> None:
-    """EINVAL at a direct write from a gradient's memory (the first, or a later one):
-    that write and the rest go through the page cache; the file is the same bytes."""
+    """EINVAL at a direct write from a gradient's memory (the whole file's one vectored
+    write; through one buffer, the first write or a later one): that write and the rest
+    go through the page cache; the file is the same bytes."""
 
     def einval(n: int) -> OSError | None:
         return OSError(errno.EINVAL, "Invalid argument (injected)") if n == refused_at else None
@@ -468,13 +479,13 @@ def test_a_refused_write_from_a_gradients_memory_goes_through_the_cache(
     direct_sources_seen(monkeypatch, einval)
     direct = DirectWrites()
     parts, body, _ = parts_from_memory()
-    write_file(str(tmp_path / "chunk"), parts, direct, whole_file=True)
+    write_file(str(tmp_path / "chunk"), parts, direct, whole_file=whole_file)
     assert not direct.enabled
     assert (tmp_path / "chunk").read_bytes() == expected_file(body)
 
 
 @needs_o_direct
-@pytest.mark.parametrize("whole_file", [True, False], ids=["in-pieces", "one-buffer"])
+@pytest.mark.parametrize("whole_file", [True, False], ids=["whole-file", "one-buffer"])
 def test_a_full_disk_under_a_write_from_a_gradients_memory_fails_the_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_file: bool
 ) -> None:
@@ -482,7 +493,7 @@ def test_a_full_disk_under_a_write_from_a_gradients_memory_fails_the_write(
     the next write of the same parts (the disk has room again) gives the whole file."""
 
     def full_disk(n: int) -> OSError | None:
-        return OSError(errno.ENOSPC, "No space left on device (injected)") if n == 1 else None
+        return OSError(errno.ENOSPC, "No space left on device (injected)") if n == 0 else None
 
     direct_sources_seen(monkeypatch, full_disk)
     parts, body, _ = parts_from_memory()
@@ -498,7 +509,7 @@ def test_a_full_disk_under_a_write_from_a_gradients_memory_fails_the_write(
 
 
 @needs_o_direct
-@pytest.mark.parametrize("whole_file", [True, False], ids=["in-pieces", "one-buffer"])
+@pytest.mark.parametrize("whole_file", [True, False], ids=["whole-file", "one-buffer"])
 def test_memory_the_kernel_cannot_pin_is_written_through_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_file: bool
 ) -> None:
