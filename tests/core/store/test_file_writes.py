@@ -529,6 +529,77 @@ def test_memory_the_kernel_cannot_pin_is_written_through_the_cache(
     assert (tmp_path / "chunk").read_bytes() == expected_file(body)
 
 
+@needs_o_direct
+def test_a_whole_file_of_more_parts_than_one_vectored_write_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More page-aligned parts than one pwritev takes (IOV_MAX, 1024) go to the device in
+    several vectored writes, back to back, each part from its own memory; the file is the
+    buffered write's bytes."""
+    count = 1100
+    memory = mmap.mmap(-1, count * DIRECT_ALIGNMENT, flags=mmap.MAP_PRIVATE)
+    block = np.frombuffer(memory, np.uint8)
+    block[:] = np.frombuffer(payload(count * DIRECT_ALIGNMENT, seed=14), np.uint8)
+    views = [
+        memoryview(memory)[i * DIRECT_ALIGNMENT : (i + 1) * DIRECT_ALIGNMENT] for i in range(count)
+    ]
+    calls = direct_pwritevs_seen(monkeypatch)
+    sources = direct_sources_seen(monkeypatch)
+    direct = DirectWrites()
+    trailer = Crc32cTrailer()
+    write_file(str(tmp_path / "chunk"), [*views, trailer], direct, whole_file=True)
+    assert (tmp_path / "chunk").read_bytes() == expected_file(block.tobytes())
+    if takes_o_direct(tmp_path):
+        assert direct.enabled  # no write was refused on the way
+        assert len(calls) >= 2
+        assert [offset for offset, _ in calls] == [0, *np.cumsum([n for _, n in calls])[:-1]]
+        assert sum(n for _, n in calls) == count * DIRECT_ALIGNMENT
+        assert bytes_from(sources, block) == count * DIRECT_ALIGNMENT  # nothing copied
+
+
+@needs_o_direct
+def test_a_short_vectored_write_finishes_through_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A direct vectored write the kernel takes only part of (here the first 8 KiB): the
+    rest of it goes through the page cache at its offset; the file is the same bytes."""
+    real_pwritev = os.pwritev
+    shortened = []
+
+    def short_pwritev(fd: int, buffers, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT and not shortened:
+            shortened.append(offset)
+            first = memoryview(buffers[0])[: 2 * DIRECT_ALIGNMENT]
+            return real_pwritev(fd, [first], offset)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", short_pwritev)
+    parts, body, _ = parts_from_memory()
+    direct = DirectWrites()
+    write_file(str(tmp_path / "chunk"), parts, direct, whole_file=True)
+    assert (tmp_path / "chunk").read_bytes() == expected_file(body)
+    if takes_o_direct(tmp_path):
+        assert direct.enabled  # a short write is no refusal
+        assert shortened == [0]
+
+
+@pytest.mark.parametrize("huge_pages", [True, False], ids=["asked", "no-madvise-flag"])
+def test_direct_write_buffers_start_at_a_huge_page(
+    monkeypatch: pytest.MonkeyPatch, huge_pages: bool
+) -> None:
+    """The memory direct writes come from starts at a multiple of 2 MiB and is as long as
+    asked, whether or not the platform has MADV_HUGEPAGE to ask for huge pages with."""
+    if not huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
+        monkeypatch.delattr(mmap, "MADV_HUGEPAGE")
+    length = 3 * (1 << 20) + DIRECT_ALIGNMENT
+    memory = file_writes._huge_page_memory(length)
+    values = np.frombuffer(memory, np.uint8)
+    assert values.ctypes.data % file_writes.HUGE_PAGE_BYTES == 0
+    assert len(memory) == length
+    values[:] = 7  # private memory, writable to its end
+    assert int(values.sum()) == 7 * length
+
+
 # --- writeback started for files fsynced later ------------------------------------------
 
 FS_IOC_FIEMAP = 0xC020660B
