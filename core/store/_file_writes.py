@@ -157,22 +157,37 @@ def write_buffers(fd: int, buffers: list[Any]) -> None:
     if trailer is None and not any(visits):
         write_all(fd, views)
         return
-    crc = 0
-    for view, visit in zip(views, visits, strict=True):
-        for start in range(0, len(view), SLICE_BYTES):
-            piece = view[start : start + SLICE_BYTES]
-            if trailer is not None:
-                crc = crc32c(piece, crc)
-            write_all(fd, [piece])
-            if visit is not None:
-                visit(piece)
-            # in the page cache now: a mapped upload's slice need not stay resident
-            # (through the fsync); a no-op for any other memory
-            release_pages(piece)
-        if trailer is not None:
-            trailer.add(crc)
+    # in the page cache once written: a mapped upload's slice need not stay resident
+    # (through the fsync)
+    _read_along(views, visits, trailer, SLICE_BYTES, lambda piece: write_all(fd, [piece]))
     if trailer is not None:
         write_all(fd, [memoryview(trailer.value())])
+
+
+def _read_along(
+    views: list[memoryview],
+    visits: list[Visit],
+    trailer: Crc32cTrailer | None,
+    span_bytes: int,
+    write: Callable[[memoryview], None] | None = None,
+) -> None:
+    """Go over each part in spans of ``span_bytes``: the span's running crc32c (recorded
+    in ``trailer`` after each part), ``write(span)`` if given, the part's visit while the
+    span is in the CPU's cache, then the span's pages let go (a mapped upload's; a no-op
+    for any other memory)."""
+    crc = 0
+    for view, visit in zip(views, visits, strict=True):
+        for start in range(0, len(view), span_bytes):
+            span = view[start : start + span_bytes]
+            if trailer is not None:
+                crc = crc32c(span, crc)
+            if write is not None:
+                write(span)
+            if visit is not None:
+                visit(span)
+            release_pages(span)
+        if trailer is not None:
+            trailer.add(crc)
 
 
 #: Buffers for direct writes start at a multiple of this and ask for transparent huge
@@ -603,17 +618,7 @@ def _write_image(
         for view in views:
             image.lay_out(view)
         image.hand_over_rest()
-        crc = 0
-        for view, visit in zip(views, visits, strict=True):
-            for start in range(0, len(view), READ_ALONG_BYTES):
-                span = view[start : start + READ_ALONG_BYTES]
-                if trailer is not None:
-                    crc = crc32c(span, crc)
-                if visit is not None:  # just read: still in the CPU's cache
-                    visit(span)
-                release_pages(span)  # laid out: a mapped upload's span may go
-            if trailer is not None:
-                trailer.add(crc)
+        _read_along(views, visits, trailer, READ_ALONG_BYTES)  # while the device writes
         if meanwhile is not None:  # while the device writes
             meanwhile()
         image.finish(b"" if trailer is None else trailer.value())
