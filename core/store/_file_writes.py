@@ -57,7 +57,7 @@ O_DIRECT = getattr(os, "O_DIRECT", 0)
 #: logical block size of common disks is 512 or 4096 bytes).
 DIRECT_ALIGNMENT = 4096
 #: The aligned buffer each writing thread keeps (a chunk is written in pieces this long):
-#: one huge page (:func:`_huge_page_memory`). Writing 1 GiB as 256 files of 4 MiB in four
+#: one huge page (:func:`huge_page_memory`). Writing 1 GiB as 256 files of 4 MiB in four
 #: threads took 826-931 ms in 1 MiB pieces from small pages, 661-696 ms in 2 MiB pieces
 #: from a huge page, 635-673 ms in 4 MiB ones; a service with many writing threads keeps
 #: 2 MiB resident per thread, not 4.
@@ -199,7 +199,7 @@ def _read_along(
 HUGE_PAGE_BYTES = 2 << 20
 
 
-def _huge_page_memory(length: int) -> memoryview:
+def huge_page_memory(length: int) -> memoryview:
     """``length`` bytes of private anonymous memory (counted as the process's own, not
     shared) at a multiple of HUGE_PAGE_BYTES, in huge pages where the kernel gives them."""
     memory = mmap.mmap(-1, length + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE)
@@ -216,7 +216,7 @@ def _aligned_buffer() -> memoryview:
     """This thread's aligned buffer for direct writes (made on first use)."""
     buffer = getattr(_thread_state, "buffer", None)
     if buffer is None:
-        buffer = _thread_state.buffer = _huge_page_memory(DIRECT_BUFFER_BYTES)
+        buffer = _thread_state.buffer = huge_page_memory(DIRECT_BUFFER_BYTES)
     return buffer
 
 
@@ -250,7 +250,7 @@ class WholeFileBuffer:
         if self._buffer is None or len(self._buffer) < length:
             # the old mapping goes once the last view of it does
             size = -(-length // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
-            self._buffer = _huge_page_memory(size)
+            self._buffer = huge_page_memory(size)
         return self._buffer
 
     def give_back(self) -> None:

@@ -592,7 +592,7 @@ def test_direct_write_buffers_start_at_a_huge_page(
     if not huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
         monkeypatch.delattr(mmap, "MADV_HUGEPAGE")
     length = 3 * (1 << 20) + DIRECT_ALIGNMENT
-    memory = file_writes._huge_page_memory(length)
+    memory = file_writes.huge_page_memory(length)
     values = np.frombuffer(memory, np.uint8)
     assert values.ctypes.data % file_writes.HUGE_PAGE_BYTES == 0
     assert len(memory) == length
