@@ -645,12 +645,16 @@ def write_file(
     direct: DirectWrites | None = None,
     *,
     fsync: bool = True,
+    fsync_direct: bool = True,
     whole_file: bool = False,
     meanwhile: Meanwhile = None,
-) -> None:
+) -> bool:
     """Create ``path`` holding ``buffers`` back to back, and fsync it (unless ``fsync`` is
     false: the caller fsyncs it later, and its writeback is started, see
-    :func:`start_writeback`).
+    :func:`start_writeback`). With ``fsync_direct`` false, a file written with O_DIRECT
+    is left to the caller to fsync too: its bytes are on the device already, and the
+    fsync that makes its size, its blocks and the device's cache durable can be made with
+    others'. Returns whether the file is left to the caller to fsync.
 
     ``meanwhile``, if given, is called once every byte has been read (the trailer and
     every ReadAlong's visits done), while direct writes may still be in flight: the file
@@ -664,6 +668,7 @@ def write_file(
     """
     fd = os.open(path, NEW_FILE_FLAGS, 0o644)
     try:
+        written_direct = False
         if (
             direct is not None
             and direct.enabled
@@ -671,16 +676,19 @@ def write_file(
             and _try_direct(fd, path, direct)
         ):
             _write_direct(fd, path, buffers, direct, whole_file, meanwhile)
+            written_direct = True
         else:
             write_buffers(fd, buffers)
             if meanwhile is not None:
                 meanwhile()
-        if fsync:
-            os.fsync(fd)
-        else:
+        later = not fsync or (written_direct and not fsync_direct)
+        if later:
             start_writeback(fd)
+        else:
+            os.fsync(fd)
     finally:
         os.close(fd)
+    return later
 
 
 def write_file_unsynced(path: str, buffers: list[Any]) -> None:

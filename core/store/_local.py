@@ -1,9 +1,11 @@
 """The local-folder backend: stage, fsync everything, rename into place.
 
-A snapshot is written under ``.staging/<id>/``; every chunk file is fsynced as soon as it
-is written, the arrays' ``zarr.json`` documents and every folder once all chunks are (all
-together, in parallel threads: on ext4 each folder fsync forces a journal commit, and
-while chunks are still streaming every one of them forced a new one); then the manifest,
+A snapshot is written under ``.staging/<id>/``; a chunk file written through the page
+cache is fsynced as soon as it is written; one written with O_DIRECT (its bytes on the
+device already), the arrays' ``zarr.json`` documents and every folder once all chunks
+are written (all together, in parallel threads: on ext4 each folder fsync forces a
+journal commit, and while chunks are still streaming every one of them forced a new
+one); then the manifest,
 fsynced, one ``os.rename`` to ``snapshots/<id>`` and an fsync of the ``snapshots`` folder.
 A reader therefore sees a whole snapshot or none. Files are written with
 ``os.open``/``os.writev``/``os.fsync`` in a thread pool, many at once (measured faster
@@ -827,18 +829,20 @@ class _LocalSnapshotWriter(SnapshotWriter):
                         folders.append(os.path.join(array_dir, partial))
                         made.add(partial)
             path = os.path.join(array_dir, key)
-            # the packed array's chunks (usually one) are fsynced with the documents and
-            # folders at the commit; every other chunk file right after it is written
-            write_file(
+            # the packed array's chunks (usually one), and every chunk file written with
+            # O_DIRECT, are fsynced with the documents and folders before the manifest;
+            # a chunk file written through the page cache right after it is written
+            fsync_later = write_file(
                 path,
                 buffers,
                 self._backend.direct,
                 fsync=not deferred,
+                fsync_direct=False,
                 whole_file=deferred,
                 meanwhile=None if meanwhile is None else document_then_meanwhile,
             )
             written.append(f"{name}/{key}")
-            if deferred:
+            if fsync_later:
                 self._unsynced.append(path)
         # The array's document is fsynced with the folders, before the manifest
         if not documented:
@@ -854,9 +858,10 @@ class _LocalSnapshotWriter(SnapshotWriter):
     SYNC_IN_LINE = 8
 
     async def _sync_pending(self) -> None:
-        """fsync the array documents and every folder the arrays made, in parallel threads.
+        """fsync the array documents, every folder the arrays made and every chunk file
+        written with O_DIRECT, in parallel threads.
 
-        Called once every chunk is written and fsynced, before the manifest. On ext4 every
+        Called once every chunk is written, before the manifest. On ext4 every
         folder fsync (and every fsync of a small new file) forces a journal commit: one
         per array while the other arrays were still streaming their chunks slowed those
         down; done together at the end they share a few commits (docs/FORMAT.md, "Local

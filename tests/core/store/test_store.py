@@ -575,6 +575,59 @@ async def test_every_file_and_folder_is_fsynced_before_the_manifest_and_the_rena
     await store.close()
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+@pytest.mark.parametrize("direct", [True, False], ids=["o-direct", "page-cache"])
+async def test_chunk_files_written_directly_are_fsynced_with_the_documents(
+    tmp_path: Path, monkeypatch, direct: bool
+) -> None:
+    """A chunk file of an array of its own written with O_DIRECT holds its bytes on the
+    device already: its fsync waits until every array is written, and is made with the
+    documents' and folders', before the manifest's. One written through the page cache is
+    fsynced right after it is written, before the next chunk file is made."""
+    store = open_store(tmp_path, chunk_bytes=1 << 20, pack_threshold=4096, max_concurrency=1)
+    rng = np.random.default_rng(5)
+    arrays = {f"g{i}": rng.standard_normal(1 << 17).astype(np.float32) for i in range(3)}
+    record = make_record(arrays)
+    await store.write_snapshot(record, run="r", step=0)  # the store's own folders exist
+    backend = store.backend
+    if direct and not backend.direct.enabled:  # type: ignore[attr-defined]
+        pytest.skip("this file system refuses O_DIRECT")
+    backend.direct.enabled = direct  # type: ignore[attr-defined]
+    events = record_fsyncs_and_renames(monkeypatch)
+    real_open = os.open
+
+    def recording_open(path, flags, *args):  # type: ignore[no-untyped-def]
+        fd = real_open(path, flags, *args)
+        if flags & os.O_CREAT:
+            events.append(("create", str(path)))
+        return fd
+
+    monkeypatch.setattr(os, "open", recording_open)
+    info = await store.write_snapshot(record, run="r", step=1)
+    monkeypatch.undo()
+
+    committed = tmp_path / "snapshots" / info.id
+    staging = tmp_path.resolve() / ".staging" / info.id
+    chunks = [
+        str(staging / path.relative_to(committed))
+        for path in sorted(committed.rglob("*"))
+        if path.is_file() and path.name != "zarr.json"
+    ]
+    assert len(chunks) == 3
+    order = {event: position for position, event in enumerate(events)}
+    chunks.sort(key=lambda chunk: order[("create", chunk)])  # in the order written
+    created = [order[("create", chunk)] for chunk in chunks]
+    fsynced = [order[("fsync", chunk)] for chunk in chunks]
+    manifest = order[("fsync", str(staging / "zarr.json"))]
+    assert all(position < manifest for position in fsynced)
+    if direct:
+        assert min(fsynced) > max(created)
+    else:
+        assert all(fsynced[i] < created[i + 1] for i in range(len(chunks) - 1))
+    assert_bit_identical(await store.read_snapshot(info.id), record)
+    await store.close()
+
+
 async def test_an_unreachable_s3_endpoint_raises_store_unavailable() -> None:
     store = open_store(
         "s3://gradvault-test/x",
