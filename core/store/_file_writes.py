@@ -541,11 +541,11 @@ def _write_direct(
     fd: int,
     path: str,
     buffers: list[Any],
+    length: int,
     direct: DirectWrites,
     whole_file: bool,
     meanwhile: Meanwhile = None,
 ) -> None:
-    length = _length(buffers)
     whole = None
     if whole_file and length <= WHOLE_FILE_MAX_BYTES:
         whole = _whole_file_buffer.borrow(length)
@@ -669,13 +669,9 @@ def write_file(
     fd = os.open(path, NEW_FILE_FLAGS, 0o644)
     try:
         written_direct = False
-        if (
-            direct is not None
-            and direct.enabled
-            and _length(buffers) >= DIRECT_MIN_BYTES
-            and _try_direct(fd, path, direct)
-        ):
-            _write_direct(fd, path, buffers, direct, whole_file, meanwhile)
+        length = _length(buffers) if direct is not None and direct.enabled else 0
+        if length >= DIRECT_MIN_BYTES and direct is not None and _try_direct(fd, path, direct):
+            _write_direct(fd, path, buffers, length, direct, whole_file, meanwhile)
             written_direct = True
         else:
             write_buffers(fd, buffers)

@@ -1020,9 +1020,14 @@ class _LocalSnapshotWriter(SnapshotWriter):
     ) -> None:
         """The array written and the snapshot committed in one trip through a thread (two
         when the snapshot must wait for its turn to be renamed into place)."""
-        action = f"writing array {name} of snapshot {self._snapshot_id} and committing it"
         await self._commit_in_turn(
-            action, self._write_and_commit_sync, name, metadata, chunks, group_metadata, self.turn
+            self._write_and_commit_action(name),
+            self._write_and_commit_sync,
+            name,
+            metadata,
+            chunks,
+            group_metadata,
+            self.turn,
         )
 
     def write_array_and_commit_blocking(
@@ -1038,11 +1043,19 @@ class _LocalSnapshotWriter(SnapshotWriter):
                 f"snapshot {self._snapshot_id}: a blocking commit needs its turn open; "
                 "an earlier snapshot of its order is not visible yet"
             )
-        action = f"writing array {name} of snapshot {self._snapshot_id} and committing it"
         committed = self._here(
-            action, self._write_and_commit_sync, name, metadata, chunks, group_metadata, turn
+            self._write_and_commit_action(name),
+            self._write_and_commit_sync,
+            name,
+            metadata,
+            chunks,
+            group_metadata,
+            turn,
         )
         assert committed, "an open turn stays open"
+
+    def _write_and_commit_action(self, name: str) -> str:
+        return f"writing array {name} of snapshot {self._snapshot_id} and committing it"
 
     def abort_blocking(self) -> None:
         shutil.rmtree(self._folder, True)

@@ -143,6 +143,10 @@ class SnapshotStore:
             manifest = await write.run(
                 record, run=run, step=step, tags=tags, device=device, turn=turn
             )
+        return self._written(manifest)
+
+    def _written(self, manifest: dict[str, Any]) -> SnapshotInfo:
+        """The info of the snapshot whose ``manifest`` was just committed, cached."""
         info = SnapshotInfo.from_manifest(manifest)
         self._manifests.written(info)
         return info
@@ -181,9 +185,7 @@ class SnapshotStore:
         manifest = write.run_blocking(
             writer, record, layout, run=run, step=step, tags=tags, device=device
         )
-        info = SnapshotInfo.from_manifest(manifest)
-        self._manifests.written(info)
-        return info
+        return self._written(manifest)
 
     async def write_shard(
         self,
@@ -223,8 +225,7 @@ class SnapshotStore:
         snapshot = None
         if write.committed_document is not None:
             top = manifest_in(write.committed_document, f"snapshot {snapshot_id}")
-            snapshot = SnapshotInfo.from_manifest(top)
-            self._manifests.written(snapshot)
+            snapshot = self._written(top)
         return ShardInfo(
             id=snapshot_id,
             run=run,

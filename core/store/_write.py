@@ -452,7 +452,7 @@ class SnapshotWrite:
         staging folder is removed; OSError becomes StoreUnavailableError. The writer's
         turn is left to its holder to release.
         """
-        packed_positions, _ = self._packed_and_own(record)  # every one, for one step
+        packed_positions = list(range(len(record.entries)))  # every one, for one step
         manifest_of = self._manifest_maker(record, packed_positions, run, step, tags, device)
         try:
             small = [record.entries[i] for i in packed_positions]
@@ -463,12 +463,17 @@ class SnapshotWrite:
         except BaseException as error:
             self.failed = True
             writer.abort_blocking()
-            if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):
-                raise StoreUnavailableError(
-                    f"store {self._backend.location}: writing snapshot {self._id} failed: {error}"
-                ) from error
+            self._raise_unavailable(error)
             raise
         return made[0]
+
+    def _raise_unavailable(self, error: BaseException) -> None:
+        """Raise an OSError of the write as StoreUnavailableError naming the store and the
+        snapshot; any other error is left to the caller to raise."""
+        if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):
+            raise StoreUnavailableError(
+                f"store {self._backend.location}: writing snapshot {self._id} failed: {error}"
+            ) from error
 
     async def run(
         self,
@@ -554,10 +559,7 @@ class SnapshotWrite:
             self.failed = True
             await asyncio.gather(*self._in_flight, return_exceptions=True)
             await asyncio.shield(writer.abort())
-            if isinstance(error, OSError) and not isinstance(error, StoreUnavailableError):
-                raise StoreUnavailableError(
-                    f"store {self._backend.location}: writing snapshot {self._id} failed: {error}"
-                ) from error
+            self._raise_unavailable(error)
             raise
         return manifest
 

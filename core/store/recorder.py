@@ -333,7 +333,7 @@ class Recorder:
                 run=run,
                 step=step,
                 tags=tags,
-                device=str(record.metadata.get("device", "cpu")),
+                device=_device_of(record),
                 compression=self.compression,
                 turn=turn,
             )
@@ -402,7 +402,7 @@ class Recorder:
             run=run,
             step=step,
             tags=tags,
-            device=str(record.metadata.get("device", "cpu")),
+            device=_device_of(record),
             compression=self.compression,
         )
         if written.snapshot is not None:  # this rank's call completed the snapshot
@@ -511,7 +511,7 @@ class Recorder:
                 run=run,
                 step=step,
                 tags=tags,
-                device=str(record.metadata.get("device", "cpu")),
+                device=_device_of(record),
                 compression=self.compression,
                 turn=turn,
             )
@@ -864,3 +864,8 @@ class SyncRecorder:
 
     def close(self) -> None:
         self._recorder.close()
+
+
+def _device_of(record: GradientsParamsRecord | DeviceSnapshot) -> str:
+    """The device the record's gradients were captured on, as its metadata says."""
+    return str(record.metadata.get("device", "cpu"))
