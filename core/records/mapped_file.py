@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,28 @@ class _ReadOnlyMapping(mmap.mmap):
     address: int
 
 
+class _LiveMappings:
+    """How many :func:`map_readonly` mappings exist: while there is none,
+    :func:`release_pages` has nothing to look for and returns at once (a commit of
+    gradients from the engine's memory calls it for every slice it reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self, mapping: _ReadOnlyMapping) -> None:
+        with self._lock:
+            self.count += 1
+        weakref.finalize(mapping, self._gone)
+
+    def _gone(self) -> None:
+        with self._lock:
+            self.count -= 1
+
+
+_live = _LiveMappings()
+
+
 def map_readonly(path: str | os.PathLike[str]) -> memoryview:
     """The bytes of the file at ``path``, mapped read-only (an empty view for an empty file).
 
@@ -40,6 +64,7 @@ def map_readonly(path: str | os.PathLike[str]) -> memoryview:
         if os.fstat(file.fileno()).st_size == 0:
             return memoryview(b"")
         mapping = _ReadOnlyMapping(file.fileno(), 0, access=mmap.ACCESS_READ)
+    _live.add(mapping)
     mapping.address = np.frombuffer(mapping, np.uint8).ctypes.data
     return memoryview(mapping)
 
@@ -63,7 +88,7 @@ def release_pages(buffer: memoryview | np.ndarray) -> int:
     resident memory they take. Returns the bytes released (0 for memory of another kind,
     or where the system cannot release pages).
     """
-    if not _CAN_RELEASE:
+    if not _CAN_RELEASE or not _live.count:
         return 0
     mapping = _mapping_of(buffer)
     if mapping is None:

@@ -139,21 +139,33 @@ Visit = Callable[[memoryview], None] | None
 Meanwhile = Callable[[], None] | None
 
 
-def _split_trailer(
-    buffers: list[Any],
-) -> tuple[list[memoryview], list[Visit], Crc32cTrailer | None]:
+#: A file's parts as :func:`_split_trailer` gives them: bytes, visits, trailer
+_Parts = tuple[list[memoryview], list[Visit], Crc32cTrailer | None]
+
+
+def _split_trailer(buffers: list[Any]) -> _Parts:
     """The parts' bytes, who reads each along (``ReadAlong``), and the final trailer."""
     trailer = buffers[-1] if buffers and isinstance(buffers[-1], Crc32cTrailer) else None
-    body = buffers[:-1] if trailer else buffers
-    views = [b.data if isinstance(b, ReadAlong) else memoryview(b).cast("B") for b in body]
-    visits = [b.visit if isinstance(b, ReadAlong) else None for b in body]
+    views: list[memoryview] = []
+    visits: list[Visit] = []
+    for b in buffers[:-1] if trailer else buffers:
+        if isinstance(b, ReadAlong):
+            views.append(b.data)
+            visits.append(b.visit)
+        else:
+            views.append(memoryview(b).cast("B"))
+            visits.append(None)
     return views, visits, trailer
 
 
 def write_buffers(fd: int, buffers: list[Any]) -> None:
     """Write ``buffers`` back to back to ``fd`` (a final Crc32cTrailer computed as it goes,
     each ReadAlong's slices handed on as they are written)."""
-    views, visits, trailer = _split_trailer(buffers)
+    _write_parts(fd, _split_trailer(buffers))
+
+
+def _write_parts(fd: int, parts: _Parts) -> None:
+    views, visits, trailer = parts
     if trailer is None and not any(visits):
         write_all(fd, views)
         return
@@ -540,7 +552,7 @@ class _FileImage:
 def _write_direct(
     fd: int,
     path: str,
-    buffers: list[Any],
+    parts: _Parts,
     length: int,
     direct: DirectWrites,
     whole_file: bool,
@@ -550,7 +562,7 @@ def _write_direct(
     if whole_file and length <= WHOLE_FILE_MAX_BYTES:
         whole = _whole_file_buffer.borrow(length)
     try:
-        _write_direct_through(fd, path, buffers, direct, whole, meanwhile)
+        _write_direct_through(fd, path, parts, direct, whole, meanwhile)
     finally:
         if whole is not None:
             _whole_file_buffer.give_back()
@@ -559,12 +571,12 @@ def _write_direct(
 def _write_direct_through(
     fd: int,
     path: str,
-    buffers: list[Any],
+    parts: _Parts,
     direct: DirectWrites,
     whole: memoryview | None,
     meanwhile: Meanwhile = None,
 ) -> None:
-    views, visits, trailer = _split_trailer(buffers)
+    views, visits, trailer = parts
     if whole is not None:
         _write_image(fd, path, views, visits, trailer, direct, whole, meanwhile)
         return
@@ -669,12 +681,19 @@ def write_file(
     fd = os.open(path, NEW_FILE_FLAGS, 0o644)
     try:
         written_direct = False
-        length = _length(buffers) if direct is not None and direct.enabled else 0
-        if length >= DIRECT_MIN_BYTES and direct is not None and _try_direct(fd, path, direct):
-            _write_direct(fd, path, buffers, length, direct, whole_file, meanwhile)
+        parts = _split_trailer(buffers)
+        views, _, trailer = parts
+        length = sum(map(len, views)) + (0 if trailer is None else 4)
+        if (
+            length >= DIRECT_MIN_BYTES
+            and direct is not None
+            and direct.enabled
+            and _try_direct(fd, path, direct)
+        ):
+            _write_direct(fd, path, parts, length, direct, whole_file, meanwhile)
             written_direct = True
         else:
-            write_buffers(fd, buffers)
+            _write_parts(fd, parts)
             if meanwhile is not None:
                 meanwhile()
         later = not fsync or (written_direct and not fsync_direct)
@@ -696,14 +715,3 @@ def write_file_unsynced(path: str, buffers: list[Any]) -> None:
         start_writeback(fd)
     finally:
         os.close(fd)
-
-
-def _length(buffers: list[Any]) -> int:
-    return sum(
-        4
-        if isinstance(b, Crc32cTrailer)
-        else len(b.data)
-        if isinstance(b, ReadAlong)
-        else memoryview(b).nbytes
-        for b in buffers
-    )

@@ -467,6 +467,8 @@ class LocalBackend(StoreBackend):
         self.root = root
         self.location = str(root)
         self.snapshots_dir = root / SNAPSHOTS_PREFIX
+        #: ``snapshots_dir`` as text, which a commit's rename and fsync take
+        self.snapshots_path = str(self.snapshots_dir)
         self.staging_dir = root / STAGING_FOLDER
         self._threads = threads
         self._prepared = False
@@ -762,6 +764,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
         self._backend = backend
         self._snapshot_id = snapshot_id
         self._folder = folder
+        self._folder_path = str(folder)  # for the paths a write joins (no Path per file)
         #: every file written so far, relative to the staging folder
         self._written: set[str] = set()
         #: array documents and folders written but not fsynced yet: all of them are
@@ -802,13 +805,13 @@ class _LocalSnapshotWriter(SnapshotWriter):
         """Write array ``name``: its folders, its chunks, its document. With ``meanwhile``
         (an array of one chunk), the document is written and ``meanwhile`` called once
         the chunk's bytes are all read, while its last direct writes are in flight."""
-        array_dir = os.path.join(self._folder, name)
+        array_dir = f"{self._folder_path}/{name}"
         os.mkdir(array_dir)
         deferred = name == PACKED_ARRAY
         folders = [array_dir]
         made = {""}
         written = []
-        document = os.path.join(array_dir, MANIFEST_NAME)
+        document = f"{array_dir}/{MANIFEST_NAME}"
         documented = False
 
         def document_then_meanwhile() -> None:
@@ -828,7 +831,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
                         os.mkdir(os.path.join(array_dir, partial))
                         folders.append(os.path.join(array_dir, partial))
                         made.add(partial)
-            path = os.path.join(array_dir, key)
+            path = f"{array_dir}/{key}"
             # the packed array's chunks (usually one), and every chunk file written with
             # O_DIRECT, are fsynced with the documents and folders before the manifest;
             # a chunk file written through the page cache right after it is written
@@ -898,10 +901,8 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def _missing_files(self) -> list[str]:
         """The files this writer wrote that are no longer in its staging folder."""
         if len(self._written) < self.LOOKUP_FILES_BELOW:
-            folder = str(self._folder)
-            return sorted(
-                key for key in self._written if not os.path.isfile(os.path.join(folder, key))
-            )
+            folder = self._folder_path
+            return sorted(key for key in self._written if not os.path.isfile(f"{folder}/{key}"))
         present: set[str] = set()
         for folder, _, files in os.walk(self._folder):
             relative = os.path.relpath(folder, self._folder)
@@ -912,7 +913,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def _rename_into_place_sync(self) -> None:
         """Check that every file written is still there, then rename the folder into place."""
         self._check_nothing_missing()
-        os.rename(self._folder, self._backend.snapshots_dir / self._snapshot_id)
+        os.rename(self._folder_path, f"{self._backend.snapshots_path}/{self._snapshot_id}")
 
     def _fsync_staged_in_order(self, paths: list[str]) -> None:
         """fsync ``paths`` of the staging folder one after the other (reported as
@@ -965,20 +966,20 @@ class _LocalSnapshotWriter(SnapshotWriter):
 
     def _write_manifest_sync(self, group_document: bytes) -> None:
         """Write the manifest (the group's ``zarr.json``), not fsynced yet."""
-        write_file_unsynced(os.path.join(self._folder, MANIFEST_NAME), [group_document])
+        write_file_unsynced(f"{self._folder_path}/{MANIFEST_NAME}", [group_document])
         self._written.add(MANIFEST_NAME)
 
     def _seal_and_rename_sync(self, turn: CommitTurn | None) -> bool:
         """fsync what is pending, then the manifest and the staging folder; rename into
         place if ``turn`` allows (:meth:`_commit_sync`)."""
-        manifest = os.path.join(self._folder, MANIFEST_NAME)
+        manifest = f"{self._folder_path}/{MANIFEST_NAME}"
         pending, self._unsynced = self._unsynced, []
         self._fsync_staged(pending)
-        self._fsync_staged([manifest, str(self._folder)])
+        self._fsync_staged([manifest, self._folder_path])
         if turn is not None and not turn.is_open():
             return False
         self._rename_into_place_sync()
-        _fsync_directory(str(self._backend.snapshots_dir))
+        _fsync_directory(self._backend.snapshots_path)
         return True
 
     async def commit(self, group_metadata: bytes) -> None:
@@ -1002,7 +1003,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
         (``meanwhile``): it needs only their checksums and stats, known once they are read.
         """
         if self.folder_to_make:
-            os.mkdir(self._folder)
+            os.mkdir(self._folder_path)
             self.folder_to_make = False
         self._write_array_sync(
             name, metadata, chunks, lambda: self._write_manifest_sync(group_metadata())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 from pathlib import Path
@@ -38,6 +39,22 @@ def test_released_pages_leave_the_process_and_read_back_the_same(values_file) ->
     assert release_pages(memoryview(mapped[len(mapped) // 2 :].view(np.uint8))) == 8 << 20
     assert mapped_rss(path) == 0
     assert np.array_equal(mapped, values)  # faulted back in from the file
+
+
+def test_pages_are_released_whatever_other_mappings_came_and_went(values_file) -> None:
+    """release_pages looks for a mapping only while one exists: one made and dropped before
+    leaves a later one's pages releasable, and dropping one of two leaves the other's."""
+    path, _ = values_file
+    dropped = map_readonly(path)
+    del dropped
+    gc.collect()
+    first, second = map_readonly(path), map_readonly(path)
+    del second
+    gc.collect()
+    mapped = np.frombuffer(first, np.float32)
+    assert mapped.sum(dtype=np.float64) != 0  # touches every page
+    assert release_pages(first[: 8 << 20]) == 8 << 20
+    assert release_pages(memoryview(b"\0" * 4096)) == 0
 
 
 def test_memory_of_any_other_kind_is_left_alone(tmp_path: Path, values_file) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -230,6 +231,40 @@ def test_a_commit_the_caller_waits_for_starts_without_the_hand_back_delay(
     assert not idle.done()  # an hour before its first step
     assert idle.result(timeout=60).step == 2  # waiting for it now starts it
     assert sorted(info.step for info in recorder.sync.list()) == [0, 1, 2]
+
+
+def test_a_commit_waited_for_before_it_starts_runs_in_the_waiting_thread(
+    recorder_factory, monkeypatch
+) -> None:
+    """``result()`` without a timeout runs a commit that has not started yet in the thread
+    that waits for it; one that nobody waits for, or that is waited for with a timeout,
+    runs in the recorder's commit thread. The snapshots are the same either way."""
+    monkeypatch.setattr(recorder_module, "_HANDBACK_SECONDS", 3600.0)  # none starts alone
+    recorder = recorder_factory()
+    grads = _grads(7, [(64, 40), (300,)])
+    recorder.start_snapshot(grads, run="r", step=0).result()  # the store's folders made
+    store = recorder.store
+    ran_in: list[str] = []
+    write = store.write_snapshot_blocking
+
+    def spy(*args: object, **kwargs: object) -> object:
+        ran_in.append(threading.current_thread().name)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(store, "write_snapshot_blocking", spy)  # the thread it runs in
+    waited = recorder.start_snapshot(grads, run="r", step=1).result()
+    assert ran_in == [threading.current_thread().name]
+    with_timeout = recorder.start_snapshot(grads, run="r", step=2).result(timeout=60)
+    assert ran_in[1].startswith("gradvault-commit")
+    monkeypatch.setattr(recorder_module, "_HANDBACK_SECONDS", 0.0)
+    handle = recorder.start_snapshot(grads, run="r", step=3)
+    deadline = time.monotonic() + 60
+    while not handle.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert handle.done() and ran_in[2].startswith("gradvault-commit")
+    assert handle.result().step == 3
+    for info in (waited, with_timeout, handle.result()):
+        assert _bytes(recorder.sync.restore(info.id, "cpu")) == _bytes(grads)
 
 
 def test_a_handle_waited_for_after_close_gives_its_snapshot(recorder_factory) -> None:
