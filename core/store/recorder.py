@@ -89,7 +89,8 @@ class SnapshotHandle(Generic[R]):
         Without a timeout, a commit that has not started yet and would run from start to
         end in the recorder's commit thread runs in the calling thread instead, which
         waits for it anyway (no hand-over to another thread and back); a KeyboardInterrupt
-        there stops that commit, and nothing of it is committed.
+        there stops that commit where it is (before its rename, nothing of it is committed)
+        and is raised here.
         """
         if timeout is None and self._hand_back is not None and self._hand_back.run_here():
             return self._future.result()

@@ -267,6 +267,30 @@ def test_a_commit_waited_for_before_it_starts_runs_in_the_waiting_thread(
         assert _bytes(recorder.sync.restore(info.id, "cpu")) == _bytes(grads)
 
 
+def test_an_interrupt_in_the_waiting_thread_stops_its_commit_and_no_later_one(
+    recorder_factory, monkeypatch
+) -> None:
+    """A KeyboardInterrupt while the waiting thread runs the commit is raised by
+    ``result()``; nothing of that snapshot is committed, and the next one commits."""
+    monkeypatch.setattr(recorder_module, "_HANDBACK_SECONDS", 3600.0)
+    recorder = recorder_factory()
+    grads = _grads(8, [(64, 40), (300,)])
+    first = recorder.start_snapshot(grads, run="r", step=0).result()
+    store = recorder.store
+    write = store.write_snapshot_blocking
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        raise KeyboardInterrupt  # unit-level fault injection: Ctrl-C during the write
+
+    monkeypatch.setattr(store, "write_snapshot_blocking", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        recorder.start_snapshot(grads, run="r", step=1).result()
+    monkeypatch.setattr(store, "write_snapshot_blocking", write)
+    after = recorder.start_snapshot(grads, run="r", step=2).result()
+    assert [info.step for info in recorder.sync.list()] == [2, 0]
+    assert [first.id, after.id] == sorted([first.id, after.id])
+
+
 def test_a_handle_waited_for_after_close_gives_its_snapshot(recorder_factory) -> None:
     """close() lets every commit in flight finish; their handles, waited for afterwards (in
     sync or async code), give the committed snapshots, not an error about the closed loop."""
