@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import builtins  # builtins.list in annotations: inside the classes, list is a method
 import concurrent.futures
-import functools
 import logging
 import os
 import threading
@@ -84,16 +83,7 @@ class SnapshotHandle(Generic[R]):
         return self._future.done()
 
     def result(self, timeout: float | None = None) -> R:
-        """The committed snapshot's info; re-raises the error if the commit failed.
-
-        Without a timeout, a commit that has not started yet and would run from start to
-        end in the recorder's commit thread runs in the calling thread instead, which
-        waits for it anyway (no hand-over to another thread and back); a KeyboardInterrupt
-        there stops that commit where it is (before its rename, nothing of it is committed)
-        and is raised here.
-        """
-        if timeout is None and self._hand_back is not None and self._hand_back.run_here():
-            return self._future.result()
+        """The committed snapshot's info; re-raises the error if the commit failed."""
         self._waited_for()
         return self._future.result(timeout)
 
@@ -114,45 +104,15 @@ class _HandBack:
 
     ``now`` may be called from any thread; ``wait`` runs on the recorder's loop, or, for a
     commit in the recorder's commit thread (made with no loop), ``wait_blocking`` there.
-    Such a commit (``job``) is run by whichever thread ``take``s it first: the commit
-    thread once its wait is over, or the caller's, waiting for it (``run_here``).
     """
 
-    __slots__ = ("_loop", "_waiter", "_asked", "_asked_event", "_claim", "job")
+    __slots__ = ("_loop", "_waiter", "_asked", "_asked_event")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
         self._waiter: asyncio.Future[None] | None = None
         self._asked = False
         self._asked_event = threading.Event()
-        self._claim = threading.Lock()
-        #: the commit of the recorder's commit thread, if any (its first step not taken)
-        self.job: Callable[[], None] | None = None
-
-    def take(self) -> Callable[[], None] | None:
-        """``job``, for the one thread that runs it; None for any other (and no reference
-        to the commit is kept once taken: a handle kept longer keeps no capture alive)."""
-        if self.job is None or not self._claim.acquire(blocking=False):
-            return None
-        job, self.job = self.job, None
-        return job
-
-    def run_here(self) -> bool:
-        """Run ``job`` in the calling thread if no thread has taken it; whether it did.
-
-        The commit thread, waiting for its first step, is woken only once the job is
-        done (not while the job runs and would compete for the interpreter); it finds
-        the commit taken.
-        """
-        job = self.take()
-        if job is None:
-            return False
-        try:
-            job()
-        finally:
-            self._asked = True
-            self._asked_event.set()
-        return True
 
     def now(self) -> None:
         """The caller waits for the commit: let it start at once."""
@@ -344,10 +304,9 @@ class Recorder:
                 # nothing in flight: its turn is open, no other commit to wait for
                 hand_back = _HandBack(None)
                 future = concurrent.futures.Future()
-                hand_back.job = functools.partial(
-                    self._commit_blocking, blocking, commit, captured, turn, future
+                self._commit_thread.submit(
+                    self._commit_blocking, blocking, commit, captured, turn, hand_back, future
                 )
-                self._commit_thread.submit(self._commit_when_not_taken, hand_back)
             else:
                 hand_back = _HandBack(self._loop)
                 future = self._submit(commit(captured, _Queued(turn, previous, hand_back)))
@@ -383,31 +342,23 @@ class Recorder:
         await self._retain(info, run)
         return info
 
-    @staticmethod
-    def _commit_when_not_taken(hand_back: _HandBack) -> None:
-        """In the commit thread: the hand-back's job once its first step may start, unless
-        the caller, waiting for it, has taken it meanwhile (``SnapshotHandle.result``)."""
-        hand_back.wait_blocking()
-        job = hand_back.take()
-        if job is not None:
-            job()
-
     def _commit_blocking(
         self,
         blocking: _BlockingCommit,
         commit: _Commit[Any],
         captured: GradientsCapture | GradientsParamsRecord,
         turn: CommitTurn,
+        hand_back: _HandBack,
         future: concurrent.futures.Future[Any],
     ) -> None:
-        """Commit ``captured`` in this thread (the recorder's commit thread, or the caller's
-        waiting for it) with ``blocking``, then run the retention pass on the loop;
-        ``future`` gets the info.
+        """Commit ``captured`` in this thread (the recorder's commit thread) with
+        ``blocking``, then run the retention pass on the loop; ``future`` gets the info.
 
         A snapshot that ``blocking`` does not take (not one step: large, compressed, or
         the store's first) is handed to the loop as ``commit``, in the same turn.
         """
         try:
+            hand_back.wait_blocking()
             record = (
                 captured if isinstance(captured, GradientsParamsRecord) else captured.to_record()
             )

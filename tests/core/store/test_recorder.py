@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import threading
+import signal
 import time
 from collections.abc import Callable, Iterator
 
@@ -233,46 +233,50 @@ def test_a_commit_the_caller_waits_for_starts_without_the_hand_back_delay(
     assert sorted(info.step for info in recorder.sync.list()) == [0, 1, 2]
 
 
-def test_a_commit_waited_for_before_it_starts_runs_in_the_waiting_thread(
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def test_a_snapshot_waited_for_in_a_signal_handler_commits_while_another_is_waited_for(
     recorder_factory, monkeypatch
 ) -> None:
-    """``result()`` without a timeout runs a commit that has not started yet in the thread
-    that waits for it; one that nobody waits for, or that is waited for with a timeout,
-    runs in the recorder's commit thread. The snapshots are the same either way."""
-    monkeypatch.setattr(recorder_module, "_HANDBACK_SECONDS", 3600.0)  # none starts alone
+    """A SIGTERM-style handler that snapshots and waits, arriving while the main thread
+    waits in ``result()`` for a slow commit, gets its snapshot: the commit it interrupted
+    goes on in the recorder's thread, so neither waits for the other forever."""
     recorder = recorder_factory()
     grads = _grads(7, [(64, 40), (300,)])
     recorder.start_snapshot(grads, run="r", step=0).result()  # the store's folders made
     store = recorder.store
-    ran_in: list[str] = []
     write = store.write_snapshot_blocking
 
-    def spy(*args: object, **kwargs: object) -> object:
-        ran_in.append(threading.current_thread().name)
+    def slow(*args: object, **kwargs: object) -> object:
+        time.sleep(0.5)  # unit-level fault injection: a slow disk
         return write(*args, **kwargs)
 
-    monkeypatch.setattr(store, "write_snapshot_blocking", spy)  # the thread it runs in
-    waited = recorder.start_snapshot(grads, run="r", step=1).result()
-    assert ran_in == [threading.current_thread().name]
-    with_timeout = recorder.start_snapshot(grads, run="r", step=2).result(timeout=60)
-    assert ran_in[1].startswith("gradvault-commit")
-    monkeypatch.setattr(recorder_module, "_HANDBACK_SECONDS", 0.0)
-    handle = recorder.start_snapshot(grads, run="r", step=3)
-    deadline = time.monotonic() + 60
-    while not handle.done() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert handle.done() and ran_in[2].startswith("gradvault-commit")
-    assert handle.result().step == 3
-    for info in (waited, with_timeout, handle.result()):
-        assert _bytes(recorder.sync.restore(info.id, "cpu")) == _bytes(grads)
+    monkeypatch.setattr(store, "write_snapshot_blocking", slow)
+    in_handler: list[object] = []
+
+    def handler(signum: int, frame: object) -> None:
+        try:
+            in_handler.append(recorder.start_snapshot(grads, run="r", step=2).result(timeout=10))
+        except BaseException as error:  # noqa: BLE001 - asserted below
+            in_handler.append(error)
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # during the first commit's wait
+        # no timeout: the wait a training loop makes (the handler's own is bounded)
+        waited = recorder.start_snapshot(grads, run="r", step=1).result()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert waited.step == 1
+    assert len(in_handler) == 1 and getattr(in_handler[0], "step", in_handler[0]) == 2
+    assert sorted(info.step for info in recorder.sync.list()) == [0, 1, 2]
 
 
-def test_an_interrupt_in_the_waiting_thread_stops_its_commit_and_no_later_one(
+def test_an_interrupt_inside_a_commit_is_raised_by_result_and_holds_up_no_later_one(
     recorder_factory, monkeypatch
 ) -> None:
-    """A KeyboardInterrupt while the waiting thread runs the commit is raised by
-    ``result()``; nothing of that snapshot is committed, and the next one commits."""
-    monkeypatch.setattr(recorder_module, "_HANDBACK_SECONDS", 3600.0)
+    """A KeyboardInterrupt raised inside a commit (in the recorder's commit thread) is
+    raised by ``result()``; nothing of that snapshot is committed, and the next commits."""
     recorder = recorder_factory()
     grads = _grads(8, [(64, 40), (300,)])
     first = recorder.start_snapshot(grads, run="r", step=0).result()
