@@ -118,9 +118,21 @@ class Row:
             return f"{value:.1f} {self.unit}"
         return f"{value * 1e3:.2f} ms" if self.unit == "ms" else f"{value:.3f} s"
 
+    def _ratio_shown(self) -> str:
+        """The ratio to three decimals, or to as many more as it takes for the number
+        shown to fall on the same side of the limit as the ratio itself (1.0004 against
+        <= 1.0 shows as 1.0004, not 1.000 beside "MISSED")."""
+        ratio = self.ratio
+        assert ratio is not None
+        for decimals in range(3, 10):
+            shown = f"{ratio:.{decimals}f}"
+            if self.limit is None or (float(shown) <= self.limit) == (ratio <= self.limit):
+                return shown
+        return repr(ratio)
+
     def cells(self) -> list[str]:
         spread = self.spread
-        ratio = "-" if self.ratio is None else f"{self.ratio:.3f}"
+        ratio = "-" if self.ratio is None else self._ratio_shown()
         if spread is not None and len(self.ours) > 1:
             ratio += f" ({spread[0]:.2f}-{spread[1]:.2f})"
         verdict = {True: "met", False: "MISSED", None: ""}[self.met]
@@ -136,7 +148,7 @@ class Row:
     def ratio_text(self) -> str:
         """The ratio against the target, for the list of missed targets."""
         if self.limit is not None and self.ratio is not None:
-            return f"ratio {self.ratio:.3f}, target {self.target}"
+            return f"ratio {self._ratio_shown()}, target {self.target}"
         return f"{self._show(self.ours_median)}, target {self.target}"
 
     def as_json(self) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
+from bench._timing import Row
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKERS = ("<!-- bench-table -->\n", "<!-- /bench-table -->")
@@ -92,3 +93,16 @@ def test_a_readme_without_markers_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="has no <!-- bench-table --> .* markers"):
         main(["--readme-only"], results=results, readme=readme)
     assert readme.read_text() == "# no table here\n"
+
+
+@pytest.mark.parametrize(
+    ("ours", "shown", "met"),
+    [(1.0004, "1.0004", "MISSED"), (0.99996, "1.000", "met"), (1.2, "1.200", "MISSED")],
+)
+def test_a_ratio_is_shown_on_the_side_of_its_limit_it_lies(ours: float, shown: str, met: str):
+    """A ratio that rounds to the limit but misses it shows the digits that say so."""
+    row = Row("figure", [ours], "peer", [1.0], "<= 1.0", 1.0)
+    cells = row.cells()
+    assert cells[3] == shown and cells[5] == met
+    if met == "MISSED":
+        assert row.ratio_text() == f"ratio {shown}, target <= 1.0"
