@@ -132,6 +132,9 @@ class Crc32cTrailer:
     the crc32c of parts ``0..i``.
     """
 
+    #: The trailer's length in the chunk
+    BYTES = 4
+
     def __init__(self) -> None:
         self.running: list[int] = []
 
@@ -141,7 +144,7 @@ class Crc32cTrailer:
 
     def value(self) -> bytes:
         """The trailer's bytes, once every part before it is recorded."""
-        return (self.running[-1] if self.running else 0).to_bytes(4, "little")
+        return (self.running[-1] if self.running else 0).to_bytes(self.BYTES, "little")
 
     def resolve(self, parts: list[Any]) -> bytes:
         """Compute the trailer over ``parts`` (the chunk's parts before it), in one go."""

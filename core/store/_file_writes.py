@@ -562,7 +562,7 @@ def _write_direct(
     if whole_file and length <= WHOLE_FILE_MAX_BYTES:
         whole = _whole_file_buffer.borrow(length)
     try:
-        _write_direct_through(fd, path, parts, direct, whole, meanwhile)
+        _write_direct_through(fd, path, parts, length, direct, whole, meanwhile)
     finally:
         if whole is not None:
             _whole_file_buffer.give_back()
@@ -572,13 +572,15 @@ def _write_direct_through(
     fd: int,
     path: str,
     parts: _Parts,
+    length: int,
     direct: DirectWrites,
     whole: memoryview | None,
     meanwhile: Meanwhile = None,
 ) -> None:
     views, visits, trailer = parts
     if whole is not None:
-        _write_image(fd, path, views, visits, trailer, direct, whole, meanwhile)
+        laid_out = length if trailer is None else length - Crc32cTrailer.BYTES
+        _write_image(fd, path, views, visits, trailer, laid_out, direct, whole, meanwhile)
         return
     out = _DirectFile(fd, path, direct)
     crc = None if trailer is None else 0
@@ -617,15 +619,17 @@ def _write_image(
     views: list[memoryview],
     visits: list[Visit],
     trailer: Crc32cTrailer | None,
+    length: int,
     direct: DirectWrites,
     buffer: memoryview,
     meanwhile: Meanwhile,
 ) -> None:
-    """Write a file that fits the whole-file buffer (:class:`_FileImage`): every part laid
-    out and its direct writes handed over first, then each part checksummed and read along
-    (its stats) in spans of READ_ALONG_BYTES while the device writes, ``meanwhile``, and
-    the unaligned tail with the trailer once the device is done."""
-    image = _FileImage(fd, path, direct, buffer, sum(len(view) for view in views))
+    """Write a file that fits the whole-file buffer (:class:`_FileImage`): every part
+    (``length`` bytes together) laid out and its direct writes handed over first, then
+    each part checksummed and read along (its stats) in spans of READ_ALONG_BYTES while
+    the device writes, ``meanwhile``, and the unaligned tail with the trailer once the
+    device is done."""
+    image = _FileImage(fd, path, direct, buffer, length)
     try:
         for view in views:
             image.lay_out(view)
@@ -683,7 +687,7 @@ def write_file(
         written_direct = False
         parts = _split_trailer(buffers)
         views, _, trailer = parts
-        length = sum(map(len, views)) + (0 if trailer is None else 4)
+        length = sum(map(len, views)) + (0 if trailer is None else Crc32cTrailer.BYTES)
         if (
             length >= DIRECT_MIN_BYTES
             and direct is not None

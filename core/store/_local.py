@@ -763,8 +763,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def __init__(self, backend: LocalBackend, snapshot_id: str, folder: Path) -> None:
         self._backend = backend
         self._snapshot_id = snapshot_id
-        self._folder = folder
-        self._folder_path = str(folder)  # for the paths a write joins (no Path per file)
+        self._folder = str(folder)  # as text: the paths a write joins (no Path per file)
         #: every file written so far, relative to the staging folder
         self._written: set[str] = set()
         #: array documents and folders written but not fsynced yet: all of them are
@@ -805,7 +804,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
         """Write array ``name``: its folders, its chunks, its document. With ``meanwhile``
         (an array of one chunk), the document is written and ``meanwhile`` called once
         the chunk's bytes are all read, while its last direct writes are in flight."""
-        array_dir = f"{self._folder_path}/{name}"
+        array_dir = f"{self._folder}/{name}"
         os.mkdir(array_dir)
         deferred = name == PACKED_ARRAY
         folders = [array_dir]
@@ -901,7 +900,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def _missing_files(self) -> list[str]:
         """The files this writer wrote that are no longer in its staging folder."""
         if len(self._written) < self.LOOKUP_FILES_BELOW:
-            folder = self._folder_path
+            folder = self._folder
             return sorted(key for key in self._written if not os.path.isfile(f"{folder}/{key}"))
         present: set[str] = set()
         for folder, _, files in os.walk(self._folder):
@@ -913,7 +912,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def _rename_into_place_sync(self) -> None:
         """Check that every file written is still there, then rename the folder into place."""
         self._check_nothing_missing()
-        os.rename(self._folder_path, f"{self._backend.snapshots_path}/{self._snapshot_id}")
+        os.rename(self._folder, f"{self._backend.snapshots_path}/{self._snapshot_id}")
 
     def _fsync_staged_in_order(self, paths: list[str]) -> None:
         """fsync ``paths`` of the staging folder one after the other (reported as
@@ -966,16 +965,16 @@ class _LocalSnapshotWriter(SnapshotWriter):
 
     def _write_manifest_sync(self, group_document: bytes) -> None:
         """Write the manifest (the group's ``zarr.json``), not fsynced yet."""
-        write_file_unsynced(f"{self._folder_path}/{MANIFEST_NAME}", [group_document])
+        write_file_unsynced(f"{self._folder}/{MANIFEST_NAME}", [group_document])
         self._written.add(MANIFEST_NAME)
 
     def _seal_and_rename_sync(self, turn: CommitTurn | None) -> bool:
         """fsync what is pending, then the manifest and the staging folder; rename into
         place if ``turn`` allows (:meth:`_commit_sync`)."""
-        manifest = f"{self._folder_path}/{MANIFEST_NAME}"
+        manifest = f"{self._folder}/{MANIFEST_NAME}"
         pending, self._unsynced = self._unsynced, []
         self._fsync_staged(pending)
-        self._fsync_staged([manifest, self._folder_path])
+        self._fsync_staged([manifest, self._folder])
         if turn is not None and not turn.is_open():
             return False
         self._rename_into_place_sync()
@@ -1003,7 +1002,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
         (``meanwhile``): it needs only their checksums and stats, known once they are read.
         """
         if self.folder_to_make:
-            os.mkdir(self._folder_path)
+            os.mkdir(self._folder)
             self.folder_to_make = False
         self._write_array_sync(
             name, metadata, chunks, lambda: self._write_manifest_sync(group_metadata())
@@ -1133,7 +1132,7 @@ class _LocalShardWriter(_LocalSnapshotWriter, ShardWriter, ShardSteps):
         still in the private folder (which the placing rename then moves whole)."""
         write_file(os.path.join(self._folder, MANIFEST_NAME), [shard_document])
         self._written.add(MANIFEST_NAME)
-        _fsync_directory(str(self._folder))
+        _fsync_directory(self._folder)
         missing = self._missing_files()
         if missing:
             if not os.path.isdir(self._folder):
