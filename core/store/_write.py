@@ -400,7 +400,8 @@ class SnapshotWrite:
         packed_positions, own_positions = positions or self._packed_and_own(record)
         if own_positions:
             return None
-        return self._one_chunk_layout([record.entries[i] for i in packed_positions])
+        entries = record.entries
+        return self._one_chunk_layout([entries[i] for i in packed_positions])
 
     def _manifest_maker(
         self,
@@ -452,10 +453,10 @@ class SnapshotWrite:
         staging folder is removed; OSError becomes StoreUnavailableError. The writer's
         turn is left to its holder to release.
         """
-        packed_positions = list(range(len(record.entries)))  # every one, for one step
-        manifest_of = self._manifest_maker(record, packed_positions, run, step, tags, device)
         try:
-            small = [record.entries[i] for i in packed_positions]
+            small = list(record.entries)  # every one is packed, for one step
+            packed_positions = list(range(len(small)))
+            manifest_of = self._manifest_maker(record, packed_positions, run, step, tags, device)
             name, document, chunks, group_document, made = self._one_step(
                 small, layout, manifest_of
             )

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gradvault.core.store._checksums import crc32c, crc32c_combine
+from gradvault.core.store._checksums import crc32c, crc32c_combine, crc32c_of_tail
 
 
 def combined(pieces: list[bytes]) -> int:
@@ -51,6 +51,22 @@ def test_equal_chunks_and_a_short_last_one_as_a_chunked_gradient_is_read() -> No
     data = rng.randbytes(5 * 65536 + 123)
     pieces = [data[start : start + 65536] for start in range(0, len(data), 65536)]
     assert combined(pieces) == google_crc32c.value(bytes(data))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_tail_s_crc32c_from_the_running_crc32c_is_its_own(seed: int) -> None:
+    """What a one-step commit does for each gradient after the first: its crc32c from the
+    chunk's running crc32c before and after it (lengths met again reuse their table)."""
+    rng = random.Random(seed)
+    for _ in range(2):
+        head = rng.randbytes(rng.choice([1, 3, 4096, rng.randrange(1, 100_000)]))
+        tail = rng.randbytes(rng.choice([1, 5, 8192, 40 + seed, rng.randrange(1, 300_000)]))
+        whole = google_crc32c.value(head + tail)
+        assert crc32c_of_tail(whole, google_crc32c.value(head), len(tail)) == (
+            google_crc32c.value(tail)
+        )
+    assert crc32c_of_tail(whole, 0, len(tail)) == whole  # nothing before: the running one
+    assert crc32c_of_tail(whole, 123, 0) == 0  # an empty tail
 
 
 def test_a_flipped_byte_in_any_piece_changes_the_combination() -> None:
