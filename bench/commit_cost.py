@@ -156,23 +156,19 @@ def _layout_floor_commit(
     committed: Path,
     arrays: list[np.ndarray],
     aligned: memoryview,
-    documents: tuple[bytes, bytes],
+    document: bytes,
 ) -> None:
-    """A one-chunk snapshot's files, folders, fsyncs and rename, and the floor's passes and
-    write, in one thread: ``staging`` becomes ``committed`` (a folder of ``snapshots/``)."""
-    array_document, manifest = documents
-    packed = staging / "packed"
+    """A one-chunk snapshot's files, folder, fsyncs and rename (format 4: the chunk beside
+    the snapshot's document, the packed array's), and the floor's passes and write, in one
+    thread: ``staging`` becomes ``committed`` (a folder of ``snapshots/``)."""
     staging.mkdir()
-    packed.mkdir()
     crc = 0
     for array in arrays:
         flat = array.reshape(-1)
         crc = crc32c.crc32c(flat, crc)
         flat.max(), flat.min(), np.dot(flat, flat)
-    _new_file(str(packed / "c.0"), aligned, direct=True)
-    _new_file(str(packed / "zarr.json"), array_document)
-    fsync_path(packed)
-    _new_file(str(staging / "zarr.json"), manifest)
+    _new_file(str(staging / "c.0"), aligned, direct=True)
+    _new_file(str(staging / "zarr.json"), document)
     fsync_path(staging)
     staging.rename(committed)
     fsync_path(committed.parent)
@@ -212,10 +208,7 @@ def measure_sides(
     recorder = gv.Recorder(root / "store")
     warm_up = recorder.start_snapshot(grads, run="warm-up", step=0).result()
     snapshot_folder = root / "store" / "snapshots" / warm_up.id
-    documents = (
-        (snapshot_folder / "packed" / "zarr.json").read_bytes(),
-        (snapshot_folder / "zarr.json").read_bytes(),
-    )
+    document = (snapshot_folder / "zarr.json").read_bytes()
     layout_root = root / "layout"
     (layout_root / "staging").mkdir(parents=True)
     (layout_root / "snapshots").mkdir()
@@ -272,7 +265,7 @@ def measure_sides(
     def layout_floor(path: Path) -> None:
         committed = layout_root / "snapshots" / path.name
         _layout_floor_commit(
-            layout_root / "staging" / path.name, committed, arrays, aligned, documents
+            layout_root / "staging" / path.name, committed, arrays, aligned, document
         )
         layout_written.append(committed)
 

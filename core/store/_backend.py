@@ -140,10 +140,15 @@ class SnapshotWriter(ABC):
     turn: CommitTurn | None = None
 
     @abstractmethod
-    async def write_array(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
-        """Write every chunk of array ``name``, then its ``zarr.json``.
+    async def write_array(
+        self, name: str, metadata: bytes | None, chunks: Iterator[EncodedChunk]
+    ) -> None:
+        """Write every chunk of array ``name``, then its ``zarr.json`` (``metadata``).
 
         ``chunks`` may do CPU work (checksums) as it is iterated; iterate it off the loop.
+        The array PACKED_AT_ROOT (``""``) is the snapshot's node: its chunks go under the
+        snapshot's own prefix, and it has no document of its own (``metadata`` None): the
+        document :meth:`commit` writes is the array's.
         """
 
     @abstractmethod
@@ -154,11 +159,11 @@ class SnapshotWriter(ABC):
     async def write_array_and_commit(
         self,
         name: str,
-        metadata: bytes,
+        metadata: bytes | None,
         chunks: Iterator[EncodedChunk],
         group_metadata: Callable[[], bytes],
     ) -> None:
-        """:meth:`write_array`, then :meth:`commit` of ``group_metadata()``: the group's
+        """:meth:`write_array`, then :meth:`commit` of ``group_metadata()``: the snapshot's
         document, made once every chunk is written (from what iterating ``chunks``
         computed, its checksums and stats).
 
@@ -175,7 +180,7 @@ class SnapshotWriter(ABC):
     def write_array_and_commit_blocking(
         self,
         name: str,
-        metadata: bytes,
+        metadata: bytes | None,
         chunks: Iterator[EncodedChunk],
         group_metadata: Callable[[], bytes],
     ) -> None:

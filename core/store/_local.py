@@ -69,7 +69,7 @@ from ._file_writes import DirectWrites, write_file, write_file_unsynced
 from ._ids import parse_snapshot_id
 from ._shard_publish import ShardSteps, Taken, publish_shard
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
-from ._zarr_format import PACKED_ARRAY, dump_json, group_metadata
+from ._zarr_format import PACKED_ARRAY, PACKED_AT_ROOT, dump_json, group_metadata
 
 STAGING_FOLDER = ".staging"
 #: Names under ``.staging/`` of folders being removed (see the module docstring).
@@ -797,26 +797,36 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def _write_array_sync(
         self,
         name: str,
-        metadata: bytes,
+        metadata: bytes | None,
         chunks: Iterator[EncodedChunk],
         meanwhile: Callable[[], None] | None = None,
     ) -> None:
         """Write array ``name``: its folders, its chunks, its document. With ``meanwhile``
         (an array of one chunk), the document is written and ``meanwhile`` called once
-        the chunk's bytes are all read, while its last direct writes are in flight."""
-        array_dir = f"{self._folder}/{name}"
-        os.mkdir(array_dir)
-        deferred = name == PACKED_ARRAY
-        folders = [array_dir]
+        the chunk's bytes are all read, while its last direct writes are in flight.
+
+        The array PACKED_AT_ROOT is the snapshot's node: its chunks go into the staging
+        folder itself, and its document (``metadata`` None) is the snapshot's, which the
+        commit writes.
+        """
+        at_root = name == PACKED_AT_ROOT
+        array_dir = self._folder if at_root else f"{self._folder}/{name}"
+        key_prefix = "" if at_root else f"{name}/"
+        folders = []
+        if not at_root:
+            os.mkdir(array_dir)
+            folders.append(array_dir)
+        deferred = at_root or name == PACKED_ARRAY
         made = {""}
         written = []
         document = f"{array_dir}/{MANIFEST_NAME}"
-        documented = False
+        documented = metadata is None
 
         def document_then_meanwhile() -> None:
             nonlocal documented
-            write_file_unsynced(document, [metadata])
-            documented = True
+            if not documented:
+                write_file_unsynced(document, [metadata])
+                documented = True
             assert meanwhile is not None
             meanwhile()
 
@@ -843,14 +853,15 @@ class _LocalSnapshotWriter(SnapshotWriter):
                 whole_file=deferred,
                 meanwhile=None if meanwhile is None else document_then_meanwhile,
             )
-            written.append(f"{name}/{key}")
+            written.append(f"{key_prefix}{key}")
             if fsync_later:
                 self._unsynced.append(path)
         # The array's document is fsynced with the folders, before the manifest
-        if not documented:
-            write_file_unsynced(document, [metadata])
-        written.append(f"{name}/{MANIFEST_NAME}")
-        self._unsynced.append(document)
+        if metadata is not None:
+            if not documented:
+                write_file_unsynced(document, [metadata])
+            written.append(f"{key_prefix}{MANIFEST_NAME}")
+            self._unsynced.append(document)
         self._unsynced.extend(reversed(folders))  # deepest first
         self._written.update(written)
 
@@ -884,7 +895,9 @@ class _LocalSnapshotWriter(SnapshotWriter):
             )
         )
 
-    async def write_array(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
+    async def write_array(
+        self, name: str, metadata: bytes | None, chunks: Iterator[EncodedChunk]
+    ) -> None:
         await self._run(
             f"writing array {name} of snapshot {self._snapshot_id}",
             self._write_array_sync,
@@ -990,7 +1003,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def _write_and_commit_sync(
         self,
         name: str,
-        metadata: bytes,
+        metadata: bytes | None,
         chunks: Iterator[EncodedChunk],
         group_metadata: Callable[[], bytes],
         turn: CommitTurn | None,
@@ -1014,7 +1027,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
     async def write_array_and_commit(
         self,
         name: str,
-        metadata: bytes,
+        metadata: bytes | None,
         chunks: Iterator[EncodedChunk],
         group_metadata: Callable[[], bytes],
     ) -> None:
@@ -1033,7 +1046,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
     def write_array_and_commit_blocking(
         self,
         name: str,
-        metadata: bytes,
+        metadata: bytes | None,
         chunks: Iterator[EncodedChunk],
         group_metadata: Callable[[], bytes],
     ) -> None:

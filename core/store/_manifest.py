@@ -21,10 +21,11 @@ from ..records.record import SUPPORTED_DTYPES, GradientRecordEntry, GradientsPar
 from ._backend import shard_prefix, snapshot_key
 from ._checksums import crc32c, format_checksum, format_checksums, parse_checksum
 from ._ids import iso_utc, snapshot_id_time_ms
-from ._validation import GRADIENT_COLUMNS, STATS_COLUMNS, validate_manifest
+from ._validation import GRADIENT_COLUMNS, STATS_COLUMNS, packed_name, validate_manifest
 from ._zarr_format import (
     PACK_ALIGNMENT,
     PACKED_ARRAY,
+    PACKED_AT_ROOT,
     STORE_FORMAT_VERSION,
     ChunkSpan,
     Compression,
@@ -155,20 +156,24 @@ def build_manifest(
     packed: PackedGradients | None,
     own_arrays: dict[int, dict[str, Any]],
     shard: tuple[int, int] | None = None,
+    packed_at_root: bool = False,
 ) -> dict[str, Any]:
     """The manifest of a snapshot (or of one rank's shard) whose arrays are all written.
 
     ``packed_positions`` are the record positions of the packed gradients (in packing
     order); ``own_arrays`` maps the other positions to their array, chunk_shape, checksum
     and stats; ``shard`` is ``(rank, world_size)`` for a shard of a sharded snapshot.
+    With ``packed_at_root`` (every gradient packed) the packed array is the snapshot's
+    node, and the manifest names it PACKED_AT_ROOT.
     """
+    packed_array = PACKED_AT_ROOT if packed_at_root else PACKED_ARRAY
     entries = record.entries
     count = len(entries)
     sizes = [entry.array.nbytes for entry in entries]
     if packed is not None and len(packed_positions) == count:  # the common all-small case
         checksums = format_checksums(packed.checksums)
         gradients: dict[str, Any] = {
-            "array": [PACKED_ARRAY] * count,
+            "array": [packed_array] * count,
             "offset": packed.offsets,
             "chunk_shape": [None] * count,
             "checksum": checksums,
@@ -205,7 +210,7 @@ def build_manifest(
         "packed": None
         if packed is None
         else {
-            "array": PACKED_ARRAY,
+            "array": packed_array,
             "nbytes": packed.length,
             "chunk_bytes": packed.chunk_bytes,
             "alignment": PACK_ALIGNMENT,
@@ -261,6 +266,12 @@ class Manifest:
         )
         self.document = document
         self.columns: dict[str, Any] = document["gradients"]
+        #: whether the snapshot's node is the packed array (format 4 on): the manifest
+        #: names it PACKED_AT_ROOT, and ``columns`` (a copy of the document's, then)
+        #: PACKED_ARRAY, as every reader of a manifest goes by
+        self.packed_at_root = packed_name(document) == PACKED_AT_ROOT
+        if self.packed_at_root:
+            self.columns = {**self.columns, "array": [PACKED_ARRAY] * len(self.columns["array"])}
         self.count = len(self.columns["param_id"])
         self.compression = parse_compression(document.get("compression"))
         self.packed: dict[str, Any] | None = document.get("packed")
@@ -269,6 +280,27 @@ class Manifest:
         self._index: dict[str, int] | None = None
         self._ids: list[ParamId] | None = None
         self._checksums: list[int] | None = None
+
+    def array_prefix(self, array: str) -> str:
+        """The key prefix of ``array`` (PACKED_ARRAY or a ParamId's text): its folder under
+        the snapshot's (or the shard's), or that folder itself for the packed array of a
+        snapshot whose node it is."""
+        if self.packed_at_root and array == PACKED_ARRAY:
+            return self.prefix
+        return f"{self.prefix}/{array}"
+
+    def objects_by_array(self, objects: dict[str, int | None]) -> dict[str, dict[str, int | None]]:
+        """The snapshot's objects (keys under ``prefix``, to their sizes) by array, each
+        keyed under its array's prefix; the snapshot's own document is no array's."""
+        grouped: dict[str, dict[str, int | None]] = {}
+        if self.packed_at_root:
+            grouped[PACKED_ARRAY] = {key: size for key, size in objects.items() if "/" not in key}
+            return grouped
+        for key, size in objects.items():
+            array, slash, rest = key.partition("/")
+            if slash:
+                grouped.setdefault(array, {})[rest] = size
+        return grouped
 
     def param_ids(self) -> list[ParamId]:
         """Every gradient's ParamId, parsed once per manifest."""

@@ -25,7 +25,7 @@ from ._checksums import crc32c, format_checksum, parse_checksum
 MANIFEST_CHECKSUM_KEY = "manifest_checksum"
 #: Store format versions this release reads: 1 (no checksum of the manifest), 2 and 3
 #: (chunk keys ``c.0.1``, not ``c/0/1``).
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 #: The first format version whose manifests carry their checksum.
 _SEALED_FROM = 2
 

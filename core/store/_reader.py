@@ -98,15 +98,6 @@ def _allocate_gradient(nbytes: int) -> memoryview:
     return block[start : start + nbytes].data
 
 
-def _group_by_array(objects: dict[str, int | None]) -> dict[str, ArrayObjects]:
-    grouped: dict[str, ArrayObjects] = {}
-    for key, size in objects.items():
-        array, slash, rest = key.partition("/")
-        if slash:
-            grouped.setdefault(array, {})[rest] = size
-    return grouped
-
-
 class _GradientChecksum:
     """A gradient's crc32c, combined from its pieces in order, checked against the manifest."""
 
@@ -148,9 +139,16 @@ class SnapshotReader:
         self._id = manifest.snapshot_id
         self._recheck = recheck
 
-    def _key(self, *parts: str) -> str:
-        """The key of ``parts`` inside the snapshot (or the shard) this reader reads."""
-        return "/".join((self._manifest.prefix, *parts))
+    def _key(self, array: str, *parts: str) -> str:
+        """The key of ``parts`` inside ``array`` of the snapshot (or the shard) this reader
+        reads; the array's prefix itself without ``parts``."""
+        return "/".join((self._manifest.array_prefix(array), *parts))
+
+    def _chunk_path(self, array: str, key: str) -> str:
+        """How messages name chunk ``key`` of ``array``: its path in the snapshot."""
+        if self._manifest.packed_at_root and array == PACKED_ARRAY:
+            return key
+        return f"{array}/{key}"
 
     # --- the two ways in ----------------------------------------------------------------
 
@@ -158,7 +156,7 @@ class SnapshotReader:
         """Every gradient's read-only array, in the manifest's order (the manifest gives
         their ids, names and dtypes)."""
         manifest = self._manifest
-        objects = _group_by_array(await self._backend.object_sizes(self._manifest.prefix))
+        objects = manifest.objects_by_array(await self._backend.object_sizes(manifest.prefix))
         packed_positions = manifest.packed_positions()
         packed_set = set(packed_positions)
         own_positions = [i for i in range(manifest.count) if i not in packed_set]
@@ -194,7 +192,7 @@ class SnapshotReader:
         missing or of a size it cannot have; the work is bounded by the objects listed.
         """
         manifest = self._manifest
-        objects = _group_by_array(await self._backend.object_sizes(self._manifest.prefix))
+        objects = manifest.objects_by_array(await self._backend.object_sizes(manifest.prefix))
         columns = manifest.columns
         for position in range(manifest.count):
             array = columns["array"][position]
@@ -530,7 +528,7 @@ class SnapshotReader:
                     present.append(span)
                     continue
             name = who(span) if callable(who) else who
-            where = f"snapshot {self._id}: chunk {array}/{span.key} of {name}"
+            where = f"snapshot {self._id}: chunk {self._chunk_path(array, span.key)} of {name}"
             if size is _ABSENT:
                 await self._recheck()
                 files = sum(1 for k, n in objects.items() if n is not None and k != MANIFEST_NAME)
@@ -564,7 +562,7 @@ class SnapshotReader:
     def _where(self, read: _ChunkRead) -> str:
         """How messages name the chunk of ``read``."""
         who = read.who(read.span) if callable(read.who) else read.who
-        return f"snapshot {self._id}: chunk {read.array}/{read.span.key} of {who}"
+        return f"snapshot {self._id}: chunk {self._chunk_path(read.array, read.span.key)} of {who}"
 
     async def _read_chunks(self, reads: list[_ChunkRead], max_concurrency: int) -> list[int]:
         """Read each chunk, verify its crc32c and put its data in its ``out``; the crc32c

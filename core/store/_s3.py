@@ -544,7 +544,9 @@ class _S3SnapshotWriter(SnapshotWriter):
         #: where the arrays go: the snapshot's prefix, or a shard's
         self._prefix = snapshot_key(snapshot_id) if prefix is None else prefix
 
-    async def write_array(self, name: str, metadata: bytes, chunks: Iterator[EncodedChunk]) -> None:
+    async def write_array(
+        self, name: str, metadata: bytes | None, chunks: Iterator[EncodedChunk]
+    ) -> None:
         uploads: list[asyncio.Task[None]] = []
         try:
             while True:
@@ -552,7 +554,7 @@ class _S3SnapshotWriter(SnapshotWriter):
                 if item is None:
                     break
                 key, body = item
-                key = f"{self._prefix}/{name}/{key}"
+                key = f"{self._prefix}/{name}/{key}" if name else f"{self._prefix}/{key}"
                 uploads.append(asyncio.ensure_future(self._backend.put(key, body)))
                 # Bound the encoded chunks held in memory: wait once a few are in flight.
                 if len(uploads) >= 4:
@@ -563,7 +565,8 @@ class _S3SnapshotWriter(SnapshotWriter):
                 upload.cancel()
             await asyncio.gather(*uploads, return_exceptions=True)
             raise
-        await self._backend.put(f"{self._prefix}/{name}/{MANIFEST_NAME}", metadata)
+        if metadata is not None:  # None: the array is the snapshot's node (PACKED_AT_ROOT)
+            await self._backend.put(f"{self._prefix}/{name}/{MANIFEST_NAME}", metadata)
 
     @property
     def written_where(self) -> str:

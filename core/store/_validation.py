@@ -31,7 +31,13 @@ from ..records.record_rules import (
     first_invalid_shape,
 )
 from ._checksums import format_checksum, parse_checksum
-from ._zarr_format import PACKED_ARRAY, Compression, parse_compression
+from ._zarr_format import (
+    PACKED_ARRAY,
+    PACKED_AT_ROOT,
+    PACKED_AT_ROOT_FROM,
+    Compression,
+    parse_compression,
+)
 
 #: Per-gradient columns of ``manifest["gradients"]`` (``stats`` holds four more).
 GRADIENT_COLUMNS = (
@@ -127,6 +133,22 @@ def _all_param_ids(ids: list) -> bool:
     )
 
 
+def packed_name(document: dict[str, Any]) -> str:
+    """What a manifest names its packed array by: PACKED_AT_ROOT where it says so (format 4
+    on, not a shard's: the snapshot's node is then the packed array), else PACKED_ARRAY."""
+    version = document.get("format_version")
+    packed = document.get("packed")
+    if (
+        type(version) is int
+        and version >= PACKED_AT_ROOT_FROM
+        and "shard" not in document
+        and type(packed) is dict
+        and packed.get("array") == PACKED_AT_ROOT
+    ):
+        return PACKED_AT_ROOT
+    return PACKED_ARRAY
+
+
 class _ManifestCheck:
     """One validation pass over a manifest document; see :func:`validate_manifest`."""
 
@@ -137,6 +159,8 @@ class _ManifestCheck:
         self.count = 0
         self.packed_rows: list[int] = []
         self.own_rows: list[int] = []
+        #: what the manifest names the packed array by (:func:`packed_name`)
+        self.packed_name = PACKED_ARRAY
 
     def fail(
         self, field: str, expected: str, found: object, position: int | None = None
@@ -281,14 +305,25 @@ class _ManifestCheck:
             self.fail("gradients.checksum", "'crc32c:<8 hex digits>'", checksums[i], i)
         arrays = columns["array"]
         self.packed_rows, self.own_rows = list(range(count)), []
-        if arrays.count(PACKED_ARRAY) != count:
-            is_packed = list(map(eq, arrays, repeat(PACKED_ARRAY)))
+        packed = self.packed_name = packed_name(self.document)
+        if packed == PACKED_AT_ROOT and arrays.count(packed) != count:
+            # the snapshot's node is the packed array: it has no other array
+            i = self.first(arrays, lambda array: array == PACKED_AT_ROOT)
+            self.fail(
+                "gradients.array",
+                "'' (the packed array, which is the snapshot's node), as for every gradient "
+                "of a snapshot whose manifest says packed.array ''",
+                arrays[i],
+                i,
+            )
+        if arrays.count(packed) != count:
+            is_packed = list(map(eq, arrays, repeat(packed)))
             self.packed_rows = list(compress(range(count), is_packed))
             if not all(map(or_, is_packed, map(eq, arrays, ids))):
-                i = self.first(range(count), lambda i: arrays[i] in (PACKED_ARRAY, ids[i]))
+                i = self.first(range(count), lambda i: arrays[i] in (packed, ids[i]))
                 self.fail(
                     "gradients.array",
-                    f"{PACKED_ARRAY!r} or the gradient's own ParamId {ids[i]!r}",
+                    f"{packed!r} or the gradient's own ParamId {ids[i]!r}",
                     arrays[i],
                     i,
                 )
@@ -324,12 +359,16 @@ class _ManifestCheck:
         if type(packed) is not dict:
             self.fail(
                 "packed",
-                f"an object describing the {PACKED_ARRAY!r} array, as {len(rows)} gradients "
+                f"an object describing the {self.packed_name!r} array, as {len(rows)} gradients "
                 f"are packed (the first: {self.describe(rows[0])})",
                 packed,
             )
-        if packed.get("array", _MISSING) != PACKED_ARRAY:
-            self.fail("packed.array", repr(PACKED_ARRAY), packed.get("array", _MISSING))
+        if packed.get("array", _MISSING) != self.packed_name:
+            self.fail(
+                "packed.array",
+                repr(self.packed_name) + (", as the gradients say" if self.packed_name else ""),
+                packed.get("array", _MISSING),
+            )
         chunk_bytes = packed.get("chunk_bytes", _MISSING)
         if type(chunk_bytes) is not int or chunk_bytes < 1:
             self.fail("packed.chunk_bytes", "an int >= 1", chunk_bytes)

@@ -52,6 +52,7 @@ from ._validation import STATS_COLUMNS
 from ._zarr_format import (
     CHUNK_KEY_SEPARATOR,
     PACKED_ARRAY,
+    PACKED_AT_ROOT,
     ChunkSpan,
     Compression,
     array_metadata,
@@ -411,8 +412,10 @@ class SnapshotWrite:
         step: int,
         tags: dict[str, str],
         device: str,
+        packed_at_root: bool = False,
     ) -> Callable[[PackedGradients | None, dict[int, dict[str, Any]]], dict[str, Any]]:
-        """``manifest_of(packed, own_arrays)``: the manifest once every array is written."""
+        """``manifest_of(packed, own_arrays)``: the manifest once every array is written
+        (with ``packed_at_root``, of a snapshot whose node is the packed array)."""
         shard = self._shard
 
         def manifest_of(
@@ -430,6 +433,7 @@ class SnapshotWrite:
                 packed=packed,
                 own_arrays=own_arrays,
                 shard=None if shard is None else (shard.rank, shard.world_size),
+                packed_at_root=packed_at_root,
             )
 
         return manifest_of
@@ -456,7 +460,9 @@ class SnapshotWrite:
         try:
             small = list(record.entries)  # every one is packed, for one step
             packed_positions = list(range(len(small)))
-            manifest_of = self._manifest_maker(record, packed_positions, run, step, tags, device)
+            manifest_of = self._manifest_maker(
+                record, packed_positions, run, step, tags, device, packed_at_root=True
+            )
             name, document, chunks, group_document, made = self._one_step(
                 small, layout, manifest_of
             )
@@ -526,7 +532,9 @@ class SnapshotWrite:
             else:
                 jobs.append(self._guarded(self._write_packed, writer, small))
 
-        manifest_of = self._manifest_maker(record, packed_positions, run, step, tags, device)
+        manifest_of = self._manifest_maker(
+            record, packed_positions, run, step, tags, device, packed_at_root=alone is not None
+        )
 
         try:
             # released on leaving the block: visible (the writer released it already), or
@@ -712,18 +720,20 @@ class SnapshotWrite:
         small: list[GradientRecordEntry],
         layout: tuple[list[int], int],
         manifest_of: Callable[[PackedGradients, dict[int, dict[str, Any]]], dict[str, Any]],
-    ) -> tuple[str, bytes, Iterator[EncodedChunk], Callable[[], bytes], list[dict[str, Any]]]:
-        """What ``write_array_and_commit`` writes for a one-step snapshot: the packed
-        array's name, its document, its one chunk, and the group document's maker, which
-        puts the manifest into the list returned last when it runs."""
-        chunk, document = self._one_chunk(small, layout)
+    ) -> tuple[str, None, Iterator[EncodedChunk], Callable[[], bytes], list[dict[str, Any]]]:
+        """What ``write_array_and_commit`` writes for a one-step snapshot, whose node is the
+        packed array (format 4): the array's name (PACKED_AT_ROOT), no document of its own,
+        its one chunk, and the maker of the snapshot's document (the array's, the manifest
+        in its attributes), which puts the manifest into the list returned last when it
+        runs. ``manifest_of`` makes a manifest that names the packed array PACKED_AT_ROOT."""
+        chunk = _OneChunkPacked(small, layout, self._pack_threshold, self)
         made: list[dict[str, Any]] = []
 
-        def group_document() -> bytes:
+        def root_document() -> bytes:
             made.append(manifest_of(chunk.packed(), {}))
-            return _manifest_document(made[0], self._array_documents)
+            return _root_array_document(made[0], chunk.length)
 
-        return PACKED_ARRAY, document, iter(chunk), group_document, made
+        return PACKED_AT_ROOT, None, iter(chunk), root_document, made
 
 
 @functools.lru_cache(maxsize=64)
@@ -778,3 +788,11 @@ def _manifest_document(manifest: dict[str, Any], arrays: dict[str, dict[str, Any
     ``zarr.json`` (``arrays``, by name) as its consolidated metadata. The manifest is
     sealed here (its ``manifest_checksum`` set), in the thread a large one is encoded in."""
     return dump_json(group_metadata({"gradvault": seal(manifest)}, arrays), compact=True)
+
+
+def _root_array_document(manifest: dict[str, Any], length: int) -> bytes:
+    """The ``zarr.json`` of a snapshot whose node is the packed array (one uncompressed
+    chunk of ``length`` bytes): the array's document, the manifest (sealed here) in its
+    attributes."""
+    attributes = {"gradvault": seal(manifest)}
+    return dump_json(array_metadata((length,), "uint8", (length,), None, attributes), compact=True)

@@ -21,12 +21,18 @@ import orjson
 from ..records.dtypes import BFLOAT16_NAME
 
 #: Version of the snapshot layout and manifest (``attributes["gradvault"]["format_version"]``).
-STORE_FORMAT_VERSION = 3
+STORE_FORMAT_VERSION = 4
 #: Chunk keys are written with this separator (store format 3 on): ``c.0.1``, a file beside
 #: the array's ``zarr.json``. Formats 1 and 2 wrote ``c/0/1``, a folder per level.
 CHUNK_KEY_SEPARATOR = "."
 #: Name of the array that holds the packed small gradients of a snapshot.
 PACKED_ARRAY = "packed"
+#: What a manifest (format 4 on) names the packed array by when it is the snapshot's node
+#: itself (a snapshot of one chunk written from its gradients' memory): the empty path,
+#: the node relative to itself. Its chunk is ``snapshots/<id>/c.0``.
+PACKED_AT_ROOT = ""
+#: The first format version whose snapshots may be an array (the packed one) at the root.
+PACKED_AT_ROOT_FROM = 4
 #: Every gradient in the packed array starts at a multiple of this many bytes.
 PACK_ALIGNMENT = 8
 #: ... and one of at least LARGE_PACKED_BYTES at a multiple of this many: in a snapshot

@@ -126,7 +126,7 @@ def snapshot_key_exists(manifest: Manifest, inside: list[str]) -> bool:
     """
     if inside == [MANIFEST_NAME]:
         return True
-    array, *rest = inside
+    array, rest = array_and_rest(manifest, inside)
     if array == PACKED_ARRAY:
         if manifest.packed is None:
             return False
@@ -150,6 +150,15 @@ def snapshot_key_exists(manifest: Manifest, inside: list[str]) -> bool:
     if any(n == 0 for n in grid):
         return False  # an empty array has no chunk files
     return all(int(index) < n for index, n in zip(indices, grid, strict=True))
+
+
+def array_and_rest(manifest: Manifest, inside: list[str]) -> tuple[str, list[str]]:
+    """The array a path inside a snapshot (its segments after ``snapshots/<id>/``) is in, and
+    the rest of the path inside that array: in a snapshot whose node is the packed array,
+    every path is the packed array's."""
+    if manifest.packed_at_root:
+        return PACKED_ARRAY, inside
+    return inside[0], inside[1:]
 
 
 @dataclass(frozen=True)
@@ -238,10 +247,10 @@ class ZarrView:
             raise StoreKeyNotFoundError(f"snapshot {snapshot_id} has no key {'/'.join(inside)!r}")
         if inside == [MANIFEST_NAME]:
             return _Key(key, snapshot_id, rank=rank)
-        array = inside[0]
-        if inside[1:] == [MANIFEST_NAME]:
+        array, rest = array_and_rest(manifest, inside)
+        if rest == [MANIFEST_NAME]:
             return _Key(key, snapshot_id, array, rank=rank)
-        span, owner = _chunk_of(manifest, array, "/".join(inside[1:]))
+        span, owner = _chunk_of(manifest, array, "/".join(rest))
         return _Key(key, snapshot_id, array, span, owner, rank)
 
     def _verify_chunk(self, found: _Key, data: memoryview) -> None:
@@ -260,10 +269,8 @@ class ZarrView:
     @staticmethod
     def _chunk_problem(found: _Key, problem: str) -> str:
         assert found.chunk is not None  # asked only about a chunk
-        chunk = found.chunk.key
-        return (
-            f"snapshot {found.snapshot_id}: chunk {found.array}/{chunk} of {found.owner} {problem}"
-        )
+        where = found.key.split("/", 2)[2]  # the chunk's path inside its snapshot
+        return f"snapshot {found.snapshot_id}: chunk {where} of {found.owner} {problem}"
 
     async def _unreadable(self, found: _Key, error: Exception) -> Exception:
         """The error to raise for a key the rules allow that cannot be read."""

@@ -3,7 +3,9 @@
 HTTP has no listing, so ``members()``, ``array_keys()`` and ``tree()`` of a group opened
 by URL work only from the consolidated metadata of the snapshot's ``zarr.json``. Every
 way a snapshot reaches the store is covered: written by the store (local and S3), uploaded
-through the service, and one rank's shard of a sharded snapshot.
+through the service, and one rank's shard of a sharded snapshot. A snapshot of one chunk
+(the upload here, in the service's 32 MiB chunks) has nothing to list: its node is the
+packed array (format 4), which zarr-python opens by the same URL.
 """
 
 from __future__ import annotations
@@ -66,14 +68,31 @@ def list_and_read(
     return members, array_keys, tree, sorted(set(table["array"])), found
 
 
+def read_packed_node(url: str) -> tuple[str, dict[str, np.ndarray]]:
+    """The node type zarr-python opens at ``url``, and the gradients of a snapshot whose node
+    is the packed array, read from it by the manifest in its attributes."""
+    node = zarr.open(url, mode="r")
+    if not isinstance(node, zarr.Array):
+        return type(node).__name__, {}
+    table = node.attrs["gradvault"]["gradients"]
+    assert set(table["array"]) == {""}  # every gradient: the snapshot's node
+    found = {}
+    for i, name in enumerate(table["name"]):
+        start, size = table["offset"][i], table["nbytes"][i]
+        raw = node[start : start + size].tobytes()
+        found[name] = np.frombuffer(raw, np.dtype(table["dtype"][i])).reshape(
+            tuple(table["shape"][i])
+        )
+    return "Array", found
+
+
 async def check_listed(base_url: str, path: str) -> None:
     members, array_keys, tree, named, found = await asyncio.to_thread(
         list_and_read, f"{base_url}/v1/zarr/{path}"
     )
     assert array_keys == members
     # the arrays the manifest names, as the store laid them out: 3 own arrays and the packed
-    # one where the snapshot is longer than a chunk (direct_store's 4 KiB chunks), the packed
-    # one alone where it fits in one (the service's default 32 MiB; docs/FORMAT.md)
+    # one where the snapshot is longer than a chunk (direct_store's 4 KiB chunks)
     assert "packed" in members and members == named
     for name in members:
         assert name in tree
@@ -88,7 +107,7 @@ async def test_a_stored_snapshot_lists_over_http(service, direct_store) -> None:
     await check_listed(service.base_url, f"snapshots/{info.id}")
 
 
-async def test_an_uploaded_snapshot_lists_over_http(service) -> None:
+async def test_an_uploaded_snapshot_of_one_chunk_reads_over_http_as_an_array(service) -> None:
     body = b"".join(bytes(piece) for piece in safetensors_chunks(record()))
     async with service.client() as client:
         response = await client.post(
@@ -98,7 +117,12 @@ async def test_an_uploaded_snapshot_lists_over_http(service) -> None:
             headers={"Content-Type": "application/octet-stream"},
         )
     assert response.status_code == 201, response.text
-    await check_listed(service.base_url, f"snapshots/{response.json()['id']}")
+    url = f"{service.base_url}/v1/zarr/snapshots/{response.json()['id']}"
+    kind, found = await asyncio.to_thread(read_packed_node, url)
+    assert kind == "Array" and set(found) == set(ARRAYS)
+    for name, array in ARRAYS.items():
+        assert found[name].dtype == array.dtype, name
+        assert found[name].tobytes() == array.tobytes(), name
 
 
 async def test_a_shard_lists_over_http(service, direct_store) -> None:

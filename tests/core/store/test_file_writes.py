@@ -59,6 +59,15 @@ def chunk_parts(data: bytes, padding: int = 0) -> tuple[list[object], Crc32cTrai
     return [*parts, trailer], trailer
 
 
+def unaligned_copy(data: bytes) -> memoryview:
+    """``data`` in memory that starts 16 bytes past a page boundary: a writer copies it
+    (a part whose memory starts on a page boundary may go to the device from there)."""
+    block = np.empty(len(data) + 2 * DIRECT_ALIGNMENT, dtype=np.uint8)
+    start = -block.ctypes.data % DIRECT_ALIGNMENT + 16
+    block[start : start + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return block[start : start + len(data)].data
+
+
 def expected_file(data: bytes, padding: int = 0) -> bytes:
     body = data + bytes(padding)
     return body + google_crc32c.value(bytes(body)).to_bytes(4, "little")
@@ -181,6 +190,7 @@ def test_a_whole_file_written_in_pieces_gives_the_same_bytes(
     direct = DirectWrites()
     seen = direct_pwritevs_seen(monkeypatch)
     parts, trailer = chunk_parts(data, padding)
+    parts[0] = unaligned_copy(data)  # copied, not written from its own memory
     write_file(str(tmp_path / "pieced"), parts, direct, whole_file=True)
     buffered_parts, buffered_trailer = chunk_parts(data, padding)
     write_file(str(tmp_path / "buffered"), buffered_parts)
@@ -212,6 +222,7 @@ def test_a_piece_refused_goes_through_the_cache_with_the_rest(
     direct = DirectWrites()
     data = payload(3 * PIECE_BYTES + 99, seed=6)
     parts, trailer = chunk_parts(data, padding=8)
+    parts[0] = unaligned_copy(data)  # copied: handed over a piece at a time
     write_file(str(tmp_path / "chunk"), parts, direct, whole_file=True)
     assert len(seen) == refused_at + 1
     assert not direct.enabled
@@ -232,11 +243,13 @@ def test_a_failed_piece_fails_the_write_and_gives_the_buffer_back(
     direct_pwritevs_seen(monkeypatch, full_disk)
     data = payload(4 * PIECE_BYTES, seed=7)
     parts, _ = chunk_parts(data)
+    parts[0] = unaligned_copy(data)  # copied: handed over a piece at a time
     with pytest.raises(OSError) as raised:
         write_file(str(tmp_path / "chunk"), parts, DirectWrites(), whole_file=True)
     assert raised.value.errno == errno.ENOSPC
     monkeypatch.undo()
     parts, _ = chunk_parts(data)
+    parts[0] = unaligned_copy(data)  # copied: handed over a piece at a time
     seen = direct_pwritevs_seen(monkeypatch)
     write_file(str(tmp_path / "again"), parts, DirectWrites(), whole_file=True)
     assert len(seen) >= 2  # the whole-file buffer was lent again, not lost

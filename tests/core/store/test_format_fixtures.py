@@ -2,10 +2,11 @@
 
 tests/fixtures/format<N>_store was written by the last release that wrote format N
 (tests/fixtures/make_format_store.py): own arrays over several chunks (chunk keys
-``c/<i>/<j>``, a folder per level), the packed array, bfloat16 (a NaN payload, -0, a
-subnormal, infinity), a snapshot of one chunk, zstd chunks and a sharded snapshot of two
-ranks. Format 1 manifests carry no checksum of themselves, format 2 ones do. Every
-gradient reads bit for bit against the arrays the writer recorded beside it.
+``c/<i>/<j>``, a folder per level, in formats 1 and 2; ``c.<i>.<j>`` from format 3), the
+packed array, bfloat16 (a NaN payload, -0, a subnormal, infinity), a snapshot of one
+chunk (a group holding the packed array, before format 4), zstd chunks and a sharded
+snapshot of two ranks. Format 1 manifests carry no checksum of themselves, later ones
+do. Every gradient reads bit for bit against the arrays the writer recorded beside it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from gradvault.core.store import open_store
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 #: Every earlier format version, with a store of its snapshots under tests/fixtures.
-EARLIER_VERSIONS = (1, 2)
+EARLIER_VERSIONS = (1, 2, 3)
+
+
+def separator(version: int) -> str:
+    """The separator of a format's chunk keys: a folder per level before format 3."""
+    return "/" if version < 3 else "."
 
 
 def snapshots(version: int) -> dict[str, dict[str, object]]:
@@ -93,18 +99,22 @@ def test_each_fixture_holds_each_kind_of_snapshot(version: int) -> None:
     assert set(kinds["one_chunk"]["gradients"]["array"]) == {"packed"}
     assert kinds["zstd"]["compression"] == "zstd:3"
     assert kinds["sharded"]["world_size"] == 2
-    # chunk keys of format 1 and 2 have a folder per level: c/<i>/<j>
+    # chunk keys of format 1 and 2 have a folder per level: c/<i>/<j>; format 3's c.<i>.<j>
     own = next(a for a in columns["array"] if a != "packed")
     own_folder = store / "snapshots" / snapshots(version)["own_and_packed"]["id"] / own
-    assert (own_folder / "c" / "0" / "0").is_file()
+    assert (own_folder / separator(version).join(["c", "0", "0"])).is_file()
+    one_chunk = store / "snapshots" / snapshots(version)["one_chunk"]["id"]
+    assert json.loads((one_chunk / "zarr.json").read_text())["node_type"] == "group"
+    assert (one_chunk / "packed" / f"c{separator(version)}0").is_file()
 
 
 @pytest.mark.parametrize("version", EARLIER_VERSIONS)
 async def test_the_zarr_view_serves_earlier_chunk_keys_as_written(
     tmp_path: Path, version: int
 ) -> None:
-    """``read_key`` (the service's ``/v1/zarr``) serves a format 1 or 2 snapshot's chunks
-    under their own keys, ``c/0/0``; the key of today's separator is not one of them."""
+    """``read_key`` (the service's ``/v1/zarr``) serves an earlier snapshot's chunks under
+    their own keys (``c/0/0`` in formats 1 and 2); the key of the other separator is not
+    one of them."""
     root = tmp_path / "store"
     shutil.copytree(FIXTURES / f"format{version}_store", root)
     snapshot_id = snapshots(version)["own_and_packed"]["id"]
@@ -112,12 +122,14 @@ async def test_the_zarr_view_serves_earlier_chunk_keys_as_written(
     columns = json.loads((folder / "zarr.json").read_text())["attributes"]["gradvault"]
     own = next(a for a in columns["gradients"]["array"] if a != "packed")
     store = open_store(root)
+    written, other = separator(version), "." if version < 3 else "/"
     try:
-        served = await store.read_key(f"snapshots/{snapshot_id}/{own}/c/0/0")
-        assert bytes(served) == (folder / own / "c" / "0" / "0").read_bytes()
-        packed = await store.read_key(f"snapshots/{snapshot_id}/packed/c/0")
-        assert bytes(packed) == (folder / "packed" / "c" / "0").read_bytes()
-        for key in (f"{own}/c.0.0", "packed/c.0"):
+        own_chunk = written.join(["c", "0", "0"])
+        served = await store.read_key(f"snapshots/{snapshot_id}/{own}/{own_chunk}")
+        assert bytes(served) == (folder / own / own_chunk).read_bytes()
+        packed = await store.read_key(f"snapshots/{snapshot_id}/packed/c{written}0")
+        assert bytes(packed) == (folder / "packed" / f"c{written}0").read_bytes()
+        for key in (f"{own}/c{other}0{other}0", f"packed/c{other}0"):
             with pytest.raises(StoreKeyNotFoundError, match="has no key"):
                 await store.read_key(f"snapshots/{snapshot_id}/{key}")
     finally:

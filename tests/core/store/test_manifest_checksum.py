@@ -33,5 +33,5 @@ async def test_a_written_manifest_hashes_as_the_format_defines_it(tmp_path: Path
         info = await store.write_snapshot(record, run="r", step=0)
     raw = (tmp_path / "store" / "snapshots" / info.id / "zarr.json").read_bytes()
     manifest = json.loads(raw)["attributes"]["gradvault"]
-    assert manifest["format_version"] == 3
+    assert manifest["format_version"] == 4
     assert manifest["manifest_checksum"] == manifest_checksum(manifest)

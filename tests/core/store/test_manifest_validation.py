@@ -19,6 +19,7 @@ from gradvault.core.errors import (
     InvalidParamIdError,
     ManifestError,
     RecorderError,
+    StoreKeyNotFoundError,
 )
 from gradvault.core.records.param_id import ParamId
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
@@ -329,13 +330,13 @@ async def test_a_damaged_manifest_is_refused_clearly_and_skipped_by_list(
 
 async def test_list_skips_a_manifest_of_another_format_version(three_snapshots) -> None:
     root, ids, records = three_snapshots
-    rewrite_manifest(root, ids[0], set_field("format_version", 4))
+    rewrite_manifest(root, ids[0], set_field("format_version", 5))
     rewrite_manifest(root, ids[2], drop_field("gradients"))
     async with open_store(root, **OPTIONS) as store:
         assert [info.id for info in await store.list()] == [ids[1]]
         assert [info.id for info in await store.list(run="train")] == [ids[1]]
         assert_same(await store.read_snapshot(ids[1]), records[1])
-        with pytest.raises(FormatVersionError, match="format version 4"):
+        with pytest.raises(FormatVersionError, match="format version 5"):
             await store.read_snapshot(ids[0])
 
 
@@ -399,3 +400,85 @@ def test_param_id_parse_raises_invalid_param_id_error() -> None:
             ParamId(bad_value)  # type: ignore[arg-type]
     with pytest.raises(ValueError):  # existing callers catching ValueError keep working
         ParamId.parse("zz")
+
+
+# --- the packed array as the snapshot's node (format 4) ---------------------------------
+
+
+async def one_chunk_snapshot(tmp_path: Path) -> tuple[Path, str, GradientsParamsRecord]:
+    """A snapshot of one chunk, its node the packed array: (store root, id, its record)."""
+    root = tmp_path / "store"
+    record = make_record(7)
+    async with open_store(root, pack_threshold=512) as store:
+        info = await store.write_snapshot(record, run="train", step=1)
+    document = json.loads(manifest_path(root, info.id).read_text())
+    assert document["node_type"] == "array"
+    assert document["attributes"]["gradvault"]["packed"]["array"] == ""
+    return root, info.id, record
+
+
+def name_packed(name: str, *, gradient: str | None = None) -> Callable[[dict], None]:
+    """Call the packed array ``name`` in ``packed.array``, or only in ``gradient``'s row."""
+
+    def damage(manifest: dict) -> None:
+        if gradient is None:
+            manifest["packed"]["array"] = name
+        else:
+            manifest["gradients"]["array"][position(manifest, gradient)] = name
+
+    return damage
+
+
+@pytest.mark.parametrize(
+    ("damage", "field", "gradient"),
+    [
+        (name_packed("packed", gradient="fc1.bias"), "'gradients.array'", "fc1.bias"),
+        (name_packed("packed"), "'gradients.array'", None),  # the rows say "", packed does not
+        (set_field("format_version", 3), "'gradients.array'", None),  # "" before format 4
+    ],
+    ids=["one-row-says-packed", "packed-says-packed", "format-3"],
+)
+async def test_a_root_packed_array_named_otherwise_is_refused(
+    tmp_path: Path, damage: Callable[[dict], None], field: str, gradient: str | None
+) -> None:
+    """A manifest that names the packed array "" must do so for every gradient and in
+    ``packed``, from format 4: anything else is refused before any key is built."""
+    root, snapshot_id, _ = await one_chunk_snapshot(tmp_path)
+    rewrite_manifest(root, snapshot_id, damage)
+    async with open_store(root) as store:
+        with pytest.raises(ManifestError, match=field) as raised:
+            await store.read_snapshot(snapshot_id)
+    assert snapshot_id in str(raised.value)
+    if gradient is not None:
+        assert repr(gradient) in str(raised.value)
+
+
+async def test_a_root_manifest_in_a_group_document_is_refused_before_a_chunk_is_read(
+    tmp_path: Path,
+) -> None:
+    """The manifest says the snapshot's node is the packed array, its document says group:
+    the packed array's document check refuses it (node_type), nothing is read as packed."""
+    root, snapshot_id, _ = await one_chunk_snapshot(tmp_path)
+    path = manifest_path(root, snapshot_id)
+    document = json.loads(path.read_text())
+    group = {"attributes": document["attributes"], "zarr_format": 3, "node_type": "group"}
+    path.write_text(json.dumps(group))
+    async with open_store(root) as store:
+        with pytest.raises(ManifestError, match="node_type") as raised:
+            await store.read_snapshot(snapshot_id)
+    assert snapshot_id in str(raised.value)
+
+
+async def test_a_root_packed_array_reads_bit_for_bit_and_by_gradient(tmp_path: Path) -> None:
+    root, snapshot_id, record = await one_chunk_snapshot(tmp_path)
+    async with open_store(root) as store:
+        restored = await store.read_snapshot(snapshot_id)
+        assert [e.array.tobytes() for e in restored] == [e.array.tobytes() for e in record]
+        for entry in record:
+            one = await store.read_gradient(snapshot_id, str(entry.param_id))
+            assert one.array.tobytes() == entry.array.tobytes()
+        chunk = await store.read_key(f"snapshots/{snapshot_id}/c.0")
+        assert bytes(chunk) == (root / "snapshots" / snapshot_id / "c.0").read_bytes()
+        for absent in ("packed/c.0", "packed/zarr.json", "c.1"):
+            with pytest.raises(StoreKeyNotFoundError, match="has no key"):
+                await store.read_key(f"snapshots/{snapshot_id}/{absent}")

@@ -53,7 +53,9 @@ def test_tensorstore_reads_own_and_packed_gradients(
 
 def test_tensorstore_reads_a_snapshot_of_one_packed_chunk(tmp_path: Path) -> None:
     """A snapshot no longer than a chunk is one chunk of the packed array, its large
-    gradients included; tensorstore reads each as a byte range of it."""
+    gradients included, and the packed array is the snapshot's node (format 4):
+    tensorstore opens the snapshot's folder as the array and reads each gradient as a
+    byte range of it."""
     rng = np.random.default_rng(2)
     grads = gv.GradientsParams()
     arrays = [
@@ -69,8 +71,8 @@ def test_tensorstore_reads_a_snapshot_of_one_packed_chunk(tmp_path: Path) -> Non
         manifest = recorder.sync.info(info.id)
     group = tmp_path / "snapshots" / info.id
     table = manifest["gradients"]
-    assert set(table["array"]) == {"packed"}
-    packed = _open(group / "packed").read().result()
+    assert set(table["array"]) == {""}  # the snapshot's node itself
+    packed = _open(group).read().result()
     for i, pid in enumerate(table["param_id"]):
         expected = grads.get(pid).numpy()
         offset, nbytes = table["offset"][i], table["nbytes"][i]

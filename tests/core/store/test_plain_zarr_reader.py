@@ -31,16 +31,18 @@ else:
 import zarr
 
 store, snapshot_id = sys.argv[1], sys.argv[2]
-group = zarr.open_group(store + "/snapshots/" + snapshot_id, mode="r")
-table = group.attrs["gradvault"]["gradients"]
+node = zarr.open(store + "/snapshots/" + snapshot_id, mode="r")  # a group, or an array
+table = node.attrs["gradvault"]["gradients"]
 out = {}
 for i, param_id in enumerate(table["param_id"]):
-    if table["array"][i] == "packed":
+    name = table["array"][i]
+    if name in ("packed", ""):  # "": the snapshot's node is the packed array
+        packed = node if name == "" else node["packed"]
         off, n = table["offset"][i], table["nbytes"][i]
-        array = group["packed"][off : off + n].view(table["dtype"][i])
+        array = packed[off : off + n].view(table["dtype"][i])
         array = array.reshape(tuple(table["shape"][i]))
     else:
-        array = group[table["array"][i]][...]
+        array = node[name][...]
     out[param_id] = [str(array.dtype), list(array.shape),
                      hashlib.sha256(array.tobytes()).hexdigest()]
 print(json.dumps(out))
@@ -49,6 +51,8 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_zarr_python_alone_reads_a_snapshot(tmp_path: Path, compression: str | None) -> None:
+    """Uncompressed, the snapshot is one chunk, and its node the packed array (format 4);
+    with zstd, a group of the packed array and two arrays of their own."""
     rng = np.random.default_rng(0)
     grads = gv.GradientsParams()
     arrays = [
@@ -63,6 +67,8 @@ def test_zarr_python_alone_reads_a_snapshot(tmp_path: Path, compression: str | N
         grads.register(gv.ParamId(), wrap(array), name=f"p{index}")
     with gv.Recorder(tmp_path, compression=compression) as recorder:
         info = recorder.sync.snapshot(grads, run="plain", step=0)
+    document = json.loads((tmp_path / "snapshots" / info.id / "zarr.json").read_bytes())
+    assert document["node_type"] == ("array" if compression is None else "group")
     site_packages = sysconfig.get_paths()["purelib"]
     result = subprocess.run(
         [sys.executable, "-S", "-c", READER, str(tmp_path), info.id],

@@ -242,7 +242,7 @@ async def test_manifest_has_stats_checksums_and_run_fields(store: SnapshotStore)
     record = make_record(arrays)
     info = await store.write_snapshot(record, run="r", step=3, tags={"a": "b"}, device="cpu")
     manifest = await store.info(info.id)
-    assert manifest["format_version"] == 3
+    assert manifest["format_version"] == 4
     # the manifest's checksum of itself, computed as docs/FORMAT.md defines it
     # (tests/core/store_files.py: from the rules, apart from gradvault and orjson)
     assert manifest["manifest_checksum"] == manifest_checksum(manifest)
@@ -745,13 +745,13 @@ async def test_a_run_of_small_gradients_keeps_the_packed_arrays_offsets(tmp_path
         manifest = await store.info(info.id)
         restored = await store.read_snapshot(info.id)
     columns = manifest["gradients"]
-    assert set(columns["array"]) == {"packed"}
+    assert set(columns["array"]) == {""}  # one chunk: the packed array is the snapshot's node
     mid = columns["name"].index("mid")
     assert columns["offset"][mid] % 4096 == 0 and columns["offset"][mid - 1] % 4096 != 0
     assert {e.name: e.array.tobytes() for e in restored} == {
         name: array.tobytes() for name, array in arrays.items()
     }
-    packed = zarr.open_group(tmp_path / "snapshots" / info.id, mode="r")["packed"]
+    packed = zarr.open_array(tmp_path / "snapshots" / info.id, mode="r")
     for name, offset, nbytes in zip(
         columns["name"], columns["offset"], columns["nbytes"], strict=True
     ):
@@ -764,14 +764,14 @@ async def test_a_run_of_small_gradients_keeps_the_packed_arrays_offsets(tmp_path
 async def test_a_snapshot_of_one_chunk_is_one_packed_chunk_fsynced_in_three_rounds(
     tmp_path: Path, monkeypatch, large: bool, slow_fsyncs: bool
 ) -> None:
-    """Every gradient of a snapshot no longer than a chunk is packed, large ones included:
-    one chunk file, one array document, one folder beside the staging folder (the chunk
-    key ``c.0`` is a file of the array's folder, format 3); every file and folder is fsynced
-    before the manifest, the manifest and the staging folder before the rename, and
-    snapshots/ after it. The same when the chunk is long enough to go to the device in
-    pieces (at least two PIECE_BYTES), and whether a round's fsyncs are made one after the
-    other (quick fsyncs, as here) or in threads of their own (the backend told its fsyncs
-    are slow)."""
+    """Every gradient of a snapshot no longer than a chunk is packed, large ones included,
+    and the packed array is the snapshot's node (format 4): one chunk file beside the
+    snapshot's ``zarr.json`` (the array's document, the manifest in its attributes), no
+    folder of its own. The chunk is fsynced first, then the document and the staging
+    folder, before the rename, and snapshots/ after it. The same when the chunk is long
+    enough to go to the device in pieces (at least two PIECE_BYTES), and whether a
+    round's fsyncs are made one after the other (quick fsyncs, as here) or in threads of
+    their own (the backend told its fsyncs are slow)."""
     store = open_store(tmp_path, pack_threshold=512)
     arrays = varied_arrays(5)
     if large:
@@ -788,16 +788,20 @@ async def test_a_snapshot_of_one_chunk_is_one_packed_chunk_fsynced_in_three_roun
 
     committed = tmp_path / "snapshots" / info.id
     found = sorted(p.relative_to(committed).as_posix() for p in committed.rglob("*"))
-    assert found == ["packed", "packed/c.0", "packed/zarr.json", "zarr.json"]
+    assert found == ["c.0", "zarr.json"]
+    document = json.loads((committed / "zarr.json").read_bytes())
+    assert (
+        document["node_type"] == "array"
+        and document["shape"] == document["chunk_grid"]["configuration"]["chunk_shape"]
+    )
     manifest = (await store.info(info.id))["gradients"]
-    assert set(manifest["array"]) == {"packed"}
+    assert set(manifest["array"]) == {""}  # the packed array: the snapshot's node
     assert max(manifest["nbytes"]) >= 512  # gradients over pack_threshold, packed too
     assert_bit_identical(await store.read_snapshot(info.id), record)
 
     staging = tmp_path.resolve() / ".staging" / info.id
-    inside = {str(staging / name) for name in ["packed/c.0", "packed/zarr.json", "packed"]}
-    assert set(events[:3]) == {("fsync", path) for path in inside}
-    assert set(events[3:5]) == {("fsync", str(staging / "zarr.json")), ("fsync", str(staging))}
-    assert events[5] == ("rename", str(staging))
-    assert events[6:] == [("fsync", str(tmp_path.resolve() / "snapshots"))]
+    assert events[0] == ("fsync", str(staging / "c.0"))
+    assert set(events[1:3]) == {("fsync", str(staging / "zarr.json")), ("fsync", str(staging))}
+    assert events[3] == ("rename", str(staging))
+    assert events[4:] == [("fsync", str(tmp_path.resolve() / "snapshots"))]
     await store.close()

@@ -160,7 +160,14 @@ def _damage(data: st.DataObject, files: LocalFiles | S3Files, snapshot_id: str) 
     elif key.endswith("/zarr.json"):
         try:  # a document damaged already may not parse, or lack the field: left as it is
             if key == manifest_key(snapshot_id):
-                edit_json(files, key, lambda d: _manifest_edit(data, d["attributes"]["gradvault"]))
+                # a snapshot whose node is the packed array: its document is the array's too
+                root_array = json.loads(files.read(key)).get("node_type") == "array"
+                if root_array and data.draw(st.booleans(), label="the array's fields"):
+                    edit_json(files, key, lambda d: _array_document_edit(data, d))
+                else:
+                    edit_json(
+                        files, key, lambda d: _manifest_edit(data, d["attributes"]["gradvault"])
+                    )
             else:
                 edit_json(files, key, lambda d: _array_document_edit(data, d))
         except (ValueError, LookupError, TypeError, AttributeError):
@@ -233,7 +240,8 @@ def _exercise(
 
     snapshot_id = asyncio.run(write())
     table = json.loads(files.read(manifest_key(snapshot_id)))["attributes"]["gradvault"]
-    packed = [array == "packed" for array in table["gradients"]["array"]]
+    # "": the packed array is the snapshot's node (a snapshot of one chunk, format 4)
+    packed = [array in ("packed", "") for array in table["gradients"]["array"]]
     damaged = [_damage(data, files, snapshot_id) for _ in range(data.draw(st.integers(1, 2)))]
     manifest_damaged = any(damaged)
     stated = _stated(files, snapshot_id) if manifest_damaged else None

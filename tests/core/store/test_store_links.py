@@ -58,16 +58,20 @@ async def test_a_linked_snapshot_folder_is_not_listed_read_or_deleted(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    ("chunk_bytes", "linked"),
-    [(4096, "own"), (None, "packed")],
-    ids=["own array", "one-chunk snapshot's packed array"],
+    ("options", "linked"),
+    [
+        ({"pack_threshold": 512, "chunk_bytes": 4096}, "own"),
+        ({"pack_threshold": 1 << 20}, "packed"),
+    ],
+    ids=["own array", "packed array of small gradients"],
 )
 async def test_a_linked_array_folder_inside_a_snapshot_is_not_read(
-    tmp_path: Path, chunk_bytes: int | None, linked: str
+    tmp_path: Path, options: dict[str, int], linked: str
 ) -> None:
     store_path, outside = tmp_path / "store", tmp_path / "outside"
-    # 8 KB of gradients: over a 4096-byte chunk they get own arrays, else one packed chunk
-    options = {"pack_threshold": 512} | ({"chunk_bytes": chunk_bytes} if chunk_bytes else {})
+    # 8 KB of gradients: over a 4096-byte chunk they get own arrays; all small, they are
+    # packed in the folder of the packed array (a snapshot of one chunk written from the
+    # gradients' memory has none: its node is the packed array)
     async with open_store(store_path, **options) as store:
         info = await store.write_snapshot(record(), run="r", step=1)
         manifest = await store.info(info.id)

@@ -349,7 +349,7 @@ async def test_a_shard_manifest_or_the_snapshot_manifest_edited_in_place_is_refu
     folder = root / "snapshots" / snapshot_id
     for document in (folder / "zarr.json", folder / "ranks" / "1" / "zarr.json"):
         manifest = json.loads(document.read_text())["attributes"]["gradvault"]
-        assert manifest["format_version"] == 3 and manifest["manifest_checksum"].startswith(
+        assert manifest["format_version"] == 4 and manifest["manifest_checksum"].startswith(
             "crc32c:"
         )
     shard = folder / "ranks" / "1" / "zarr.json"
