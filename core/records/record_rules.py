@@ -95,6 +95,8 @@ def is_run(value: object) -> bool:
 
 def is_step(value: object) -> bool:
     """Whether ``value`` is a step: an integer (a NumPy one too, never a bool) in range."""
+    if type(value) is int:  # the common case, without an abstract class's isinstance
+        return 0 <= value <= MAX_STEP
     return (
         isinstance(value, numbers.Integral)
         and not isinstance(value, bool | np.bool_)
@@ -103,7 +105,7 @@ def is_step(value: object) -> bool:
 
 
 def is_tags(value: object) -> bool:
-    return isinstance(value, Mapping) and all(
+    return (type(value) is dict or isinstance(value, Mapping)) and all(
         is_text(key) and is_text(text) for key, text in value.items()
     )
 
@@ -156,7 +158,7 @@ def json_problem(value: object, where: str = "metadata", depth: int = 0) -> str 
         return f"{where} is {value}, beyond 64 bits"
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{where} is {value}"
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):
         for key, item in value.items():
             if not is_text(key):
                 return f"{where} has the key {key!r}, not a string"
@@ -246,7 +248,7 @@ def check_metadata(metadata: object) -> dict[str, Any]:
     """``metadata`` as a dict; InvalidFieldError naming the part that is not JSON."""
     if metadata is None:
         return {}
-    if not isinstance(metadata, Mapping):
+    if type(metadata) is not dict and not isinstance(metadata, Mapping):
         raise InvalidFieldError(
             f"record metadata must be {METADATA_EXPECTED}; got a {type(metadata).__name__}"
         )

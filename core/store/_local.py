@@ -470,6 +470,8 @@ class LocalBackend(StoreBackend):
         #: ``snapshots_dir`` as text, which a commit's rename and fsync take
         self.snapshots_path = str(self.snapshots_dir)
         self.staging_dir = root / STAGING_FOLDER
+        #: ``staging_dir`` as text, to join a one-step write's folder (no Path per commit)
+        self.staging_path = str(self.staging_dir)
         self._threads = threads
         self._prepared = False
         #: chunk files are written with O_DIRECT until the file system refuses it
@@ -540,7 +542,7 @@ class LocalBackend(StoreBackend):
     def begin_blocking(self, snapshot_id: str) -> SnapshotWriter | None:
         if not self._prepared:  # the first write makes the store's folders, on the loop
             return None
-        writer = _LocalSnapshotWriter(self, snapshot_id, self.staging_dir / snapshot_id)
+        writer = _LocalSnapshotWriter(self, snapshot_id, f"{self.staging_path}/{snapshot_id}")
         writer.folder_to_make = True  # made by write_array_and_commit_blocking
         return writer
 
@@ -760,7 +762,7 @@ class LocalBackend(StoreBackend):
 
 
 class _LocalSnapshotWriter(SnapshotWriter):
-    def __init__(self, backend: LocalBackend, snapshot_id: str, folder: Path) -> None:
+    def __init__(self, backend: LocalBackend, snapshot_id: str, folder: Path | str) -> None:
         self._backend = backend
         self._snapshot_id = snapshot_id
         self._folder = str(folder)  # as text: the paths a write joins (no Path per file)
