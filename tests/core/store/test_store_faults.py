@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -68,6 +69,10 @@ def test_sigkill_during_snapshots_never_shows_a_partial_one(tmp_path: Path) -> N
         for info in listed:
             seed = int(recorder.sync.info(info.id)["tags"]["seed"])
             assert _bytes(recorder.sync.restore(info.id)) == _bytes(seeded_grads(seed))
+            # one chunk: the snapshot's node is the packed array, a chunk beside its document
+            folder = store / "snapshots" / info.id
+            assert sorted(p.name for p in folder.iterdir()) == ["c.0", "zarr.json"]
+            assert json.loads((folder / "zarr.json").read_bytes())["node_type"] == "array"
         leftovers = recorder.sync.gc(grace_seconds=0)
         assert leftovers, "no kill landed inside a snapshot; the test proved nothing"
         assert {s.id for s in recorder.sync.list()} == listed_ids
