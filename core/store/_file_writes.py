@@ -417,6 +417,13 @@ class _Piece:
         if self._error is not None:
             raise self._error
 
+    def done(self) -> bool:
+        """Whether the write has finished (well or not)."""
+        if not self._done.acquire(blocking=False):
+            return False
+        self._done.release()
+        return True
+
 
 def _serve_pieces(pieces: queue.SimpleQueue[_Piece]) -> None:
     while True:
@@ -585,10 +592,14 @@ class _FileImage:
         pending, self._in_flight = self._in_flight, []
         failure: BaseException | None = None
         for piece in pending:
-            try:
-                piece.result()
-            except BaseException as error:  # noqa: BLE001 - every piece is waited for
-                failure = failure or error
+            while True:
+                try:
+                    piece.result()
+                except BaseException as error:  # noqa: BLE001 - every piece is waited for
+                    failure = failure or error
+                    if not piece.done():  # interrupted while waiting: it still writes
+                        continue  # its file and the buffer it reads stay until it is done
+                break
         if failure is not None and raising:
             raise failure
 

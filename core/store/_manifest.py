@@ -249,7 +249,11 @@ class Manifest:
     """
 
     def __init__(
-        self, document: dict[str, Any], snapshot_id: str, shard: tuple[int, int] | None = None
+        self,
+        document: dict[str, Any],
+        snapshot_id: str,
+        shard: tuple[int, int] | None = None,
+        node: dict[str, Any] | None = None,
     ) -> None:
         validate_manifest(document, snapshot_id)
         said = document.get("shard")
@@ -270,6 +274,10 @@ class Manifest:
         #: names it PACKED_AT_ROOT, and ``columns`` (a copy of the document's, then)
         #: PACKED_ARRAY, as every reader of a manifest goes by
         self.packed_at_root = packed_name(document) == PACKED_AT_ROOT
+        #: the snapshot document's fields besides its attributes (the manifest), where the
+        #: loader kept them: the packed array's, if the snapshot's node is that array, which
+        #: readers check without reading the document again
+        self.node = node
         if self.packed_at_root:
             self.columns = {**self.columns, "array": [PACKED_ARRAY] * len(self.columns["array"])}
         self.count = len(self.columns["param_id"])

@@ -31,7 +31,7 @@ from ._backend import (
 from ._manifest import Manifest, SnapshotInfo
 from ._manifest_checksum import check_sealed
 from ._reader import SnapshotReader
-from ._shards import ShardedManifest, manifest_in
+from ._shards import ShardedManifest, manifest_and_node
 
 _log = logging.getLogger("gradvault.store")
 
@@ -87,8 +87,10 @@ class ManifestCache:
 
     async def _load_document(
         self, snapshot_id: str, key: str, where: str
-    ) -> tuple[dict[str, Any], int]:
-        """The gradvault manifest in the group document at ``key``, and the document's size.
+    ) -> tuple[dict[str, Any], dict[str, Any], int]:
+        """The gradvault manifest in the snapshot's document at ``key``, the document's other
+        fields (its node's own: the packed array's, where the snapshot's node is that
+        array) and the document's size.
 
         SnapshotNotFoundError if it is absent; ManifestError or FormatVersionError if it is
         not a manifest this release reads, or fails its own checksum (format 2).
@@ -102,14 +104,14 @@ class ManifestCache:
         except UnexpectedObjectError as error:
             raise ManifestError(f"{where}: its manifest document {MANIFEST_NAME} {error}") from None
 
-        def parse() -> dict[str, Any]:
-            manifest = manifest_in(raw, where)
+        def parse() -> tuple[dict[str, Any], dict[str, Any]]:
+            manifest, node = manifest_and_node(raw, where)
             check_sealed(manifest, where)
-            return manifest
+            return manifest, node
 
         if len(raw) > _THREAD_DECODE_BYTES:
-            return await self._threads.run(parse), len(raw)
-        return parse(), len(raw)
+            return (*await self._threads.run(parse), len(raw))
+        return (*parse(), len(raw))
 
     def _remember(self, key: str, parsed: Manifest | ShardedManifest) -> None:
         self._manifests[key] = parsed
@@ -123,16 +125,16 @@ class ManifestCache:
             self._manifests.move_to_end(snapshot_id)
             return cached
         where = f"snapshot {snapshot_id}"
-        document, size = await self._load_document(
+        document, node, size = await self._load_document(
             snapshot_id, snapshot_key(snapshot_id, MANIFEST_NAME), where
         )
         parsed: Manifest | ShardedManifest
         if "world_size" in document:
             parsed = ShardedManifest(document, snapshot_id)
         elif size > _THREAD_DECODE_BYTES:
-            parsed = await self._threads.run(Manifest, document, snapshot_id)
-        else:
-            parsed = Manifest(document, snapshot_id)  # validated: FormatVersionError if malformed
+            parsed = await self._threads.run(Manifest, document, snapshot_id, None, node)
+        else:  # validated: FormatVersionError if malformed
+            parsed = Manifest(document, snapshot_id, node=node)
         self._remember(snapshot_id, parsed)
         self._infos[snapshot_id] = SnapshotInfo.from_manifest(parsed.document)
         return parsed
@@ -164,7 +166,7 @@ class ManifestCache:
             return cached
         where = f"snapshot {snapshot_id}, the shard of rank {rank}"
         try:
-            document, size = await self._load_document(
+            document, _, size = await self._load_document(
                 snapshot_id, f"{shard_prefix(snapshot_id, rank)}/{MANIFEST_NAME}", where
             )
         except SnapshotNotFoundError:

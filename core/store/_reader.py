@@ -54,7 +54,7 @@ from ._backend import (
 from ._checksums import crc32c, crc32c_combine, parse_checksum
 from ._codecs import decompress_into, encoded_size_bounds, split_crc
 from ._manifest import Manifest
-from ._validation import ArrayClaim, validate_array_document
+from ._validation import ArrayClaim, validate_array_document, validate_array_fields
 from ._zarr_format import PACKED_ARRAY, ChunkSpan, iter_chunk_spans
 
 #: Chunks at least this big are checked and decoded in a thread rather than on the loop.
@@ -478,7 +478,15 @@ class SnapshotReader:
     # --- checks before reading ----------------------------------------------------------
 
     async def _check_document(self, array: str, claim: ArrayClaim) -> None:
-        """ManifestError unless ``array``'s own ``zarr.json`` says what ``claim`` says."""
+        """ManifestError unless ``array``'s own ``zarr.json`` says what ``claim`` says.
+
+        The packed array that is the snapshot's node has the snapshot's document, which the
+        manifest was loaded from: its fields are checked as loaded, not read again (it
+        holds the whole manifest, and may be as long)."""
+        node = self._manifest.node
+        if node is not None and array == PACKED_ARRAY and self._manifest.packed_at_root:
+            validate_array_fields(node, claim, self._id, self._key(array, MANIFEST_NAME))
+            return
         try:
             document: ManyRead = await self._backend.read(
                 self._key(array, MANIFEST_NAME), _ARRAY_DOCUMENT_LIMIT

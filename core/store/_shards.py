@@ -67,16 +67,24 @@ class ShardInfo:
 
 
 def manifest_in(raw: bytes | memoryview, where: str) -> dict[str, Any]:
-    """``attributes["gradvault"]`` of a group ``zarr.json``; ManifestError if there is none."""
+    """``attributes["gradvault"]`` of a snapshot's ``zarr.json``; ManifestError if there is
+    none."""
+    return manifest_and_node(raw, where)[0]
+
+
+def manifest_and_node(raw: bytes | memoryview, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`manifest_in`, and the document's other fields: its node's own (a group's, or
+    the packed array's where the snapshot's node is that array)."""
     try:
-        manifest = orjson.loads(raw)["attributes"]["gradvault"]
+        document = orjson.loads(raw)
+        manifest = document["attributes"]["gradvault"]
     except (ValueError, KeyError, TypeError) as error:
         raise ManifestError(
             f"{where}: its zarr.json has no gradvault manifest ({error!r})"
         ) from None
     if type(manifest) is not dict:
         raise ManifestError(f"{where}: its gradvault manifest is not an object")
-    return manifest
+    return manifest, {key: value for key, value in document.items() if key != "attributes"}
 
 
 class ShardedSet:

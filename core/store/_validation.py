@@ -141,7 +141,7 @@ def packed_name(document: dict[str, Any]) -> str:
     if (
         type(version) is int
         and version >= PACKED_AT_ROOT_FROM
-        and "shard" not in document
+        and document.get("shard") is None
         and type(packed) is dict
         and packed.get("array") == PACKED_AT_ROOT
     ):
@@ -375,6 +375,20 @@ class _ManifestCheck:
         length = packed.get("nbytes", _MISSING)
         if type(length) is not int or length < 0:
             self.fail("packed.nbytes", "an int >= 0", length)
+        if self.packed_name == PACKED_AT_ROOT:  # one uncompressed chunk, as written
+            if chunk_bytes != length:
+                self.fail(
+                    "packed.chunk_bytes",
+                    f"{length} (packed.nbytes: the packed array that is the snapshot's node "
+                    "is one chunk)",
+                    chunk_bytes,
+                )
+            if self.document.get("compression") is not None:
+                self.fail(
+                    "compression",
+                    "null (the packed array that is the snapshot's node is uncompressed)",
+                    self.document.get("compression"),
+                )
         offsets, sizes = columns["offset"], columns["nbytes"]
         if len(rows) != self.count:
             offsets = [offsets[i] for i in rows]
@@ -513,6 +527,16 @@ def validate_array_document(raw: memoryview, claim: ArrayClaim, snapshot_id: str
     naming the snapshot, the array, the fields and both values) before any chunk is read,
     rather than reinterpreting the bytes the other way.
     """
+    try:
+        document = orjson.loads(raw)
+    except ValueError as error:
+        document = _Said(f"no JSON ({error})")
+    validate_array_fields(document, claim, snapshot_id, key)
+
+
+def validate_array_fields(document: object, claim: ArrayClaim, snapshot_id: str, key: str) -> None:
+    """:func:`validate_array_document` of a document parsed already (the snapshot's own,
+    where the snapshot's node is the packed array: its attributes are the manifest)."""
 
     def fail(field: str, expected: object, found: object) -> NoReturn:
         source = claim.fields.get(field)
@@ -522,10 +546,6 @@ def validate_array_document(raw: memoryview, claim: ArrayClaim, snapshot_id: str
             f"{field} {_show(expected)}{said}; found {_show(found)}"
         )
 
-    try:
-        document = orjson.loads(raw)
-    except ValueError as error:
-        document = _Said(f"no JSON ({error})")
     if type(document) is not dict:
         raise ManifestError(
             f"snapshot {snapshot_id}: {claim.who}: its array document {key} should be a JSON "

@@ -288,6 +288,47 @@ def test_a_failure_while_copying_waits_for_the_pieces_in_flight(
 
 
 @needs_o_direct
+def test_an_interrupt_while_waiting_for_a_piece_waits_for_it_before_the_write_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt raised in the thread that waits for the device (here by a
+    signal handler, while a slow piece is still being written) is raised by the write, but
+    only once that piece is done: its file and the buffer it reads are let go after it,
+    and the next whole-file write gets the buffer."""
+    real_pwritev = os.pwritev
+    finished: list[float] = []
+
+    def slow_pwritev(fd: int, buffers, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT:
+            time.sleep(0.4)
+        written = real_pwritev(fd, buffers, offset)
+        finished.append(time.monotonic())
+        return written
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "pwritev", slow_pwritev)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    data = payload(PIECE_BYTES + 5, seed=9)  # one direct piece: the last one waited for
+    parts, _ = chunk_parts(data)
+    parts[0] = unaligned_copy(data)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(KeyboardInterrupt):
+            write_file(str(tmp_path / "chunk"), parts, DirectWrites(), whole_file=True)
+        raised = time.monotonic()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert finished and max(finished) <= raised  # every piece done before the write ended
+    monkeypatch.undo()
+    parts, _ = chunk_parts(data)
+    write_file(str(tmp_path / "again"), parts, DirectWrites(), whole_file=True)
+    assert (tmp_path / "again").read_bytes() == expected_file(data)
+
+
+@needs_o_direct
 @pytest.mark.parametrize("refused_at", [0, 1])
 def test_a_file_system_refusing_the_write_gets_the_same_bytes_buffered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_at: int

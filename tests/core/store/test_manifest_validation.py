@@ -58,6 +58,19 @@ def rewrite_manifest(root: Path, snapshot_id: str, damage: Callable[[dict], None
     path.write_text(json.dumps(document))
 
 
+def spy_on_reads(store: SnapshotStore) -> list[str]:
+    """The keys ``store``'s backend reads from now on, in order."""
+    keys_read: list[str] = []
+    real_read = store.backend.read
+
+    async def spy(key: str, *args: object):
+        keys_read.append(key)
+        return await real_read(key, *args)
+
+    store.backend.read = spy  # type: ignore[method-assign]
+    return keys_read
+
+
 def position(manifest: dict, name: str) -> int:
     return manifest["gradients"]["name"].index(name)
 
@@ -293,14 +306,7 @@ async def test_a_damaged_manifest_is_refused_clearly_and_skipped_by_list(
         rewrite_manifest(root, victim, damage)
 
     async with open_store(root, **OPTIONS) as store:
-        keys_read: list[str] = []
-        real_read = store.backend.read
-
-        async def spy(key: str, *args: object):
-            keys_read.append(key)
-            return await real_read(key, *args)
-
-        store.backend.read = spy  # type: ignore[method-assign]
+        keys_read = spy_on_reads(store)
 
         some_param = original["gradients"]["param_id"][0]
         for call in (
@@ -429,20 +435,27 @@ def name_packed(name: str, *, gradient: str | None = None) -> Callable[[dict], N
     return damage
 
 
+def halve_packed_chunk(manifest: dict) -> None:
+    manifest["packed"]["chunk_bytes"] = -(-manifest["packed"]["nbytes"] // 2)
+
+
 @pytest.mark.parametrize(
     ("damage", "field", "gradient"),
     [
         (name_packed("packed", gradient="fc1.bias"), "'gradients.array'", "fc1.bias"),
         (name_packed("packed"), "'gradients.array'", None),  # the rows say "", packed does not
         (set_field("format_version", 3), "'gradients.array'", None),  # "" before format 4
+        (set_field("compression", "zstd:3"), "'compression'", None),  # one raw chunk only
+        (halve_packed_chunk, "'packed.chunk_bytes'", None),
     ],
-    ids=["one-row-says-packed", "packed-says-packed", "format-3"],
+    ids=["one-row-says-packed", "packed-says-packed", "format-3", "compressed", "two-chunks"],
 )
 async def test_a_root_packed_array_named_otherwise_is_refused(
     tmp_path: Path, damage: Callable[[dict], None], field: str, gradient: str | None
 ) -> None:
     """A manifest that names the packed array "" must do so for every gradient and in
-    ``packed``, from format 4: anything else is refused before any key is built."""
+    ``packed``, from format 4, and describe one uncompressed chunk: anything else is
+    refused before any key is built."""
     root, snapshot_id, _ = await one_chunk_snapshot(tmp_path)
     rewrite_manifest(root, snapshot_id, damage)
     async with open_store(root) as store:
@@ -470,13 +483,17 @@ async def test_a_root_manifest_in_a_group_document_is_refused_before_a_chunk_is_
 
 
 async def test_a_root_packed_array_reads_bit_for_bit_and_by_gradient(tmp_path: Path) -> None:
+    """Its document (the manifest, however long) is read once, as the manifest is loaded;
+    the packed array's fields are checked from it, not read again for each gradient."""
     root, snapshot_id, record = await one_chunk_snapshot(tmp_path)
     async with open_store(root) as store:
+        keys_read = spy_on_reads(store)
         restored = await store.read_snapshot(snapshot_id)
         assert [e.array.tobytes() for e in restored] == [e.array.tobytes() for e in record]
         for entry in record:
             one = await store.read_gradient(snapshot_id, str(entry.param_id))
             assert one.array.tobytes() == entry.array.tobytes()
+        assert keys_read.count(f"snapshots/{snapshot_id}/zarr.json") == 1, keys_read
         chunk = await store.read_key(f"snapshots/{snapshot_id}/c.0")
         assert bytes(chunk) == (root / "snapshots" / snapshot_id / "c.0").read_bytes()
         for absent in ("packed/c.0", "packed/zarr.json", "c.1"):
