@@ -459,9 +459,11 @@ async def test_a_root_packed_array_named_otherwise_is_refused(
     root, snapshot_id, _ = await one_chunk_snapshot(tmp_path)
     rewrite_manifest(root, snapshot_id, damage)
     async with open_store(root) as store:
+        keys_read = spy_on_reads(store)
         with pytest.raises(ManifestError, match=field) as raised:
             await store.read_snapshot(snapshot_id)
     assert snapshot_id in str(raised.value)
+    assert keys_read == [f"snapshots/{snapshot_id}/zarr.json"]  # refused as it was loaded
     if gradient is not None:
         assert repr(gradient) in str(raised.value)
 
