@@ -222,9 +222,7 @@ class GradientRecordEntry:
 
 def _json_copy(value: Any) -> Any:
     """A deep copy of JSON-like ``value`` (dicts, lists and tuples copied; the rest shared)."""
-    if type(value) is dict:  # the common case, without an abstract class's isinstance
-        return {key: _json_copy(item) for key, item in value.items()}
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):  # a dict without the ABC check
         return {key: _json_copy(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_json_copy(item) for item in value]

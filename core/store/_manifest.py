@@ -289,17 +289,20 @@ class Manifest:
         self._ids: list[ParamId] | None = None
         self._checksums: list[int] | None = None
 
+    def is_node(self, array: str) -> bool:
+        """Whether ``array`` is the snapshot's node itself (its packed array, format 4)."""
+        return self.packed_at_root and array == PACKED_ARRAY
+
     def array_prefix(self, array: str) -> str:
         """The key prefix of ``array`` (PACKED_ARRAY or a ParamId's text): its folder under
-        the snapshot's (or the shard's), or that folder itself for the packed array of a
-        snapshot whose node it is."""
-        if self.packed_at_root and array == PACKED_ARRAY:
-            return self.prefix
-        return f"{self.prefix}/{array}"
+        the snapshot's (or the shard's), or that folder itself for the array that is the
+        snapshot's node."""
+        return self.prefix if self.is_node(array) else f"{self.prefix}/{array}"
 
     def objects_by_array(self, objects: dict[str, int | None]) -> dict[str, dict[str, int | None]]:
         """The snapshot's objects (keys under ``prefix``, to their sizes) by array, each
-        keyed under its array's prefix; the snapshot's own document is no array's."""
+        keyed under its array's prefix: a group's own document is no array's, the
+        document of a snapshot whose node is the packed array is that array's."""
         grouped: dict[str, dict[str, int | None]] = {}
         if self.packed_at_root:
             grouped[PACKED_ARRAY] = {key: size for key, size in objects.items() if "/" not in key}

@@ -146,9 +146,7 @@ class SnapshotReader:
 
     def _chunk_path(self, array: str, key: str) -> str:
         """How messages name chunk ``key`` of ``array``: its path in the snapshot."""
-        if self._manifest.packed_at_root and array == PACKED_ARRAY:
-            return key
-        return f"{array}/{key}"
+        return key if self._manifest.is_node(array) else f"{array}/{key}"
 
     # --- the two ways in ----------------------------------------------------------------
 
@@ -484,7 +482,7 @@ class SnapshotReader:
         manifest was loaded from: its fields are checked as loaded, not read again (it
         holds the whole manifest, and may be as long)."""
         node = self._manifest.node
-        if node is not None and array == PACKED_ARRAY and self._manifest.packed_at_root:
+        if node is not None and self._manifest.is_node(array):
             validate_array_fields(node, claim, self._id, self._key(array, MANIFEST_NAME))
             return
         try:
