@@ -28,6 +28,7 @@ from ._backend import (
     shard_prefix,
     snapshot_key,
 )
+from ._checksums import crc32c
 from ._manifest import Manifest, SnapshotInfo
 from ._manifest_checksum import check_sealed
 from ._reader import SnapshotReader
@@ -57,6 +58,8 @@ class ManifestCache:
         self._infos: dict[str, SnapshotInfo] = {}
         #: parsed manifests by snapshot id, and shards' by ``<id>/<rank>``
         self._manifests: OrderedDict[str, Manifest | ShardedManifest] = OrderedDict()
+        #: the crc32c and length of the document each of them was parsed from, by its key
+        self._sources: dict[str, tuple[int, int]] = {}
 
     def remembers(self, snapshot_id: str) -> bool:
         """Whether a parsed manifest of the snapshot (or of one of its shards) is kept."""
@@ -70,6 +73,7 @@ class ManifestCache:
         """Drop everything kept of the snapshot (its manifests, its shards', its summary)."""
         for key in [k for k in self._manifests if k.partition("/")[0] == snapshot_id]:
             del self._manifests[key]
+            self._sources.pop(key, None)
         self._infos.pop(snapshot_id, None)
 
     async def recheck(self, snapshot_id: str) -> None:
@@ -87,10 +91,10 @@ class ManifestCache:
 
     async def _load_document(
         self, snapshot_id: str, key: str, where: str
-    ) -> tuple[dict[str, Any], dict[str, Any], int]:
+    ) -> tuple[dict[str, Any], dict[str, Any], tuple[int, int]]:
         """The gradvault manifest in the snapshot's document at ``key``, the document's other
         fields (its node's own: the packed array's, where the snapshot's node is that
-        array) and the document's size.
+        array) and the document's crc32c and size.
 
         SnapshotNotFoundError if it is absent; ManifestError or FormatVersionError if it is
         not a manifest this release reads, or fails its own checksum (format 2).
@@ -109,14 +113,19 @@ class ManifestCache:
             check_sealed(manifest, where)
             return manifest, node
 
+        source = (crc32c(raw), len(raw))
         if len(raw) > _THREAD_DECODE_BYTES:
-            return (*await self._threads.run(parse), len(raw))
-        return (*parse(), len(raw))
+            return (*await self._threads.run(parse), source)
+        return (*parse(), source)
 
-    def _remember(self, key: str, parsed: Manifest | ShardedManifest) -> None:
+    def _remember(
+        self, key: str, parsed: Manifest | ShardedManifest, source: tuple[int, int]
+    ) -> None:
         self._manifests[key] = parsed
+        self._sources[key] = source
         if len(self._manifests) > _MANIFEST_CACHE_SIZE:
-            self._manifests.popitem(last=False)
+            dropped, _ = self._manifests.popitem(last=False)
+            self._sources.pop(dropped, None)
 
     async def top(self, snapshot_id: str) -> Manifest | ShardedManifest:
         """The snapshot's own manifest: a whole snapshot's, or a sharded one's (validated)."""
@@ -125,17 +134,17 @@ class ManifestCache:
             self._manifests.move_to_end(snapshot_id)
             return cached
         where = f"snapshot {snapshot_id}"
-        document, node, size = await self._load_document(
+        document, node, source = await self._load_document(
             snapshot_id, snapshot_key(snapshot_id, MANIFEST_NAME), where
         )
         parsed: Manifest | ShardedManifest
         if "world_size" in document:
             parsed = ShardedManifest(document, snapshot_id)
-        elif size > _THREAD_DECODE_BYTES:
+        elif source[1] > _THREAD_DECODE_BYTES:
             parsed = await self._threads.run(Manifest, document, snapshot_id, None, node)
         else:  # validated: FormatVersionError if malformed
             parsed = Manifest(document, snapshot_id, node=node)
-        self._remember(snapshot_id, parsed)
+        self._remember(snapshot_id, parsed, source)
         self._infos[snapshot_id] = SnapshotInfo.from_manifest(parsed.document)
         return parsed
 
@@ -166,19 +175,47 @@ class ManifestCache:
             return cached
         where = f"snapshot {snapshot_id}, the shard of rank {rank}"
         try:
-            document, _, size = await self._load_document(
+            document, _, source = await self._load_document(
                 snapshot_id, f"{shard_prefix(snapshot_id, rank)}/{MANIFEST_NAME}", where
             )
         except SnapshotNotFoundError:
             await self.recheck(snapshot_id)  # SnapshotNotFoundError if deleted meanwhile
             raise ManifestError(f"{where}: its manifest {MANIFEST_NAME} is missing") from None
         shard = (rank, top.world_size)
-        if size > _THREAD_DECODE_BYTES:
+        if source[1] > _THREAD_DECODE_BYTES:
             parsed = await self._threads.run(Manifest, document, snapshot_id, shard)
         else:
             parsed = Manifest(document, snapshot_id, shard)
-        self._remember(key, parsed)
+        self._remember(key, parsed, source)
         return parsed
+
+    async def check_document(
+        self, snapshot_id: str, rank: int | None, data: bytes | memoryview
+    ) -> Manifest | ShardedManifest:
+        """The manifest that ``data`` holds: the snapshot's own (``rank`` None) or its shard
+        of ``rank``'s, if ``data`` is exactly the document that manifest was loaded and
+        validated from; else the document is loaded (and validated) again, and ``data``
+        must be that one.
+
+        A key reader serves a manifest document read afresh; this makes sure what it serves
+        is what the store validated (a document edited or corrupted since it was loaded
+        is refused by that validation, with its own error, or as changed meanwhile).
+        """
+        key = snapshot_id if rank is None else f"{snapshot_id}/{rank}"
+        source = (crc32c(data), len(data))
+        for attempt in range(2):
+            if attempt:
+                self.forget(snapshot_id)  # read again from the store: validated again
+            parsed: Manifest | ShardedManifest = await (
+                self.top(snapshot_id) if rank is None else self.manifest(snapshot_id, rank)
+            )
+            if self._sources.get(key) == source:
+                return parsed
+        shard = "" if rank is None else f", the shard of rank {rank}"
+        raise ManifestError(
+            f"snapshot {snapshot_id}{shard}: its manifest document {MANIFEST_NAME} changed "
+            "while it was read"
+        )
 
     async def listing(
         self,

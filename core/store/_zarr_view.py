@@ -41,7 +41,7 @@ from ._ids import is_snapshot_id
 from ._manifest import Manifest
 from ._manifest_cache import ManifestCache
 from ._shards import ShardedManifest, rank_of_folder
-from ._validation import validate_array_document
+from ._validation import validate_array_document, validate_array_fields
 from ._zarr_format import PACKED_ARRAY, ChunkSpan
 
 #: The longest store path read; every real key is far shorter.
@@ -171,6 +171,7 @@ class _Key:
     chunk: ChunkSpan | None = None
     owner: str = ""  # how messages name the gradients a chunk holds
     rank: int | None = None  # the shard of a sharded snapshot the key is in
+    manifest: bool = False  # the document holding the snapshot's (or the shard's) manifest
 
     def snapshot(self) -> str:
         """The snapshot of a key inside one (an array's document or chunk)."""
@@ -210,6 +211,8 @@ class ZarrView:
             manifest = await self._manifests.manifest(found.snapshot(), found.rank)
             claim = self._manifests.reader(manifest).array_claim(found.array)
             validate_array_document(data, claim, manifest.snapshot_id, found.key)
+        elif found.manifest:
+            await self._check_manifest_document(found, data)
         start, end = checked_range(start, end, len(data), f"store key {found.key}")
         return data[start:end]
 
@@ -234,7 +237,9 @@ class ZarrView:
         rank = None
         if isinstance(top, ShardedManifest):
             # the snapshot's group, the ranks group, and each shard as a snapshot of its own
-            if inside in ([MANIFEST_NAME], [RANKS_GROUP, MANIFEST_NAME]):
+            if inside == [MANIFEST_NAME]:
+                return _Key(key, snapshot_id, manifest=True)
+            if inside == [RANKS_GROUP, MANIFEST_NAME]:
                 return _Key(key, snapshot_id)
             rank = rank_of_folder(inside[1]) if inside[0] == RANKS_GROUP else None
             if rank is None or rank >= top.world_size or len(inside) < 3:
@@ -246,12 +251,21 @@ class ZarrView:
         if not snapshot_key_exists(manifest, inside):
             raise StoreKeyNotFoundError(f"snapshot {snapshot_id} has no key {'/'.join(inside)!r}")
         if inside == [MANIFEST_NAME]:
-            return _Key(key, snapshot_id, rank=rank)
+            return _Key(key, snapshot_id, rank=rank, manifest=True)
         array, rest = array_and_rest(manifest, inside)
         if rest == [MANIFEST_NAME]:
             return _Key(key, snapshot_id, array, rank=rank)
         span, owner = _chunk_of(manifest, array, "/".join(rest))
         return _Key(key, snapshot_id, array, span, owner, rank)
+
+    async def _check_manifest_document(self, found: _Key, data: memoryview) -> None:
+        """ManifestError unless ``data``, a manifest's document as read now, is the one the
+        store validated (``ManifestCache.check_document``) and, where the snapshot's node is
+        the packed array, has that array's fields (as every read of its chunk checks)."""
+        manifest = await self._manifests.check_document(found.snapshot(), found.rank, data)
+        if isinstance(manifest, Manifest) and manifest.packed_at_root:
+            claim = self._manifests.reader(manifest).array_claim(PACKED_ARRAY)
+            validate_array_fields(manifest.node, claim, manifest.snapshot_id, found.key)
 
     def _verify_chunk(self, found: _Key, data: memoryview) -> None:
         try:

@@ -11,7 +11,10 @@ packed array (format 4), which zarr-python opens by the same URL.
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
+import httpx
 import ml_dtypes
 import numpy as np
 import pytest
@@ -107,22 +110,47 @@ async def test_a_stored_snapshot_lists_over_http(service, direct_store) -> None:
     await check_listed(service.base_url, f"snapshots/{info.id}")
 
 
-async def test_an_uploaded_snapshot_of_one_chunk_reads_over_http_as_an_array(service) -> None:
-    body = b"".join(bytes(piece) for piece in safetensors_chunks(record()))
-    async with service.client() as client:
-        response = await client.post(
-            "/v1/snapshots",
-            params={"run": "r", "step": 2},
-            content=body,
-            headers={"Content-Type": "application/octet-stream"},
-        )
+async def upload_one_chunk(client: httpx.AsyncClient, step: int) -> str:
+    """Upload ``record()`` (one chunk in the service's 32 MiB chunks); its snapshot id."""
+    response = await client.post(
+        "/v1/snapshots",
+        params={"run": "r", "step": step},
+        content=b"".join(bytes(piece) for piece in safetensors_chunks(record())),
+        headers={"Content-Type": "application/octet-stream"},
+    )
     assert response.status_code == 201, response.text
-    url = f"{service.base_url}/v1/zarr/snapshots/{response.json()['id']}"
+    return response.json()["id"]
+
+
+async def test_an_uploaded_snapshot_of_one_chunk_reads_over_http_as_an_array(service) -> None:
+    async with service.client() as client:
+        snapshot_id = await upload_one_chunk(client, 2)
+    url = f"{service.base_url}/v1/zarr/snapshots/{snapshot_id}"
     kind, found = await asyncio.to_thread(read_packed_node, url)
     assert kind == "Array" and set(found) == set(ARRAYS)
     for name, array in ARRAYS.items():
         assert found[name].dtype == array.dtype, name
         assert found[name].tobytes() == array.tobytes(), name
+
+
+@pytest.mark.parametrize("store_kind", ["local"])
+async def test_a_one_chunk_snapshots_document_with_an_edited_array_field_is_not_served(
+    service, store_url
+) -> None:
+    """The document of a snapshot of one chunk is its packed array's: edited (its dtype,
+    which the manifest's checksum does not cover), it is a 500 naming the field, as a read
+    of the gradients is, not served to a Zarr reader to misread the chunk by."""
+    async with service.client() as client:
+        snapshot_id = await upload_one_chunk(client, 4)
+        path = Path(store_url) / "snapshots" / snapshot_id / "zarr.json"
+        document = json.loads(path.read_bytes())
+        assert document["node_type"] == "array"
+        document["data_type"] = "int8"
+        path.write_text(json.dumps(document))
+        response = await client.get(f"/v1/zarr/snapshots/{snapshot_id}/zarr.json")
+    assert response.status_code == 500
+    assert response.json()["error"] == "ManifestError"
+    assert "data_type" in response.json()["detail"] and snapshot_id in response.json()["detail"]
 
 
 async def test_a_shard_lists_over_http(service, direct_store) -> None:

@@ -501,3 +501,100 @@ async def test_a_root_packed_array_reads_bit_for_bit_and_by_gradient(tmp_path: P
         for absent in ("packed/c.0", "packed/zarr.json", "c.1"):
             with pytest.raises(StoreKeyNotFoundError, match="has no key"):
                 await store.read_key(f"snapshots/{snapshot_id}/{absent}")
+
+
+def edit_node(field: str, value: Any) -> Callable[[dict], None]:
+    """Set one of the document's own fields (the packed array's, not the manifest's)."""
+
+    def edit(document: dict) -> None:
+        if field == "separator":
+            document["chunk_key_encoding"]["configuration"]["separator"] = value
+        else:
+            document[field] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("data_type", "int8"),
+        ("shape", [12]),
+        ("separator", "/"),
+        ("codecs", [{"name": "bytes"}]),
+        ("node_type", "group"),
+    ],
+)
+async def test_a_root_packed_arrays_document_is_served_by_key_only_with_its_fields_right(
+    tmp_path: Path, field: str, value: Any
+) -> None:
+    """The snapshot's document is also the packed array's: a Zarr reader asking for it by
+    key (as over ``/v1/zarr``) is refused what the manifest's checksum does not cover, an
+    array field edited, as every read of the array refuses it."""
+    root, snapshot_id, _ = await one_chunk_snapshot(tmp_path)
+    key = f"snapshots/{snapshot_id}/zarr.json"
+    async with open_store(root) as store:
+        assert bytes(await store.read_key(key)) == manifest_path(root, snapshot_id).read_bytes()
+    path = manifest_path(root, snapshot_id)
+    document = json.loads(path.read_text())
+    edit_node(field, value)(document)
+    path.write_text(json.dumps(document))
+    async with open_store(root) as store:
+        named = field.replace("separator", "chunk_key_encoding")
+        with pytest.raises(ManifestError, match=named) as raised:
+            await store.read_key(key)
+    assert snapshot_id in str(raised.value) and key in str(raised.value)
+
+
+@pytest.mark.parametrize("one_chunk", [True, False], ids=["array-node", "group"])
+async def test_a_manifest_document_changed_after_it_was_loaded_is_not_served_by_key(
+    tmp_path: Path, one_chunk: bool
+) -> None:
+    """A store that has loaded (and validated) a snapshot's manifest serves its document by
+    key only as it was validated: a gradient renamed in place at the same length since is
+    refused by the manifest's checksum as the document is loaded again, not served."""
+    if one_chunk:
+        root, snapshot_id, record = await one_chunk_snapshot(tmp_path)
+    else:
+        root = tmp_path / "store"
+        record = make_record(7)
+        async with open_store(root) as store:  # gradients of 64 KiB: a group of arrays
+            snapshot_id = (await store.write_snapshot(record, run="train", step=1)).id
+        assert json.loads(manifest_path(root, snapshot_id).read_text())["node_type"] == "group"
+    key = f"snapshots/{snapshot_id}/zarr.json"
+    path = manifest_path(root, snapshot_id)
+    original = path.read_bytes()
+    name = record.entries[0].name
+    assert original.count(f'"{name}"'.encode()) == 1
+    async with open_store(root) as store:
+        assert bytes(await store.read_key(key)) == original  # loaded and validated
+        path.write_bytes(original.replace(f'"{name}"'.encode(), f'"{name[:-1]}X"'.encode()))
+        with pytest.raises(ManifestError, match="checksum") as raised:
+            await store.read_key(key)
+        assert snapshot_id in str(raised.value)
+        path.write_bytes(original)
+        assert bytes(await store.read_key(key)) == original
+
+
+async def test_a_manifest_document_that_differs_from_every_load_is_not_served(
+    tmp_path: Path,
+) -> None:
+    """Where the document read to be served differs from the one loaded again to validate
+    it (it changed between the two reads), it is refused as changed, not served."""
+    root, snapshot_id, _ = await one_chunk_snapshot(tmp_path)
+    key = f"snapshots/{snapshot_id}/zarr.json"
+    async with open_store(root) as store:
+        keys_read = spy_on_reads(store)
+        real_read = store.backend.read
+
+        async def read_then_changed(read_key: str, *args: object):
+            data = await real_read(read_key, *args)
+            if read_key == key and keys_read.count(key) == 2:  # the read that would be served
+                return memoryview(bytes(data) + b" ")  # the same manifest, other bytes
+            return data
+
+        store.backend.read = read_then_changed  # type: ignore[method-assign]
+        with pytest.raises(ManifestError, match="changed while it was read") as raised:
+            await store.read_key(key)
+        assert keys_read == [key, key, key]  # loaded, read to serve, loaded again
+        assert snapshot_id in str(raised.value)
