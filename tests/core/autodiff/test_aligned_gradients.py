@@ -11,6 +11,7 @@ from gradvault.core import GradientsParams
 from gradvault.core.autodiff import backend
 
 PAGE = backend.PAGE_ALIGNMENT
+HUGE = backend.HUGE_PAGE_ALIGNMENT
 
 
 def record_arrays(model: gv.Module) -> dict[str, np.ndarray]:
@@ -29,6 +30,25 @@ def test_a_linear_layers_weight_gradient_starts_at_a_page() -> None:
     # g.T @ x with g all ones: the weight gradient is each column's sum of x, in float32
     expected = np.matmul(np.ones((128, 32), np.float32), x.numpy())
     assert np.array_equal(arrays["weight"], expected)
+
+
+def test_a_gradient_of_2_mib_or_more_starts_at_a_huge_page_and_holds_numpys_values() -> None:
+    """The MLP's 1024 x 1024 weight gradients (4 MiB) start at a 2 MiB boundary, so their
+    memory is whole huge pages; one just under 2 MiB is page-aligned only, as before."""
+    gv.manual_seed(3)
+    model = gv.MLP(1024, [1024], 10)
+    x = gv.randn(16, 1024)
+    model(x).sum().backward()
+    arrays = record_arrays(model)
+    big = arrays["layers.0.weight"]
+    assert big.nbytes == 4 << 20 and big.ctypes.data % HUGE == 0
+    product = backend.matmul(np.ones((1023, 8), np.float32), np.ones((8, 512), np.float32))
+    assert product.nbytes < backend.HUGE_ALIGNED_MIN_BYTES and product.ctypes.data % PAGE == 0
+    exact = backend.empty(np, (512, 1024), np.float32)  # exactly 2 MiB
+    assert exact.nbytes == backend.HUGE_ALIGNED_MIN_BYTES and exact.ctypes.data % HUGE == 0
+    assert exact.flags.c_contiguous and exact.flags.writeable and exact.shape == (512, 1024)
+    copied = backend.copy(big)
+    assert copied.ctypes.data % HUGE == 0 and np.array_equal(copied, big)
 
 
 def test_an_accumulated_gradient_moved_off_a_snapshot_starts_at_a_page() -> None:
