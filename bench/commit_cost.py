@@ -9,15 +9,17 @@ side writes the same bytes and returns only once they are durable:
 - ``safetensors.numpy.save_file`` of the six arrays, then an fsync of the file;
 - ``os.writev`` of the six arrays' bytes to one new file, then fsync;
 - ``torch.save`` of the six tensors (copies of the arrays, made once), then fsync;
-- one ``O_DIRECT`` write of the same bytes (already laid out end to end in memory that
-  starts at a 2 MiB boundary, in transparent huge pages where the kernel gives them, as
-  the engine's large gradients are; rounded up to 4 KiB) to a new file, then fsync: the
-  floor, no copy and no pass over the bytes;
+- one ``O_DIRECT`` write of the same bytes (already laid out end to end in page-aligned
+  memory of 4 KiB pages, rounded up to 4 KiB) to a new file, then fsync: the floor the
+  issue's target is set against, no copy and no pass over the bytes;
+- the same write from memory in transparent huge pages (at a 2 MiB boundary, where the
+  kernel gives them), as the engine's large gradients are: about half the CPU of the
+  write from small pages (the pages it pins), the lowest floor;
 - the floor of a commit that keeps gradvault's checksums and stats: that ``O_DIRECT``
-  write and fsync, after the passes over the bytes every gradvault commit makes, each
-  once and nothing else: the crc32c of each array (the ``crc32c`` package gradvault
-  uses), its max and min (NumPy) and its sum of squares (``np.dot``, BLAS). What
-  gradvault spends above it is its files, folders, fsyncs and Python.
+  write (from huge pages) and fsync, after the passes over the bytes every gradvault
+  commit makes, each once and nothing else: the crc32c of each array (the ``crc32c``
+  package gradvault uses), its max and min (NumPy) and its sum of squares (``np.dot``,
+  BLAS). What gradvault spends above it is its files, folders, fsyncs and Python.
 
 CPU is ``getrusage(RUSAGE_SELF)`` (user + system, every thread of the process) around the
 call; wall is ``perf_counter``. The sides run interleaved, each round starting one side
@@ -53,6 +55,7 @@ from bench.store_io import fsync_path
 
 ROUNDS = 30
 FLOOR = "crc32c+max+min+sum of squares, O_DIRECT write+fsync"
+HUGE_FLOOR = "O_DIRECT write+fsync, from huge pages"
 LAYOUT_FLOOR = "the same passes and write in the snapshot layout, plain loop"
 DIRECT_ALIGNMENT = 4096
 
@@ -178,15 +181,17 @@ def _layout_floor_commit(
 HUGE_PAGE = 2 << 20
 
 
-def _aligned_copy(arrays: list[np.ndarray]) -> memoryview:
+def _aligned_copy(arrays: list[np.ndarray], huge_pages: bool) -> memoryview:
     """The arrays' bytes end to end, rounded up to 4 KiB, in memory that starts at a 2 MiB
-    boundary and asks for transparent huge pages: the cheapest memory to write from with
-    O_DIRECT (as gradvault's engine allocates its large gradients)."""
+    boundary: in transparent huge pages (``huge_pages``: the cheapest memory to write from
+    with O_DIRECT, the one gradvault's engine now puts its large gradients in), or in
+    4 KiB pages (``MADV_NOHUGEPAGE``: page-aligned memory as the issue's floor had it)."""
     total = sum(a.nbytes for a in arrays)
     length = -(-total // DIRECT_ALIGNMENT) * DIRECT_ALIGNMENT
     buffer = mmap.mmap(-1, length + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buffer.madvise(mmap.MADV_HUGEPAGE)
+    advice = "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE"
+    if hasattr(mmap, advice):
+        buffer.madvise(getattr(mmap, advice))
     start = -np.frombuffer(buffer, np.uint8).ctypes.data % HUGE_PAGE
     view = memoryview(buffer)[start : start + length]
     offset = 0
@@ -212,7 +217,8 @@ def measure_sides(
     names = [f"g{i}" for i in range(len(arrays))]
     tensors = dict(zip(names, arrays, strict=True))
     torch_tensors = {name: torch.from_numpy(a.copy()) for name, a in tensors.items()}
-    aligned = _aligned_copy(arrays)
+    aligned = _aligned_copy(arrays, huge_pages=True)
+    small_pages = _aligned_copy(arrays, huge_pages=False)
     files = root / "files"
     files.mkdir()
     recorder = gv.Recorder(root / "store")
@@ -269,7 +275,10 @@ def measure_sides(
     side("safetensors save_file+fsync", safetensors_write, lambda: None)
     side("os.writev+fsync", lambda p: _writev_file(p, arrays), lambda: None)
     side("torch.save+fsync", torch_write, lambda: None)
-    side("O_DIRECT write+fsync", lambda p: _new_file(str(p), aligned, direct=True), lambda: None)
+    side(
+        "O_DIRECT write+fsync", lambda p: _new_file(str(p), small_pages, direct=True), lambda: None
+    )
+    side(HUGE_FLOOR, lambda p: _new_file(str(p), aligned, direct=True), lambda: None)
     side(FLOOR, lambda p: _floor_commit(p, arrays, aligned), lambda: None)
 
     def layout_floor(path: Path) -> None:
@@ -337,7 +346,7 @@ def run() -> list[Row]:
                     f"<= {limit}" if limit is not None else "",
                     limit,
                     note=f"{threads}; load average after: {load}"
-                    if peer.startswith("O_DIRECT")
+                    if peer == "O_DIRECT write+fsync"
                     else "",
                 )
             )
