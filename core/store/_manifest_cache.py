@@ -28,7 +28,6 @@ from ._backend import (
     shard_prefix,
     snapshot_key,
 )
-from ._checksums import crc32c
 from ._manifest import Manifest, SnapshotInfo
 from ._manifest_checksum import check_sealed
 from ._reader import SnapshotReader
@@ -58,8 +57,8 @@ class ManifestCache:
         self._infos: dict[str, SnapshotInfo] = {}
         #: parsed manifests by snapshot id, and shards' by ``<id>/<rank>``
         self._manifests: OrderedDict[str, Manifest | ShardedManifest] = OrderedDict()
-        #: the crc32c and length of the document each of them was parsed from, by its key
-        self._sources: dict[str, tuple[int, int]] = {}
+        #: the document each of them was parsed from, as read, by the same keys
+        self._sources: dict[str, bytes] = {}
 
     def remembers(self, snapshot_id: str) -> bool:
         """Whether a parsed manifest of the snapshot (or of one of its shards) is kept."""
@@ -91,10 +90,10 @@ class ManifestCache:
 
     async def _load_document(
         self, snapshot_id: str, key: str, where: str
-    ) -> tuple[dict[str, Any], dict[str, Any], tuple[int, int]]:
+    ) -> tuple[dict[str, Any], dict[str, Any], bytes]:
         """The gradvault manifest in the snapshot's document at ``key``, the document's other
         fields (its node's own: the packed array's, where the snapshot's node is that
-        array) and the document's crc32c and size.
+        array) and the document as read.
 
         SnapshotNotFoundError if it is absent; ManifestError or FormatVersionError if it is
         not a manifest this release reads, or fails its own checksum (format 2).
@@ -113,14 +112,12 @@ class ManifestCache:
             check_sealed(manifest, where)
             return manifest, node
 
-        source = (crc32c(raw), len(raw))
+        source = bytes(raw)
         if len(raw) > _THREAD_DECODE_BYTES:
             return (*await self._threads.run(parse), source)
         return (*parse(), source)
 
-    def _remember(
-        self, key: str, parsed: Manifest | ShardedManifest, source: tuple[int, int]
-    ) -> None:
+    def _remember(self, key: str, parsed: Manifest | ShardedManifest, source: bytes) -> None:
         self._manifests[key] = parsed
         self._sources[key] = source
         if len(self._manifests) > _MANIFEST_CACHE_SIZE:
@@ -140,7 +137,7 @@ class ManifestCache:
         parsed: Manifest | ShardedManifest
         if "world_size" in document:
             parsed = ShardedManifest(document, snapshot_id)
-        elif source[1] > _THREAD_DECODE_BYTES:
+        elif len(source) > _THREAD_DECODE_BYTES:
             parsed = await self._threads.run(Manifest, document, snapshot_id, None, node)
         else:  # validated: FormatVersionError if malformed
             parsed = Manifest(document, snapshot_id, node=node)
@@ -182,7 +179,7 @@ class ManifestCache:
             await self.recheck(snapshot_id)  # SnapshotNotFoundError if deleted meanwhile
             raise ManifestError(f"{where}: its manifest {MANIFEST_NAME} is missing") from None
         shard = (rank, top.world_size)
-        if source[1] > _THREAD_DECODE_BYTES:
+        if len(source) > _THREAD_DECODE_BYTES:
             parsed = await self._threads.run(Manifest, document, snapshot_id, shard)
         else:
             parsed = Manifest(document, snapshot_id, shard)
@@ -193,8 +190,8 @@ class ManifestCache:
         self, snapshot_id: str, rank: int | None, data: bytes | memoryview
     ) -> Manifest | ShardedManifest:
         """The manifest that ``data`` holds: the snapshot's own (``rank`` None) or its shard
-        of ``rank``'s, if ``data`` is exactly the document that manifest was loaded and
-        validated from; else the document is loaded (and validated) again, and ``data``
+        of ``rank``'s, if ``data`` is, byte for byte, the document that manifest was loaded
+        and validated from; else the document is loaded (and validated) again, and ``data``
         must be that one.
 
         A key reader serves a manifest document read afresh; this makes sure what it serves
@@ -202,7 +199,7 @@ class ManifestCache:
         is refused by that validation, with its own error, or as changed meanwhile).
         """
         key = snapshot_id if rank is None else f"{snapshot_id}/{rank}"
-        source = (crc32c(data), len(data))
+        source = bytes(data)
         for attempt in range(2):
             if attempt:
                 self.forget(snapshot_id)  # read again from the store: validated again
