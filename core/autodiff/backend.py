@@ -147,24 +147,32 @@ def xp_of(array: Any) -> ModuleType:
 #: packed by copying anyway.
 ALIGNED_MIN_BYTES = 64 << 10
 PAGE_ALIGNMENT = 4096
-#: Host arrays of at least this many bytes start at a multiple of HUGE_PAGE_ALIGNMENT (a
-#: transparent huge page, which NumPy asks the kernel for on allocations this large): their
-#: memory is then whole huge pages, not 4 KiB pages at both ends and huge ones between
-#: where the kernel has them. A direct write of 8 MiB pins four pages instead of up to
-#: 2,048 (0.14 ms of CPU against 0.28 ms from page-aligned memory, measured); the slack
-#: before the boundary is never touched, so it takes address space, not memory.
-HUGE_ALIGNED_MIN_BYTES = 2 << 20
+#: Host arrays whose size is a multiple of HUGE_PAGE_ALIGNMENT (2 MiB, a transparent huge
+#: page; NumPy asks the kernel for huge pages on allocations of 4 MiB or more) start at a
+#: multiple of it: their memory is then whole huge pages, where a page-aligned array gets
+#: them only for the 2 MiB stretches that happen to lie inside it. A direct write of 8 MiB
+#: pins four pages instead of up to 2,048 (0.14 ms of CPU against 0.28 ms from page-aligned
+#: memory, measured). The slack before the boundary is never touched, so it takes address
+#: space, not memory. Other sizes stay page-aligned: their last, partial 2 MiB stretch
+#: would be backed by a whole huge page (up to 2 MiB of memory more per array).
 HUGE_PAGE_ALIGNMENT = 2 << 20
 
 
+def _alignment(nbytes: int) -> int:
+    """Where a host array of ``nbytes`` (at least ALIGNED_MIN_BYTES) starts a multiple of."""
+    if nbytes % HUGE_PAGE_ALIGNMENT == 0:
+        return HUGE_PAGE_ALIGNMENT
+    return PAGE_ALIGNMENT
+
+
 def empty(xp: ModuleType, shape: tuple[int, ...], dtype: Any) -> Any:
-    """``xp.empty(shape, dtype)`` (C order); on the host, page-aligned when it is large, at a
-    huge page when it is larger still."""
+    """``xp.empty(shape, dtype)`` (C order); on the host, page-aligned when it is large, and
+    at a huge page when its size is a whole number of them."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if xp is not np or nbytes < ALIGNED_MIN_BYTES:
         return xp.empty(shape, dtype)
-    alignment = HUGE_PAGE_ALIGNMENT if nbytes >= HUGE_ALIGNED_MIN_BYTES else PAGE_ALIGNMENT
+    alignment = _alignment(nbytes)
     raw = np.empty(nbytes + alignment, np.uint8)
     start = -raw.ctypes.data % alignment
     return raw[start : start + nbytes].view(dtype).reshape(shape)
