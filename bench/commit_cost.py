@@ -54,7 +54,7 @@ from bench.mlp_step import BATCH, CLASSES, WIDTH
 from bench.store_io import fsync_path
 
 ROUNDS = 30
-FLOOR = "crc32c+max+min+sum of squares, O_DIRECT write+fsync"
+FLOOR = "crc32c+max+min+sum of squares, O_DIRECT write+fsync, from huge pages"
 HUGE_FLOOR = "O_DIRECT write+fsync, from huge pages"
 LAYOUT_FLOOR = "the same passes and write in the snapshot layout, plain loop"
 DIRECT_ALIGNMENT = 4096
@@ -201,11 +201,31 @@ def _aligned_copy(arrays: list[np.ndarray], huge_pages: bool) -> memoryview:
     return view
 
 
+def huge_page_kib(view: memoryview) -> int:
+    """KiB of transparent huge pages (``AnonHugePages``) in the mapping that holds ``view``
+    (0 where ``/proc/self/smaps`` says nothing of it)."""
+    address = np.frombuffer(view, np.uint8).ctypes.data
+    inside = False
+    try:
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                first = line.split(maxsplit=1)[0]
+                if "-" in first and not first.endswith(":"):
+                    low, _, high = first.partition("-")
+                    inside = int(low, 16) <= address < int(high, 16)
+                elif inside and first == "AnonHugePages:":
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def measure_sides(
     root: Path, rounds: int = ROUNDS
-) -> tuple[dict[str, tuple[list[float], list[float]]], list[dict[str, float]]]:
-    """Per side, (CPU seconds, wall seconds) of each of ``rounds`` commits; and for each of
-    gradvault's commits, its CPU seconds by thread role (:func:`split_by_thread`)."""
+) -> tuple[dict[str, tuple[list[float], list[float]]], list[dict[str, float]], str]:
+    """Per side, (CPU seconds, wall seconds) of each of ``rounds`` commits; for each of
+    gradvault's commits, its CPU seconds by thread role (:func:`split_by_thread`); and what
+    huge pages the floors' two buffers had."""
     import safetensors.numpy
     import torch
 
@@ -302,7 +322,11 @@ def measure_sides(
     for cpu, wall in samples.values():  # the warm-up rounds are not samples
         del cpu[:2], wall[:2]
     del by_thread[:2]
-    return samples, by_thread
+    pages = (
+        f"huge pages under the floors' {len(aligned) >> 10} KiB: {huge_page_kib(aligned)} KiB "
+        f"(the huge-page buffer), {huge_page_kib(small_pages)} KiB (the 4 KiB-page one)"
+    )
+    return samples, by_thread, pages
 
 
 def thread_note(by_thread: list[dict[str, float]]) -> str:
@@ -321,7 +345,7 @@ def run() -> list[Row]:
     base = os.environ.get("GRADVAULT_BENCH_DIR")
     root = Path(tempfile.mkdtemp(prefix="gv-bench-commit-", dir=base))
     try:
-        samples, by_thread = measure_sides(root)
+        samples, by_thread, pages = measure_sides(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ours_cpu, ours_wall = samples.pop("gradvault")
@@ -345,7 +369,7 @@ def run() -> list[Row]:
                     measured[index],
                     f"<= {limit}" if limit is not None else "",
                     limit,
-                    note=f"{threads}; load average after: {load}"
+                    note=f"{threads}; {pages}; load average after: {load}"
                     if peer == "O_DIRECT write+fsync"
                     else "",
                 )
