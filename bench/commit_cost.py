@@ -323,8 +323,9 @@ def measure_sides(
         del cpu[:2], wall[:2]
     del by_thread[:2]
     pages = (
-        f"huge pages under the floors' {len(aligned) >> 10} KiB: {huge_page_kib(aligned)} KiB "
-        f"(the huge-page buffer), {huge_page_kib(small_pages)} KiB (the 4 KiB-page one)"
+        f"huge pages in the mapping of each floor buffer ({len(aligned) >> 10} KiB of bytes, "
+        f"mapped with 2 MiB more to align them): {huge_page_kib(aligned)} KiB in the "
+        f"huge-page one, {huge_page_kib(small_pages)} KiB in the 4 KiB-page one"
     )
     return samples, by_thread, pages
 
