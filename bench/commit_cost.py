@@ -52,8 +52,10 @@ import numpy as np
 from bench._timing import Row, interleaved, print_rows
 from bench.mlp_step import BATCH, CLASSES, WIDTH
 from bench.store_io import fsync_path
+from gradvault.core.autodiff.backend import HUGE_PAGE_ALIGNMENT
 
 ROUNDS = 30
+DIRECT = "O_DIRECT write+fsync"
 FLOOR = "crc32c+max+min+sum of squares, O_DIRECT write+fsync, from huge pages"
 HUGE_FLOOR = "O_DIRECT write+fsync, from huge pages"
 LAYOUT_FLOOR = "the same passes and write in the snapshot layout, plain loop"
@@ -178,9 +180,6 @@ def _layout_floor_commit(
     fsync_path(committed.parent)
 
 
-HUGE_PAGE = 2 << 20
-
-
 def _aligned_copy(arrays: list[np.ndarray], huge_pages: bool) -> memoryview:
     """The arrays' bytes end to end, rounded up to 4 KiB, in memory that starts at a 2 MiB
     boundary: in transparent huge pages (``huge_pages``: the cheapest memory to write from
@@ -188,11 +187,11 @@ def _aligned_copy(arrays: list[np.ndarray], huge_pages: bool) -> memoryview:
     4 KiB pages (``MADV_NOHUGEPAGE``: page-aligned memory as the issue's floor had it)."""
     total = sum(a.nbytes for a in arrays)
     length = -(-total // DIRECT_ALIGNMENT) * DIRECT_ALIGNMENT
-    buffer = mmap.mmap(-1, length + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
+    buffer = mmap.mmap(-1, length + HUGE_PAGE_ALIGNMENT, flags=mmap.MAP_PRIVATE)
     advice = "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE"
     if hasattr(mmap, advice):
         buffer.madvise(getattr(mmap, advice))
-    start = -np.frombuffer(buffer, np.uint8).ctypes.data % HUGE_PAGE
+    start = -np.frombuffer(buffer, np.uint8).ctypes.data % HUGE_PAGE_ALIGNMENT
     view = memoryview(buffer)[start : start + length]
     offset = 0
     for array in arrays:
@@ -295,9 +294,7 @@ def measure_sides(
     side("safetensors save_file+fsync", safetensors_write, lambda: None)
     side("os.writev+fsync", lambda p: _writev_file(p, arrays), lambda: None)
     side("torch.save+fsync", torch_write, lambda: None)
-    side(
-        "O_DIRECT write+fsync", lambda p: _new_file(str(p), small_pages, direct=True), lambda: None
-    )
+    side(DIRECT, lambda p: _new_file(str(p), small_pages, direct=True), lambda: None)
     side(HUGE_FLOOR, lambda p: _new_file(str(p), aligned, direct=True), lambda: None)
     side(FLOOR, lambda p: _floor_commit(p, arrays, aligned), lambda: None)
 
@@ -350,7 +347,7 @@ def run() -> list[Row]:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ours_cpu, ours_wall = samples.pop("gradvault")
-    cpu_targets = {"safetensors save_file+fsync": 1.0, "O_DIRECT write+fsync": 4.0}
+    cpu_targets = {"safetensors save_file+fsync": 1.0, DIRECT: 4.0}
     wall_targets = {"safetensors save_file+fsync": 1.1}
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     threads = thread_note(by_thread)
@@ -371,7 +368,7 @@ def run() -> list[Row]:
                     f"<= {limit}" if limit is not None else "",
                     limit,
                     note=f"{threads}; {pages}; load average after: {load}"
-                    if peer == "O_DIRECT write+fsync"
+                    if peer == DIRECT
                     else "",
                 )
             )

@@ -158,13 +158,6 @@ PAGE_ALIGNMENT = 4096
 HUGE_PAGE_ALIGNMENT = 2 << 20
 
 
-def _alignment(nbytes: int) -> int:
-    """Where a host array of ``nbytes`` (at least ALIGNED_MIN_BYTES) starts a multiple of."""
-    if nbytes % HUGE_PAGE_ALIGNMENT == 0:
-        return HUGE_PAGE_ALIGNMENT
-    return PAGE_ALIGNMENT
-
-
 def empty(xp: ModuleType, shape: tuple[int, ...], dtype: Any) -> Any:
     """``xp.empty(shape, dtype)`` (C order); on the host, page-aligned when it is large, and
     at a huge page when its size is a whole number of them."""
@@ -172,7 +165,7 @@ def empty(xp: ModuleType, shape: tuple[int, ...], dtype: Any) -> Any:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if xp is not np or nbytes < ALIGNED_MIN_BYTES:
         return xp.empty(shape, dtype)
-    alignment = _alignment(nbytes)
+    alignment = HUGE_PAGE_ALIGNMENT if nbytes % HUGE_PAGE_ALIGNMENT == 0 else PAGE_ALIGNMENT
     raw = np.empty(nbytes + alignment, np.uint8)
     start = -raw.ctypes.data % alignment
     return raw[start : start + nbytes].view(dtype).reshape(shape)
