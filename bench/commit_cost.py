@@ -17,7 +17,7 @@ side writes the same bytes and returns only once they are durable:
   write from small pages (the pages it pins), the lowest floor;
 - the floor of a commit that keeps gradvault's checksums and stats: that ``O_DIRECT``
   write (from huge pages) and fsync, after the passes over the bytes every gradvault
-  commit makes, each once and nothing else: the crc32c of each array (the ``crc32c``
+  commit makes, each once and nothing else: the crc32c of each array (the ``crc32c-rs``
   package gradvault uses), its max and min (NumPy) and its sum of squares (``np.dot``,
   BLAS). What gradvault spends above it is its files, folders, fsyncs and Python.
 
@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import crc32c
+import crc32c_rs
 import numpy as np
 
 from bench._timing import Row, interleaved, print_rows
@@ -152,7 +152,7 @@ def _floor_commit(path: Path, arrays: list[np.ndarray], aligned: memoryview) -> 
     crc = 0
     for array in arrays:
         flat = array.reshape(-1)
-        crc = crc32c.crc32c(flat, crc)
+        crc = crc32c_rs.crc32c(flat, crc)
         flat.max(), flat.min(), np.dot(flat, flat)
     _new_file(str(path), aligned, direct=True)
 
@@ -171,7 +171,7 @@ def _layout_floor_commit(
     crc = 0
     for array in arrays:
         flat = array.reshape(-1)
-        crc = crc32c.crc32c(flat, crc)
+        crc = crc32c_rs.crc32c(flat, crc)
         flat.max(), flat.min(), np.dot(flat, flat)
     _new_file(str(staging / "c.0"), aligned, direct=True)
     _new_file(str(staging / "zarr.json"), document)

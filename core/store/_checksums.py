@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import crc32c as _crc32c_package
+import crc32c_rs
 import numpy as np
 
 _CHECKSUM_PREFIX = "crc32c:"
@@ -19,13 +19,14 @@ def crc32c(data: Any, value: int = 0) -> int:
 
     ``value`` 0 (no bytes before) gives ``data``'s own crc32c, so a running checksum is
     ``crc = crc32c(piece, crc)`` piece after piece. ``data`` is any C-contiguous buffer
-    (ValueError otherwise). Every checksum of gradient bytes the store takes goes through
-    here. It is the ``crc32c`` package's: hardware crc32c that releases the GIL for any
-    buffer (the store's writing and reading threads checksum in parallel) and measured
-    faster than google-crc32c, whose C functions take only ``bytes`` or NumPy arrays and
-    hold the GIL for them (docs/FORMAT.md, "Checksums").
+    (ValueError or BufferError otherwise). Every checksum of gradient bytes the store
+    takes goes through here. It is the ``crc32c-rs`` package's: folding with carry-less
+    multiplies where the CPU has them (AVX-512 VPCLMULQDQ here, 2.5 times the speed of
+    the ``crc32c`` package's crc32 instructions), releasing the GIL while it runs, so the
+    store's writing and reading threads checksum in parallel (docs/FORMAT.md,
+    "Checksums").
     """
-    return _crc32c_package.crc32c(data, value)
+    return crc32c_rs.crc32c(data, value)
 
 
 def format_checksum(value: int) -> str:
