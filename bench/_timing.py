@@ -23,7 +23,10 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def interleaved(
-    sides: dict[str, Callable[[], float]], repeat: int, warmup: int = 0
+    sides: dict[str, Callable[[], float]],
+    repeat: int,
+    warmup: int = 0,
+    after_round: Callable[[], object] | None = None,
 ) -> dict[str, list[float]]:
     """Run each side's measurement ``repeat`` times, round-robin; the samples per side.
 
@@ -31,16 +34,22 @@ def interleaved(
     clean up outside the timed part). Each round starts one side later than the one
     before, so that no side always runs right after the same other one (a disk still
     writing back the previous side's bytes, a cache the previous side warmed).
+    ``after_round``, if given, runs after each round (the warm-up ones too), between the
+    last side of one round and the first of the next.
     """
     for _ in range(warmup):
         for measure in sides.values():
             measure()
+        if after_round is not None:
+            after_round()
     names = list(sides)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(repeat):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             samples[name].append(sides[name]())
+        if after_round is not None:
+            after_round()
     return samples
 
 
