@@ -22,7 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import crc32c
+import crc32c_rs
 import httpx
 
 from gradvault.core import (
@@ -350,7 +350,7 @@ class BaseClient(ABC):
             )
         for entry in record:
             want = expected[str(entry.param_id)]["checksum"]
-            got = f"crc32c:{crc32c.crc32c(entry.data):08x}"
+            got = f"crc32c:{crc32c_rs.crc32c(entry.data):08x}"
             if got != want:
                 raise ChecksumMismatchError(
                     f"snapshot {snapshot_id}, gradient {entry.param_id} ({entry.name!r}): "

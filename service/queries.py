@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
-import crc32c
+import crc32c_rs
 
 from gradvault.core import MissingGradientError, ParamId, ShardedSnapshotError
 from gradvault.core.records.safetensors_file import data_order
@@ -118,9 +118,9 @@ async def open_gradient(
 
 def safetensors_etag(header: bytes, manifest: dict[str, Any]) -> str:
     """A strong validator of the file: its header (layout, names, summary) and data checksums."""
-    value = crc32c.crc32c(header)
+    value = crc32c_rs.crc32c(header)
     for checksum in manifest["gradients"]["checksum"]:
-        value = crc32c.crc32c(checksum.encode(), value)
+        value = crc32c_rs.crc32c(checksum.encode(), value)
     return f'"st-{value:08x}"'
 
 

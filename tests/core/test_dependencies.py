@@ -134,3 +134,20 @@ def test_gradvault_help_writes_nothing_to_stderr(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert "usage: gradvault" in result.stdout
+
+
+def test_every_client_and_service_module_imports_with_the_cli_extra(tmp_path: Path) -> None:
+    """What the client and the service import is declared: ``gradvault[cli]`` (the client
+    and service extras) installs it. A module importing an undeclared package would pass
+    every other test here, where the test extras install it too."""
+    walk = (
+        "import importlib, pkgutil, gradvault.client, gradvault.service\n"
+        "names = [m.name for p in (gradvault.client, gradvault.service)\n"
+        "         for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.')\n"
+        "         if not m.name.endswith('.__main__')]  # that one runs the CLI\n"
+        "[importlib.import_module(name) for name in names]\n"
+        "print(len(names))\n"
+    )
+    result = run_declared_only(tmp_path, ("cli",), [sys.executable, "-c", walk])
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) >= 20, result.stdout  # the walk found the modules
