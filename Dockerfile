@@ -25,7 +25,7 @@ ENV PATH=/opt/gradvault/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # only the runtime extra the service needs (the S3 client, obstore, is a core dependency)
-COPY pyproject.toml README.md /tmp/gradvault-src/
+COPY pyproject.toml setup.py README.md /tmp/gradvault-src/
 COPY core /tmp/gradvault-src/core
 COPY client /tmp/gradvault-src/client
 COPY service /tmp/gradvault-src/service

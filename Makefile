@@ -14,11 +14,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.installed: pyproject.toml setup.py core/store/_fused_stats.c | $(VENV)/bin/python
 	$(PIP) install --quiet -e '.[cli]'
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.installed-test: pyproject.toml setup.py core/store/_fused_stats.c | $(VENV)/bin/python
 	$(PIP) install --quiet -e '.[dev,torch,cli,hf,lightning]'
 	touch $(VENV)/.installed $@
 

@@ -31,6 +31,14 @@ ALLOWED = {
         "unit tests of core/store/_checksums.py's crc32c combination against a direct "
         "crc32c of the whole buffer: no public call exposes it alone"
     ),
+    ("core/store/test_fused_stats.py", "gradvault.core.store._fused_stats"): (
+        "unit tests of core/store/_fused_stats.c's two kernels against NumPy: no public "
+        "call reaches the portable one on a CPU that gets the other"
+    ),
+    ("core/store/test_fused_stats.py", "gradvault.core.store._stats"): (
+        "the stats with and without the extension (core/store/_stats.py's choice), which "
+        "no public call can switch"
+    ),
     ("core/store/test_file_writes.py", "gradvault.core.store._file_writes"): (
         "unit tests of core/store/_file_writes.py: O_DIRECT writes and their fallbacks to "
         "the page cache, refusals injected on fcntl and os.write"

@@ -369,3 +369,7 @@ def test_the_image_gets_every_package_folder_of_the_project() -> None:
         if line.startswith("!")
     }
     assert folders <= kept, f".dockerignore leaves out {sorted(folders - kept)}"
+    # the build's own files: pyproject.toml, and setup.py with the C extension's definition
+    build = re.search(r"^COPY (.+) /tmp/gradvault-src/$", dockerfile, re.M)
+    assert build is not None and {"pyproject.toml", "setup.py"} <= set(build[1].split())
+    assert {"pyproject.toml", "setup.py"} <= kept

@@ -1,0 +1,14 @@
+"""Min, max and sum of squares of float32 values in one pass (_fused_stats.c)."""
+
+import numpy as np
+
+#: Which kernel the CPU got: "256-bit vectors (AVX2)" or "128-bit vectors".
+KERNEL: str
+
+def min_max_sum_squares(values: np.ndarray | memoryview, /) -> tuple[float, float, float]:
+    """(min, max, sum of squares) of a C-contiguous buffer of float32 values; NaN is skipped
+    by min and max and makes the sum of squares NaN. TypeError for another format,
+    ValueError for a strided or empty buffer."""
+
+def min_max_sum_squares_portable(values: np.ndarray | memoryview, /) -> tuple[float, float, float]:
+    """The same by the 128-bit kernel, which every CPU runs."""
