@@ -16,10 +16,11 @@ side writes the same bytes and returns only once they are durable:
   kernel gives them), as the engine's large gradients are: about half the CPU of the
   write from small pages (the pages it pins), the lowest floor;
 - the floor of a commit that keeps gradvault's checksums and stats: that ``O_DIRECT``
-  write (from huge pages) and fsync, after the passes over the bytes every gradvault
-  commit makes, each once and nothing else: the crc32c of each array (the ``crc32c-rs``
-  package gradvault uses), its max and min (NumPy) and its sum of squares (``np.dot``,
-  BLAS). What gradvault spends above it is its files, folders, fsyncs and Python.
+  write (from huge pages) and fsync, after the values every gradvault commit computes,
+  with no gradvault code: the crc32c of each array (the ``crc32c-rs`` package gradvault
+  uses), its max and min (NumPy) and its sum of squares (``np.dot``, BLAS), a pass each.
+  gradvault takes the three stats in one pass where its C extension was built
+  (core/store/_fused_stats.c), so there this row's passes cost more than its own.
 
 CPU is ``getrusage(RUSAGE_SELF)`` (user + system, every thread of the process) around the
 call; wall is ``perf_counter``. The sides run interleaved, each round starting one side

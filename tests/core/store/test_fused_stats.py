@@ -15,6 +15,7 @@ import platform
 import shutil
 import sys
 import sysconfig
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,7 +41,8 @@ def test_built_where_a_c_compiler_is_at_hand() -> None:
     if sys.platform != "linux" or shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) on Linux here: the store uses NumPy's passes")
     assert _stats.min_max_sum_squares is fused.min_max_sum_squares
-    wide = platform.machine() == "x86_64" and "avx2" in open("/proc/cpuinfo").read()
+    flags = Path("/proc/cpuinfo").read_text()
+    wide = platform.machine() == "x86_64" and "avx2" in flags
     assert fused.KERNEL == ("256-bit vectors (AVX2)" if wide else "128-bit vectors")
 
 
