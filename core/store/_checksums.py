@@ -20,7 +20,9 @@ def crc32c(data: Any, value: int = 0) -> int:
     ``value`` 0 (no bytes before) gives ``data``'s own crc32c, so a running checksum is
     ``crc = crc32c(piece, crc)`` piece after piece. ``data`` is any C-contiguous buffer
     (ValueError or BufferError otherwise). Every checksum of gradient bytes the store
-    takes goes through here. It is the ``crc32c-rs`` package's: folding with carry-less
+    takes goes through here, but a float32 gradient's as a local commit writes it where
+    the C extension takes it with the stats (``StatsAccumulator.add_checksummed``). It
+    is the ``crc32c-rs`` package's: folding with carry-less
     multiplies where the CPU has them (AVX-512 VPCLMULQDQ here, 2.5 times the speed of
     the ``crc32c`` package's crc32 instructions), releasing the GIL while it runs, so the
     store's writing and reading threads checksum in parallel (docs/FORMAT.md,
@@ -201,15 +203,35 @@ class ReadAlong:
     time, or longer spans where it writes them from their own memory) to ``visit`` right
     after it has copied or written and checksummed it, while the slice is still in the
     CPU's cache: a gradient's stats are taken in the same pass as its crc32c and its
-    write. A writer that does not write slice by slice calls
-    :meth:`visit_all` first (:func:`resolved` does).
+    write. A writer that checksums as it goes hands each slice to :meth:`take`, which
+    takes both in one pass where ``checksum_and_visit`` is given (``(slice, crc) ->`` the
+    crc32c continued over the slice, the slice visited). A writer that does not write
+    slice by slice calls :meth:`visit_all` first (:func:`resolved` does).
     """
 
-    __slots__ = ("data", "visit")
+    __slots__ = ("checksum_and_visit", "data", "visit")
 
-    def __init__(self, data: memoryview, visit: Callable[[memoryview], None]) -> None:
+    def __init__(
+        self,
+        data: memoryview,
+        visit: Callable[[memoryview], None],
+        checksum_and_visit: Callable[[memoryview, int], int] | None = None,
+    ) -> None:
         self.data = memoryview(data).cast("B")
         self.visit = visit
+        self.checksum_and_visit = checksum_and_visit
+
+    def take(self, piece: memoryview, crc: int | None) -> int | None:
+        """Visit ``piece`` (a slice of ``data``, in order) and, with ``crc``, return the
+        crc32c continued over it."""
+        if crc is None:
+            self.visit(piece)
+            return None
+        if self.checksum_and_visit is not None:
+            return self.checksum_and_visit(piece, crc)
+        crc = crc32c(piece, crc)
+        self.visit(piece)
+        return crc
 
     def visit_all(self) -> memoryview:
         """Hand every slice to ``visit`` now; the bytes."""

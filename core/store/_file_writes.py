@@ -132,30 +132,31 @@ def start_writeback(fd: int) -> None:
         _sync_file_range_call(fd, 0, 0, SYNC_FILE_RANGE_WRITE)
 
 
-Visit = Callable[[memoryview], None] | None
+#: Who reads a part along as it is written (None: nobody)
+Reader = ReadAlong | None
 #: Called by a write once every byte is read (checksummed, every ReadAlong visited) and
 #: before it waits for the device: work that needs what the reads computed overlaps the
 #: last direct writes (see :func:`write_file`)
 Meanwhile = Callable[[], None] | None
 
 
-#: A file's parts as :func:`_split_trailer` gives them: bytes, visits, trailer
-_Parts = tuple[list[memoryview], list[Visit], Crc32cTrailer | None]
+#: A file's parts as :func:`_split_trailer` gives them: bytes, readers, trailer
+_Parts = tuple[list[memoryview], list[Reader], Crc32cTrailer | None]
 
 
 def _split_trailer(buffers: list[Any]) -> _Parts:
     """The parts' bytes, who reads each along (``ReadAlong``), and the final trailer."""
     trailer = buffers[-1] if buffers and isinstance(buffers[-1], Crc32cTrailer) else None
     views: list[memoryview] = []
-    visits: list[Visit] = []
+    readers: list[Reader] = []
     for b in buffers[:-1] if trailer else buffers:
         if isinstance(b, ReadAlong):
             views.append(b.data)
-            visits.append(b.visit)
+            readers.append(b)
         else:
             views.append(memoryview(b).cast("B"))
-            visits.append(None)
-    return views, visits, trailer
+            readers.append(None)
+    return views, readers, trailer
 
 
 def write_buffers(fd: int, buffers: list[Any]) -> None:
@@ -165,40 +166,41 @@ def write_buffers(fd: int, buffers: list[Any]) -> None:
 
 
 def _write_parts(fd: int, parts: _Parts) -> None:
-    views, visits, trailer = parts
-    if trailer is None and not any(visits):
+    views, readers, trailer = parts
+    if trailer is None and not any(readers):
         write_all(fd, views)
         return
     # in the page cache once written: a mapped upload's slice need not stay resident
     # (through the fsync)
-    _read_along(views, visits, trailer, SLICE_BYTES, lambda piece: write_all(fd, [piece]))
+    _read_along(views, readers, trailer, SLICE_BYTES, lambda piece: write_all(fd, [piece]))
     if trailer is not None:
         write_all(fd, [memoryview(trailer.value())])
 
 
 def _read_along(
     views: list[memoryview],
-    visits: list[Visit],
+    readers: list[Reader],
     trailer: Crc32cTrailer | None,
     span_bytes: int,
     write: Callable[[memoryview], None] | None = None,
 ) -> None:
     """Go over each part in spans of ``span_bytes``: the span's running crc32c (recorded
-    in ``trailer`` after each part), ``write(span)`` if given, the part's visit while the
-    span is in the CPU's cache, then the span's pages let go (a mapped upload's; a no-op
-    for any other memory)."""
-    crc = 0
-    for view, visit in zip(views, visits, strict=True):
+    in ``trailer`` after each part) and the part's reader's visit (in one pass where the
+    reader can), ``write(span)`` if given while the span is in the CPU's cache, then the
+    span's pages let go (a mapped upload's; a no-op for any other memory)."""
+    crc = None if trailer is None else 0
+    for view, reader in zip(views, readers, strict=True):
         for start in range(0, len(view), span_bytes):
             span = view[start : start + span_bytes]
-            if trailer is not None:
+            if reader is not None:
+                crc = reader.take(span, crc)
+            elif crc is not None:
                 crc = crc32c(span, crc)
             if write is not None:
                 write(span)
-            if visit is not None:
-                visit(span)
             release_pages(span)
         if trailer is not None:
+            assert crc is not None
             trailer.add(crc)
 
 
@@ -632,30 +634,30 @@ def _write_direct_through(
     whole: memoryview | None,
     meanwhile: Meanwhile = None,
 ) -> None:
-    views, visits, trailer = parts
+    views, readers, trailer = parts
     if whole is not None:
         laid_out = length if trailer is None else length - Crc32cTrailer.BYTES
-        _write_image(fd, path, views, visits, trailer, laid_out, direct, whole, meanwhile)
+        _write_image(fd, path, views, readers, trailer, laid_out, direct, whole, meanwhile)
         return
     out = _DirectFile(fd, path, direct)
     crc = None if trailer is None else 0
     try:
-        for view, visit in zip(views, visits, strict=True):
+        for view, reader in zip(views, readers, strict=True):
             # an aligned gradient goes to the device from its memory while it is read here,
             # in spans of READ_ALONG_BYTES (nothing is copied: fewer, longer reads)
             from_memory = out.from_memory(view)
             for start in range(0, from_memory, READ_ALONG_BYTES):
                 span = view[start : min(start + READ_ALONG_BYTES, from_memory)]
-                if crc is not None:
+                if reader is not None:
+                    crc = reader.take(span, crc)
+                elif crc is not None:
                     crc = crc32c(span, crc)
-                if visit is not None:  # just read: still in the CPU's cache
-                    visit(span)
                 release_pages(span)  # in flight: a mapped upload's span may go
             for start in range(from_memory, len(view), SLICE_BYTES):
                 piece = view[start : start + SLICE_BYTES]
                 crc = out.add(piece, crc)
-                if visit is not None:  # just copied: still in the CPU's cache
-                    visit(piece)
+                if reader is not None:  # just copied: still in the CPU's cache
+                    reader.visit(piece)
                 release_pages(piece)  # copied: a mapped upload's slice may go
             if trailer is not None:
                 assert crc is not None
@@ -672,7 +674,7 @@ def _write_image(
     fd: int,
     path: str,
     views: list[memoryview],
-    visits: list[Visit],
+    readers: list[Reader],
     trailer: Crc32cTrailer | None,
     length: int,
     direct: DirectWrites,
@@ -689,7 +691,7 @@ def _write_image(
         for view in views:
             image.lay_out(view)
         image.hand_over_rest()
-        _read_along(views, visits, trailer, READ_ALONG_BYTES)  # while the device writes
+        _read_along(views, readers, trailer, READ_ALONG_BYTES)  # while the device writes
         if meanwhile is not None:  # while the device writes
             meanwhile()
         image.finish(b"" if trailer is None else trailer.value())

@@ -14,7 +14,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_X86_KERNELS 1
+#endif
 
 #define BLOCK 1024
 
@@ -79,36 +84,194 @@ typedef void (*kernel_t)(const float *, size_t, float *, float *, double *);
 
 /* 16-byte vectors: SSE2 on every x86-64 CPU, NEON on ARMv8 */
 DEFINE_KERNEL(stats_128, 16, )
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef HAVE_X86_KERNELS
 /* 32-byte vectors where the CPU has AVX2, chosen when the module is imported */
 DEFINE_KERNEL(stats_256, 32, __attribute__((target("avx2"))))
+
+/* crc32c and the stats in one pass (x86-64 with SSE4.2, PCLMULQDQ and AVX2).
+ *
+ * A commit takes each gradient's crc32c and its stats; apart, they are two passes over
+ * bytes that come from memory (or the shared cache) twice. Here each 64 bytes are loaded
+ * once for both: into two vectors for the stats, and folded into four 128-bit remainders
+ * by carry-less multiplication (Intel's "Fast CRC Computation for Generic Polynomials
+ * Using PCLMULQDQ"): a 128-bit piece X whose bits stand D bits before the piece it is
+ * added to contributes X * x^D, which modulo the polynomial P is its two 64-bit halves
+ * times x^(D+64) mod P and x^D mod P. In the CRC's reflected bit order a carry-less
+ * product comes out multiplied by x once more, hence the constants x^(D+63) and x^(D-1)
+ * mod P (reflected, in the upper half of each 64-bit lane). The four remainders are
+ * folded into one, whose crc32 instructions give the register; the last bytes, fewer
+ * than 64, go through the instruction one by one.
+ *
+ * The squares are added in float32 in 16 lanes over blocks of 1024 values, each block's
+ * then in float64: the rounding of the vector kernels above. */
+#define FOLD_BY_8_HIGH 0x6577b24500000000ULL /* x^1087 mod P: the lower half's, D = 1024 */
+#define FOLD_BY_8_LOW 0x7417153f00000000ULL  /* x^1023 mod P: the upper half's */
+#define FOLD_BY_1_HIGH 0x3743f7bd00000000ULL /* x^191 mod P: D = 128 */
+#define FOLD_BY_1_LOW 0x3171d43000000000ULL  /* x^127 mod P */
+
+__attribute__((target("sse4.2"))) static uint32_t
+crc_raw(uint32_t raw, const unsigned char *p, size_t n)
+{
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        raw = (uint32_t)_mm_crc32_u64(raw, word);
+    }
+    for (; n; p++, n--)
+        raw = _mm_crc32_u8(raw, *p);
+    return raw;
+}
+
+/* each 128-bit lane of ``x``: its two 64-bit halves multiplied by those of ``k``
+ * (carry-less), added */
+__attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) static inline __m256i
+fold(__m256i x, __m256i k)
+{
+    return _mm256_xor_si256(_mm256_clmulepi64_epi128(x, k, 0x00),
+                            _mm256_clmulepi64_epi128(x, k, 0x11));
+}
+
+__attribute__((target("sse4.2,pclmul"))) static inline __m128i
+fold_128(__m128i x, __m128i k)
+{
+    return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
+}
+
+__attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) static inline __m256d
+widen_sum(__m256 a)
+{
+    return _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)),
+                         _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
+}
+
+__attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) static uint32_t
+crc_stats_256(const float *x, size_t n, uint32_t crc, float *out_min, float *out_max,
+              double *out_sum_squares)
+{
+    const unsigned char *p = (const unsigned char *)x;
+    size_t bytes = n * 4;
+    size_t folded = bytes / 128 * 128;
+    uint32_t raw = ~crc;
+    /* _mm256_min_ps(v, lo) is lo where v is NaN: NaN is skipped, as by the other kernels */
+    __m256 lo0 = _mm256_set1_ps(INFINITY), lo1 = lo0;
+    __m256 hi0 = _mm256_set1_ps(-INFINITY), hi1 = hi0;
+    __m256d total = _mm256_setzero_pd();
+    if (folded) {
+        const __m256i by_8 = _mm256_set_epi64x(
+            (long long)FOLD_BY_8_LOW, (long long)FOLD_BY_8_HIGH, (long long)FOLD_BY_8_LOW,
+            (long long)FOLD_BY_8_HIGH);
+        const __m128i by_1 = _mm_set_epi64x((long long)FOLD_BY_1_LOW, (long long)FOLD_BY_1_HIGH);
+        /* the remainder's eight 128-bit lanes, two in each of r0-r3; the register stands
+         * for its value added to the first 4 bytes */
+        __m256i r0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p),
+                                      _mm256_zextsi128_si256(_mm_cvtsi32_si128((int)raw)));
+        __m256i r1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+        __m256i r2 = _mm256_loadu_si256((const __m256i *)(p + 64));
+        __m256i r3 = _mm256_loadu_si256((const __m256i *)(p + 96));
+        for (size_t block = 0; block < folded; block += 4 * BLOCK) {
+            size_t end = block + 4 * BLOCK < folded ? block + 4 * BLOCK : folded;
+            __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+            for (size_t at = block; at < end; at += 128) {
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(p + at));
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(p + at + 32));
+                __m256i w2 = _mm256_loadu_si256((const __m256i *)(p + at + 64));
+                __m256i w3 = _mm256_loadu_si256((const __m256i *)(p + at + 96));
+                __m256 v0 = _mm256_castsi256_ps(w0), v1 = _mm256_castsi256_ps(w1);
+                __m256 v2 = _mm256_castsi256_ps(w2), v3 = _mm256_castsi256_ps(w3);
+                s0 = _mm256_add_ps(s0, _mm256_mul_ps(v0, v0));
+                s1 = _mm256_add_ps(s1, _mm256_mul_ps(v1, v1));
+                s0 = _mm256_add_ps(s0, _mm256_mul_ps(v2, v2));
+                s1 = _mm256_add_ps(s1, _mm256_mul_ps(v3, v3));
+                lo0 = _mm256_min_ps(v0, lo0);
+                lo1 = _mm256_min_ps(v1, lo1);
+                hi0 = _mm256_max_ps(v0, hi0);
+                hi1 = _mm256_max_ps(v1, hi1);
+                lo0 = _mm256_min_ps(v2, lo0);
+                lo1 = _mm256_min_ps(v3, lo1);
+                hi0 = _mm256_max_ps(v2, hi0);
+                hi1 = _mm256_max_ps(v3, hi1);
+                if (at) { /* the first 128 bytes are the remainder's start */
+                    r0 = _mm256_xor_si256(fold(r0, by_8), w0);
+                    r1 = _mm256_xor_si256(fold(r1, by_8), w1);
+                    r2 = _mm256_xor_si256(fold(r2, by_8), w2);
+                    r3 = _mm256_xor_si256(fold(r3, by_8), w3);
+                }
+            }
+            total = _mm256_add_pd(total, _mm256_add_pd(widen_sum(s0), widen_sum(s1)));
+        }
+        __m128i r = _mm256_castsi256_si128(r0);
+        r = _mm_xor_si128(fold_128(r, by_1), _mm256_extracti128_si256(r0, 1));
+        r = _mm_xor_si128(fold_128(r, by_1), _mm256_castsi256_si128(r1));
+        r = _mm_xor_si128(fold_128(r, by_1), _mm256_extracti128_si256(r1, 1));
+        r = _mm_xor_si128(fold_128(r, by_1), _mm256_castsi256_si128(r2));
+        r = _mm_xor_si128(fold_128(r, by_1), _mm256_extracti128_si256(r2, 1));
+        r = _mm_xor_si128(fold_128(r, by_1), _mm256_castsi256_si128(r3));
+        r = _mm_xor_si128(fold_128(r, by_1), _mm256_extracti128_si256(r3, 1));
+        raw = (uint32_t)_mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(r));
+        raw = (uint32_t)_mm_crc32_u64(raw, (uint64_t)_mm_extract_epi64(r, 1));
+    }
+    float lows[8], highs[8];
+    double sums[4];
+    _mm256_storeu_ps(lows, _mm256_min_ps(lo0, lo1));
+    _mm256_storeu_ps(highs, _mm256_max_ps(hi0, hi1));
+    _mm256_storeu_pd(sums, total);
+    float low = INFINITY, high = -INFINITY;
+    for (int k = 0; k < 8; k++) {
+        low = lows[k] < low ? lows[k] : low;
+        high = highs[k] > high ? highs[k] : high;
+    }
+    double sum_squares = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+    if (folded < bytes) { /* the last values, fewer than 32 */
+        raw = crc_raw(raw, p + folded, bytes - folded);
+        for (size_t i = folded / 4; i < n; i++) {
+            float v = x[i];
+            sum_squares += (double)v * v;
+            low = v < low ? v : low;
+            high = v > high ? v : high;
+        }
+    }
+    *out_min = low;
+    *out_max = high;
+    *out_sum_squares = sum_squares;
+    return ~raw;
+}
 #endif
 
 static kernel_t kernel = stats_128;
 static const char *kernel_name = "128-bit vectors";
 
+/* ``arg``'s buffer, which must hold native float32 values, at least one; -1 with an
+ * exception set otherwise (the buffer then released) */
+static int
+float32_values(PyObject *arg, Py_buffer *view, size_t *count)
+{
+    if (PyObject_GetBuffer(arg, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    const char *format = view->format == NULL ? "B" : view->format;
+    int native = strcmp(format, "f") == 0 || strcmp(format, "=f") == 0 ||
+                 strcmp(format, PY_LITTLE_ENDIAN ? "<f" : ">f") == 0;
+    if (view->itemsize != 4 || !native) {
+        PyErr_Format(PyExc_TypeError, "float32 values wanted, not format %s of %zd bytes",
+                     format, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *count = (size_t)(view->len / 4);
+    if (*count == 0) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "no values: stats need at least one");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 run_kernel(kernel_t run, PyObject *arg)
 {
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+    size_t count;
+    if (float32_values(arg, &view, &count) < 0)
         return NULL;
-    const char *format = view.format == NULL ? "B" : view.format;
-    int native = strcmp(format, "f") == 0 || strcmp(format, "=f") == 0 ||
-                 strcmp(format, PY_LITTLE_ENDIAN ? "<f" : ">f") == 0;
-    if (view.itemsize != 4 || !native) {
-        PyErr_Format(PyExc_TypeError,
-                     "min_max_sum_squares takes float32 values, not format %s of %zd bytes",
-                     format, view.itemsize);
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    size_t count = (size_t)(view.len / 4);
-    if (count == 0) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "min_max_sum_squares of no values");
-        return NULL;
-    }
     float low, high;
     double sum_squares;
     Py_BEGIN_ALLOW_THREADS
@@ -117,6 +280,41 @@ run_kernel(kernel_t run, PyObject *arg)
     PyBuffer_Release(&view);
     return Py_BuildValue("(ddd)", (double)low, (double)high, sum_squares);
 }
+
+#ifdef HAVE_X86_KERNELS
+static PyObject *
+crc32c_min_max_sum_squares(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "crc32c_min_max_sum_squares takes (values, crc), not %zd arguments",
+                     nargs);
+        return NULL;
+    }
+    unsigned long crc = PyLong_AsUnsignedLong(args[1]);
+    if (crc == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    if (crc > 0xFFFFFFFFUL) {
+        PyErr_SetString(PyExc_OverflowError, "crc32c_min_max_sum_squares: crc over 32 bits");
+        return NULL;
+    }
+    Py_buffer view;
+    size_t count;
+    if (float32_values(args[0], &view, &count) < 0)
+        return NULL;
+    float low, high;
+    double sum_squares;
+    uint32_t value;
+    Py_BEGIN_ALLOW_THREADS
+    value = crc_stats_256((const float *)view.buf, count, (uint32_t)crc, &low, &high,
+                          &sum_squares);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(kddd)", (unsigned long)value, (double)low, (double)high,
+                         sum_squares);
+}
+#endif
 
 static PyObject *
 min_max_sum_squares(PyObject *module, PyObject *arg)
@@ -144,6 +342,19 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+#ifdef HAVE_X86_KERNELS
+/* added to the module only where the CPU has SSE4.2, PCLMULQDQ and AVX2 */
+static PyMethodDef checksum_methods[] = {
+    {"crc32c_min_max_sum_squares", (PyCFunction)(void (*)(void))crc32c_min_max_sum_squares,
+     METH_FASTCALL,
+     "crc32c_min_max_sum_squares(values, crc, /) -> (crc32c, min, max, sum of squares)\n\n"
+     "The crc32c of a C-contiguous buffer of float32 values' bytes continued from crc (0\n"
+     "for none before), and min_max_sum_squares of the values, in one pass, without the\n"
+     "GIL. Present only where the CPU has SSE4.2, PCLMULQDQ and AVX2."},
+    {NULL, NULL, 0, NULL},
+};
+#endif
+
 static struct PyModuleDef module_definition = {
     PyModuleDef_HEAD_INIT, "_fused_stats",
     "Min, max and sum of squares of float32 values in one pass (see _stats.py).", -1,
@@ -153,17 +364,28 @@ static struct PyModuleDef module_definition = {
 PyMODINIT_FUNC
 PyInit__fused_stats(void)
 {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    int checksums = 0;
+#ifdef HAVE_X86_KERNELS
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) {
         kernel = stats_256;
         kernel_name = "256-bit vectors (AVX2)";
+        checksums = __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("pclmul") &&
+                    __builtin_cpu_supports("vpclmulqdq");
     }
 #endif
     PyObject *module = PyModule_Create(&module_definition);
-    if (module != NULL && PyModule_AddStringConstant(module, "KERNEL", kernel_name) < 0) {
-        Py_DECREF(module);
+    if (module == NULL)
         return NULL;
-    }
+    if (PyModule_AddStringConstant(module, "KERNEL", kernel_name) < 0)
+        goto fail;
+#ifdef HAVE_X86_KERNELS
+    if (checksums && PyModule_AddFunctions(module, checksum_methods) < 0)
+        goto fail;
+#endif
+    (void)checksums;
     return module;
+fail:
+    Py_DECREF(module);
+    return NULL;
 }

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-#: Which kernel the CPU got: "256-bit vectors (AVX2)" or "128-bit vectors".
+#: Which stats kernel the CPU got: "256-bit vectors (AVX2)" or "128-bit vectors".
 KERNEL: str
 
 def min_max_sum_squares(values: np.ndarray | memoryview, /) -> tuple[float, float, float]:
@@ -12,3 +12,11 @@ def min_max_sum_squares(values: np.ndarray | memoryview, /) -> tuple[float, floa
 
 def min_max_sum_squares_portable(values: np.ndarray | memoryview, /) -> tuple[float, float, float]:
     """The same by the 128-bit kernel, which every CPU runs."""
+
+def crc32c_min_max_sum_squares(
+    values: np.ndarray | memoryview, crc: int, /
+) -> tuple[int, float, float, float]:
+    """(crc32c, min, max, sum of squares): the crc32c of the values' bytes continued from
+    ``crc`` (0: none before), and :func:`min_max_sum_squares`, in one pass. Present only
+    where the CPU has SSE4.2, PCLMULQDQ and AVX2 with VPCLMULQDQ (256-bit carry-less
+    multiplies); OverflowError for a crc over 32 bits."""

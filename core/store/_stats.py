@@ -9,11 +9,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..records.dtypes import COMPUTE_DTYPE, bfloat16
+from ._checksums import crc32c
 
 try:  # built by setup.py where a C compiler was at hand; NumPy's three passes otherwise
     from ._fused_stats import min_max_sum_squares
 except ImportError:
     min_max_sum_squares = None  # type: ignore[assignment]
+try:  # there too where the CPU has SSE4.2, PCLMULQDQ and AVX2 with VPCLMULQDQ
+    from ._fused_stats import crc32c_min_max_sum_squares
+except ImportError:
+    crc32c_min_max_sum_squares = None  # type: ignore[assignment]
 
 
 def _json_float(value: float) -> float | str:
@@ -117,10 +122,16 @@ def _sum_squares(flat: np.ndarray) -> float:
 
 def _float32_stats(flat: np.ndarray) -> tuple[SumOfSquares, float, int, int]:
     """:func:`_piece_stats` of C-contiguous float32 values in one pass of the C extension
-    _fused_stats (min, max and sum of squares at once: the bytes come from memory once).
-    Where its sum of squares is finite, every value is (a NaN or an infinity makes it NaN
-    or infinite)."""
-    low, high, sum_squares = min_max_sum_squares(flat)
+    _fused_stats (min, max and sum of squares at once: the bytes come from memory once)."""
+    return _from_kernel(flat, *min_max_sum_squares(flat))
+
+
+def _from_kernel(
+    flat: np.ndarray, low: float, high: float, sum_squares: float
+) -> tuple[SumOfSquares, float, int, int]:
+    """:func:`_piece_stats` of float32 ``flat`` from its min, max and sum of squares (the
+    C extension's). Where the sum of squares is finite, every value is (a NaN or an
+    infinity makes it NaN or infinite)."""
     if not math.isfinite(sum_squares):  # NaN or Inf, or squares past float32's range
         return _careful_stats(flat)
     max_abs = max(high, -low)
@@ -159,6 +170,11 @@ def _numpy_stats(flat: np.ndarray) -> tuple[SumOfSquares, float, int, int]:
     return SumOfSquares(1.0, sum_squares), max_abs, 0, 0
 
 
+#: Whether :meth:`StatsAccumulator.add_checksummed` takes a float32 piece's crc32c and
+#: stats in one pass (the C extension's, where the CPU can)
+CHECKSUM_WITH_STATS = crc32c_min_max_sum_squares is not None
+
+
 class StatsAccumulator:
     """:func:`gradient_stats` of a gradient given piece by piece (its chunks, in any order).
 
@@ -174,9 +190,24 @@ class StatsAccumulator:
 
     def add(self, piece: np.ndarray) -> None:
         """Take in the values of ``piece``."""
-        if piece.size == 0:
-            return
-        sum_squares, max_abs, nan_count, inf_count = _piece_stats(piece)
+        if piece.size:
+            self._take(_piece_stats(piece))
+
+    def add_checksummed(self, piece: np.ndarray, crc: int) -> int:
+        """:meth:`add` of float32 ``piece`` (C-contiguous), returning the crc32c of its bytes
+        continued from ``crc`` (as :func:`~._checksums.crc32c` would): one pass over the
+        bytes for both where the C extension has it (:data:`CHECKSUM_WITH_STATS`), two
+        otherwise."""
+        if crc32c_min_max_sum_squares is None or not piece.size:
+            crc = crc32c(piece, crc)
+            self.add(piece)
+            return crc
+        crc, low, high, sum_squares = crc32c_min_max_sum_squares(piece, crc)
+        self._take(_from_kernel(piece, low, high, sum_squares))
+        return crc
+
+    def _take(self, piece_stats: tuple[SumOfSquares, float, int, int]) -> None:
+        sum_squares, max_abs, nan_count, inf_count = piece_stats
         if self._max_abs is None:  # the first piece (a gradient's only one, mostly)
             self._sum_squares, self._max_abs = sum_squares, max_abs
         else:

@@ -47,7 +47,7 @@ from ._device_stream import RingPool, RingStreamer
 from ._manifest import PackedGradients, build_manifest, lay_out, pack, packed_checksums
 from ._manifest_checksum import seal
 from ._shards import ShardedSet
-from ._stats import StatsAccumulator, packed_stats
+from ._stats import CHECKSUM_WITH_STATS, StatsAccumulator, packed_stats
 from ._validation import STATS_COLUMNS
 from ._zarr_format import (
     CHUNK_KEY_SEPARATOR,
@@ -254,7 +254,7 @@ class _OneChunkPacked:
             accumulators.append((slot, accumulator))
             large.append((slot, len(parts)))
             array = entries[slot].array
-            return ReadAlong(entries[slot].data, _stats_of_slices(accumulator, array.dtype))
+            return ReadAlong(entries[slot].data, *_stats_of_slices(accumulator, array.dtype))
 
         def close_run() -> None:
             if not run:
@@ -747,13 +747,21 @@ def _packed_document_json(length: int, chunk_bytes: int) -> bytes:
 
 def _stats_of_slices(
     accumulator: StatsAccumulator, dtype: np.dtype
-) -> Callable[[memoryview], None]:
-    """Takes each slice of a gradient's bytes into ``accumulator`` (a ReadAlong's visit)."""
+) -> tuple[Callable[[memoryview], None], Callable[[memoryview, int], int] | None]:
+    """A ReadAlong's visit, which takes each slice of a gradient's bytes into
+    ``accumulator``, and its checksum_and_visit where the slice's crc32c comes in the
+    same pass (float32, where the C extension has it)."""
 
     def visit(piece: memoryview) -> None:
         accumulator.add(np.frombuffer(piece, dtype))
 
-    return visit
+    if dtype != np.float32 or not CHECKSUM_WITH_STATS:
+        return visit, None
+
+    def checksum_and_visit(piece: memoryview, crc: int) -> int:
+        return accumulator.add_checksummed(np.frombuffer(piece, np.float32), crc)
+
+    return visit, checksum_and_visit
 
 
 def _end(stream: Generator[EncodedChunk, None, None]) -> None:

@@ -1,11 +1,14 @@
 """The C extension that takes a float32 gradient's min, max and sum of squares in one pass.
 
-Both kernels (the one the CPU gets, and the portable 128-bit one every CPU runs) are
-checked against NumPy on sizes around their vector and block widths and on every kind of
-special value; the stats a commit writes are checked to be the same, within the sum of
-squares' rounding, whether the extension is there or not. Where a C compiler is at hand
-on Linux, the extension must have been built: an install that silently fell back to
-NumPy would pass everything else here.
+Its kernels (the one the CPU gets, the portable 128-bit one every CPU runs, and, where
+the CPU has carry-less multiplies on 256-bit vectors, the one that takes the crc32c in
+the same pass) are checked against NumPy on sizes around their vector and block widths
+and on every kind of special value, and the last one's crc32c against crc32c-rs on every
+length up to 300 bytes past its widths, from unaligned starts and running values; the
+stats a commit writes are checked to be the same, within the sum of squares' rounding,
+whether the extension is there or not. Where a C compiler is at hand on Linux, the
+extension must have been built: an install that silently fell back to NumPy would pass
+everything else here.
 """
 
 from __future__ import annotations
@@ -17,17 +20,24 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import crc32c_rs
 import numpy as np
 import pytest
 
 from gradvault.core.store import _stats
 
 fused = pytest.importorskip("gradvault.core.store._fused_stats")
+with_crc32c = getattr(fused, "crc32c_min_max_sum_squares", None)
+needs_crc32c = pytest.mark.skipif(
+    with_crc32c is None, reason="the CPU has no carry-less multiplies on 256-bit vectors"
+)
 
 KERNELS = {
     "dispatched": fused.min_max_sum_squares,
     "portable": fused.min_max_sum_squares_portable,
 }
+if with_crc32c is not None:  # its stats, the crc32c checked below
+    KERNELS["with crc32c"] = lambda values: with_crc32c(values, 0)[1:]
 SIZES = [1, 2, 15, 16, 17, 31, 32, 33, 1023, 1024, 1025, 2047, 4101, (1 << 20) + 3]
 
 
@@ -41,9 +51,12 @@ def test_built_where_a_c_compiler_is_at_hand() -> None:
     if sys.platform != "linux" or shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) on Linux here: the store uses NumPy's passes")
     assert _stats.min_max_sum_squares is fused.min_max_sum_squares
-    flags = Path("/proc/cpuinfo").read_text()
+    flags = set(Path("/proc/cpuinfo").read_text().split())
     wide = platform.machine() == "x86_64" and "avx2" in flags
     assert fused.KERNEL == ("256-bit vectors (AVX2)" if wide else "128-bit vectors")
+    folding = wide and {"sse4_2", "pclmulqdq", "vpclmulqdq"} <= flags
+    assert (with_crc32c is not None) == folding
+    assert _stats.CHECKSUM_WITH_STATS == folding
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -138,3 +151,76 @@ def test_a_gradients_stats_are_the_same_without_the_extension(
         assert norm == want
     else:
         assert norm == pytest.approx(want, rel=1e-7)
+
+
+@needs_crc32c
+def test_the_crc32c_of_every_length_start_and_running_value() -> None:
+    """Every length up to 300 bytes past one and two blocks (the folds take 128 bytes at a
+    time, the stats' blocks 4 KiB), from buffers that start 4 to 60 bytes off a cache
+    line, continued from running values 0, 1, 0xFFFFFFFF and one at random."""
+    rng = np.random.default_rng(7)
+    memory = rng.standard_normal(4096).astype(np.float32)
+    for start in (0, 1, 7, 15):
+        for count in [*range(1, 300), *range(1024 - 5, 1024 + 70), 2048 + 33]:
+            values = memory[start : start + count]
+            for running in (0, 1, 0xFFFFFFFF, int(rng.integers(2**32))):
+                crc, low, high, sum_squares = with_crc32c(values, running)
+                assert crc == crc32c_rs.crc32c(values, running), (start, count, running)
+            assert (low, high) == (float(values.min()), float(values.max()))
+
+
+@needs_crc32c
+def test_its_crc32c_on_bytes_of_any_value() -> None:
+    """NaNs, infinities and every bit pattern are bytes to the crc32c like any other."""
+    patterns = np.random.default_rng(8).integers(0, 2**32, size=70_001, dtype=np.uint32)
+    values = patterns.view(np.float32)
+    crc = with_crc32c(values, 0)[0]
+    assert crc == crc32c_rs.crc32c(values)
+    pieces = np.array_split(values, 7)  # a running crc32c, piece after piece
+    running = 0
+    for piece in pieces:
+        running = with_crc32c(piece, running)[0]
+    assert running == crc
+
+
+@needs_crc32c
+def test_a_crc_over_32_bits_is_refused() -> None:
+    values = np.ones(8, dtype=np.float32)
+    with pytest.raises(OverflowError):
+        with_crc32c(values, 2**32)
+    with pytest.raises(OverflowError):
+        with_crc32c(values, -1)
+    with pytest.raises(TypeError, match="float32"):
+        with_crc32c(np.ones(8), 0)
+    with pytest.raises(TypeError, match="2 arguments|not 1"):
+        with_crc32c(values)
+
+
+def checksummed_stats(pieces: list[np.ndarray]) -> tuple[int, dict]:
+    """The running crc32c and the stats of ``pieces`` from StatsAccumulator.add_checksummed."""
+    accumulator = _stats.StatsAccumulator()
+    crc = 0
+    for piece in pieces:
+        crc = accumulator.add_checksummed(piece, crc)
+    return crc, accumulator.result()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_checksummed_stats_are_those_of_a_crc32c_and_the_stats_apart(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StatsAccumulator.add_checksummed, the writer's one pass, against crc32c-rs and
+    add (the crc32c exact, the stats as add's within the norm's rounding), in pieces."""
+    values = CASES[case]
+    pieces = np.array_split(values, 3) if values.size > 3 else [values]
+    crc, together = checksummed_stats(pieces)
+    assert crc == crc32c_rs.crc32c(values)
+    monkeypatch.setattr(_stats, "crc32c_min_max_sum_squares", None)
+    crc, want = checksummed_stats(pieces)
+    assert crc == crc32c_rs.crc32c(values)
+    for key in ("max_abs", "nan_count", "inf_count"):
+        assert together[key] == want[key], key
+    if isinstance(want["l2_norm"], str):
+        assert together["l2_norm"] == want["l2_norm"]
+    else:
+        assert together["l2_norm"] == pytest.approx(want["l2_norm"], rel=1e-7)
