@@ -20,7 +20,8 @@ side writes the same bytes and returns only once they are durable:
   with no gradvault code: the crc32c of each array (the ``crc32c-rs`` package gradvault
   uses), its max and min (NumPy) and its sum of squares (``np.dot``, BLAS), a pass each.
   gradvault takes the three stats in one pass where its C extension was built
-  (core/store/_fused_stats.c), so there this row's passes cost more than its own.
+  (core/store/_fused_stats.c), and the crc32c in that pass too where the CPU has 256-bit
+  carry-less multiplies, so there this row's passes cost more than its own.
 
 CPU is ``getrusage(RUSAGE_SELF)`` (user + system, every thread of the process) around the
 call; wall is ``perf_counter``. The sides run interleaved, each round starting one side
