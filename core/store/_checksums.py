@@ -20,7 +20,7 @@ def crc32c(data: Any, value: int = 0) -> int:
     ``value`` 0 (no bytes before) gives ``data``'s own crc32c, so a running checksum is
     ``crc = crc32c(piece, crc)`` piece after piece. ``data`` is any C-contiguous buffer
     (ValueError or BufferError otherwise). Every checksum of gradient bytes the store
-    takes goes through here, but a float32 gradient's as a local commit writes it where
+    takes goes through here, but a float32 gradient's as a commit writes it where
     the C extension takes it with the stats (``StatsAccumulator.add_checksummed``). It
     is the ``crc32c-rs`` package's: folding with carry-less
     multiplies where the CPU has them (AVX-512 VPCLMULQDQ here, 2.5 times the speed of
@@ -188,10 +188,15 @@ class Crc32cTrailer:
         return (self.running[-1] if self.running else 0).to_bytes(self.BYTES, "little")
 
     def resolve(self, parts: list[Any]) -> bytes:
-        """Compute the trailer over ``parts`` (the chunk's parts before it), in one go."""
+        """Compute the trailer over ``parts`` (the chunk's parts before it), in one go,
+        each ReadAlong's slices visited as they are checksummed (:meth:`ReadAlong.take`)."""
         crc = 0
         for part in parts:
-            crc = crc32c(part, crc)
+            if isinstance(part, ReadAlong):
+                for start in range(0, len(part.data), SLICE_BYTES):
+                    crc = part.take(part.data[start : start + SLICE_BYTES], crc)
+            else:
+                crc = crc32c(part, crc)
             self.add(crc)
         return self.value()
 
@@ -206,7 +211,7 @@ class ReadAlong:
     write. A writer that checksums as it goes hands each slice to :meth:`take`, which
     takes both in one pass where ``checksum_and_visit`` is given (``(slice, crc) ->`` the
     crc32c continued over the slice, the slice visited). A writer that does not write
-    slice by slice calls :meth:`visit_all` first (:func:`resolved` does).
+    slice by slice hands them all over first (:func:`resolved`).
     """
 
     __slots__ = ("checksum_and_visit", "data", "visit")
@@ -221,12 +226,9 @@ class ReadAlong:
         self.visit = visit
         self.checksum_and_visit = checksum_and_visit
 
-    def take(self, piece: memoryview, crc: int | None) -> int | None:
-        """Visit ``piece`` (a slice of ``data``, in order) and, with ``crc``, return the
-        crc32c continued over it."""
-        if crc is None:
-            self.visit(piece)
-            return None
+    def take(self, piece: memoryview, crc: int) -> int:
+        """Visit ``piece`` (a slice of ``data``, in order) and return the crc32c continued
+        over it from ``crc``."""
         if self.checksum_and_visit is not None:
             return self.checksum_and_visit(piece, crc)
         crc = crc32c(piece, crc)
@@ -249,8 +251,10 @@ def plain(parts: list[Any]) -> list[Any]:
 
 def resolved(parts: list[Any]) -> list[Any]:
     """``parts`` with a final Crc32cTrailer replaced by its bytes (computed here), and every
-    ReadAlong visited and replaced by its bytes."""
-    parts = plain(parts)
-    if parts and isinstance(parts[-1], Crc32cTrailer):
-        return [*parts[:-1], parts[-1].resolve(parts[:-1])]
-    return parts
+    ReadAlong visited (as it is checksummed, where there is a trailer) and replaced by its
+    bytes."""
+    if not parts or not isinstance(parts[-1], Crc32cTrailer):
+        return plain(parts)
+    body = parts[:-1]
+    trailer = parts[-1].resolve(body)
+    return [*(part.data if isinstance(part, ReadAlong) else part for part in body), trailer]

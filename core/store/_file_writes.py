@@ -177,6 +177,17 @@ def _write_parts(fd: int, parts: _Parts) -> None:
         write_all(fd, [memoryview(trailer.value())])
 
 
+def _read_span(reader: Reader, span: memoryview, crc: int | None) -> int | None:
+    """``span`` visited by its part's reader, if any, and its crc32c continued from
+    ``crc`` (None: no checksum taken), in one pass where the reader can."""
+    if reader is None:
+        return None if crc is None else crc32c(span, crc)
+    if crc is None:
+        reader.visit(span)
+        return None
+    return reader.take(span, crc)
+
+
 def _read_along(
     views: list[memoryview],
     readers: list[Reader],
@@ -192,10 +203,7 @@ def _read_along(
     for view, reader in zip(views, readers, strict=True):
         for start in range(0, len(view), span_bytes):
             span = view[start : start + span_bytes]
-            if reader is not None:
-                crc = reader.take(span, crc)
-            elif crc is not None:
-                crc = crc32c(span, crc)
+            crc = _read_span(reader, span, crc)
             if write is not None:
                 write(span)
             release_pages(span)
@@ -648,10 +656,7 @@ def _write_direct_through(
             from_memory = out.from_memory(view)
             for start in range(0, from_memory, READ_ALONG_BYTES):
                 span = view[start : min(start + READ_ALONG_BYTES, from_memory)]
-                if reader is not None:
-                    crc = reader.take(span, crc)
-                elif crc is not None:
-                    crc = crc32c(span, crc)
+                crc = _read_span(reader, span, crc)
                 release_pages(span)  # in flight: a mapped upload's span may go
             for start in range(from_memory, len(view), SLICE_BYTES):
                 piece = view[start : start + SLICE_BYTES]

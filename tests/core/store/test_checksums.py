@@ -16,7 +16,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gradvault.core.store._checksums import crc32c, crc32c_combine, crc32c_of_tail
+from gradvault.core.store._checksums import (
+    SLICE_BYTES,
+    Crc32cTrailer,
+    ReadAlong,
+    crc32c,
+    crc32c_combine,
+    crc32c_of_tail,
+    resolved,
+)
 
 
 def combined(pieces: list[bytes]) -> int:
@@ -135,3 +143,39 @@ def test_running_crc32c_of_typed_arrays_is_that_of_their_bytes() -> None:
 def test_running_crc32c_refuses_a_strided_buffer() -> None:
     with pytest.raises(ValueError, match="contiguous"):
         crc32c(np.arange(10.0)[::2])
+
+
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_resolved_checksums_and_reads_along_in_one_go(one_pass: bool) -> None:
+    """What an object store's writer sends (``resolved``): the parts' bytes, the trailer
+    the crc32c of all of them, each part's running crc32c recorded, and each ReadAlong's
+    slices handed over in order, once each, to its visit or, where it has one, to its
+    checksum_and_visit (which then takes the crc32c: here the same function)."""
+    rng = random.Random(5)
+    first, middle, last = (rng.randbytes(n) for n in (3 * SLICE_BYTES + 17, 40, SLICE_BYTES))
+    visited: list[bytes] = []
+    fused: list[bytes] = []
+
+    def visit(piece: memoryview) -> None:
+        visited.append(bytes(piece))
+
+    def checksum_and_visit(piece: memoryview, crc: int) -> int:
+        fused.append(bytes(piece))
+        return crc32c(piece, crc)
+
+    def reader(data: bytes) -> ReadAlong:
+        return ReadAlong(memoryview(data), visit, checksum_and_visit if one_pass else None)
+
+    trailer = Crc32cTrailer()
+    out = resolved([reader(first), middle, reader(last), trailer])
+    assert b"".join(bytes(part) for part in out[:-1]) == first + middle + last
+    assert out[-1] == crc32c(first + middle + last).to_bytes(4, "little")
+    assert trailer.running == [
+        crc32c(first),
+        crc32c(first + middle),
+        crc32c(first + middle + last),
+    ]
+    taken = fused if one_pass else visited
+    assert b"".join(taken) == first + last
+    assert len(taken) == 5  # four slices of the first part, one of the last
+    assert not (visited if one_pass else fused)
