@@ -170,16 +170,19 @@ def _layout_floor_commit(
     arrays: list[np.ndarray],
     aligned: memoryview,
     document: bytes,
+    stats: bool = True,
 ) -> None:
     """A one-chunk snapshot's files, folder, fsyncs and rename (format 4: the chunk beside
-    the snapshot's document, the packed array's), and the floor's passes and write, in one
-    thread: ``staging`` becomes ``committed`` (a folder of ``snapshots/``)."""
+    the snapshot's document, the packed array's), and the floor's passes (the crc32c only,
+    without ``stats``) and write, in one thread: ``staging`` becomes ``committed`` (a
+    folder of ``snapshots/``)."""
     staging.mkdir()
     crc = 0
     for array in arrays:
         flat = array.reshape(-1)
         crc = crc32c_rs.crc32c(flat, crc)
-        flat.max(), flat.min(), np.dot(flat, flat)
+        if stats:
+            flat.max(), flat.min(), np.dot(flat, flat)
     _new_file(str(staging / "c.0"), aligned, direct=True)
     _new_file(str(staging / "zarr.json"), document)
     fsync_path(staging)
