@@ -20,14 +20,12 @@ def crc32c(data: Any, value: int = 0) -> int:
     ``value`` 0 (no bytes before) gives ``data``'s own crc32c, so a running checksum is
     ``crc = crc32c(piece, crc)`` piece after piece. ``data`` is any C-contiguous buffer
     (ValueError or BufferError otherwise). Every checksum of gradient bytes the store
-    takes goes through here, but a float32 gradient's as a commit writes it where
-    the C extension takes it with the stats (``StatsAccumulator.add_checksummed``). It
-    is the ``crc32c-rs`` package's: folding with carry-less
-    multiplies where the CPU has them (AVX-512 VPCLMULQDQ here, 2.5 times the speed of
-    the ``crc32c`` package's crc32 instructions), releasing the GIL while it runs, so the
-    store's writing and reading threads checksum in parallel (docs/FORMAT.md,
-    "Checksums").
-    """
+    takes goes through here, but a float32 gradient's as a commit writes it where the C
+    extension takes it with the stats (``StatsAccumulator.add_checksummed``). It is the
+    ``crc32c-rs`` package's: folding with carry-less multiplies where the CPU has them
+    (AVX-512 VPCLMULQDQ here, 2.5 times the speed of the ``crc32c`` package's crc32
+    instructions), releasing the GIL while it runs, so the store's writing and reading
+    threads checksum in parallel (docs/FORMAT.md, "Checksums")."""
     return crc32c_rs.crc32c(data, value)
 
 
