@@ -163,8 +163,9 @@ crc_stats_256(const float *x, size_t n, uint32_t crc, float *out_min, float *out
         const __m128i by_1 = _mm_set_epi64x((long long)FOLD_BY_1_LOW, (long long)FOLD_BY_1_HIGH);
         /* the remainder's eight 128-bit lanes, two in each of r0-r3; the register stands
          * for its value added to the first 4 bytes */
-        __m256i r0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p),
-                                      _mm256_zextsi128_si256(_mm_cvtsi32_si128((int)raw)));
+        __m256i held = _mm256_inserti128_si256(_mm256_setzero_si256(),
+                                               _mm_cvtsi32_si128((int)raw), 0);
+        __m256i r0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), held);
         __m256i r1 = _mm256_loadu_si256((const __m256i *)(p + 32));
         __m256i r2 = _mm256_loadu_si256((const __m256i *)(p + 64));
         __m256i r3 = _mm256_loadu_si256((const __m256i *)(p + 96));
