@@ -19,6 +19,10 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_X86_KERNELS 1
+/* 256-bit carry-less multiplies (VPCLMULQDQ) are known to GCC from 8, to clang from 8 */
+#if defined(__clang__) ? __clang_major__ >= 8 : __GNUC__ >= 8
+#define HAVE_FOLDING 1
+#endif
 #endif
 
 #define BLOCK 1024
@@ -88,7 +92,8 @@ DEFINE_KERNEL(stats_128, 16, )
 /* 32-byte vectors where the CPU has AVX2, chosen when the module is imported */
 DEFINE_KERNEL(stats_256, 32, __attribute__((target("avx2"))))
 
-/* crc32c and the stats in one pass (x86-64 with SSE4.2, PCLMULQDQ and AVX2).
+#ifdef HAVE_FOLDING
+/* crc32c and the stats in one pass (x86-64 with SSE4.2, PCLMULQDQ, AVX2 and VPCLMULQDQ).
  *
  * A commit takes each gradient's crc32c and its stats; apart, they are two passes over
  * bytes that come from memory (or the shared cache) twice. Here each 64 bytes are loaded
@@ -236,6 +241,7 @@ crc_stats_256(const float *x, size_t n, uint32_t crc, float *out_min, float *out
     *out_sum_squares = sum_squares;
     return ~raw;
 }
+#endif /* HAVE_FOLDING */
 #endif
 
 static kernel_t kernel = stats_128;
@@ -282,7 +288,7 @@ run_kernel(kernel_t run, PyObject *arg)
     return Py_BuildValue("(ddd)", (double)low, (double)high, sum_squares);
 }
 
-#ifdef HAVE_X86_KERNELS
+#ifdef HAVE_FOLDING
 static PyObject *
 crc32c_min_max_sum_squares(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -343,15 +349,15 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-#ifdef HAVE_X86_KERNELS
-/* added to the module only where the CPU has SSE4.2, PCLMULQDQ and AVX2 */
+#ifdef HAVE_FOLDING
+/* added to the module only where the CPU has SSE4.2, PCLMULQDQ, AVX2 and VPCLMULQDQ */
 static PyMethodDef checksum_methods[] = {
     {"crc32c_min_max_sum_squares", (PyCFunction)(void (*)(void))crc32c_min_max_sum_squares,
      METH_FASTCALL,
      "crc32c_min_max_sum_squares(values, crc, /) -> (crc32c, min, max, sum of squares)\n\n"
      "The crc32c of a C-contiguous buffer of float32 values' bytes continued from crc (0\n"
      "for none before), and min_max_sum_squares of the values, in one pass, without the\n"
-     "GIL. Present only where the CPU has SSE4.2, PCLMULQDQ and AVX2."},
+     "GIL. Present only where the CPU has SSE4.2, PCLMULQDQ, AVX2 and VPCLMULQDQ."},
     {NULL, NULL, 0, NULL},
 };
 #endif
@@ -371,8 +377,10 @@ PyInit__fused_stats(void)
     if (__builtin_cpu_supports("avx2")) {
         kernel = stats_256;
         kernel_name = "256-bit vectors (AVX2)";
+#ifdef HAVE_FOLDING
         checksums = __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("pclmul") &&
                     __builtin_cpu_supports("vpclmulqdq");
+#endif
     }
 #endif
     PyObject *module = PyModule_Create(&module_definition);
@@ -380,7 +388,7 @@ PyInit__fused_stats(void)
         return NULL;
     if (PyModule_AddStringConstant(module, "KERNEL", kernel_name) < 0)
         goto fail;
-#ifdef HAVE_X86_KERNELS
+#ifdef HAVE_FOLDING
     if (checksums && PyModule_AddFunctions(module, checksum_methods) < 0)
         goto fail;
 #endif
