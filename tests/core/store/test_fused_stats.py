@@ -4,7 +4,7 @@ Its kernels (the one the CPU gets, the portable 128-bit one every CPU runs, and,
 the CPU has carry-less multiplies on 256-bit vectors, the one that takes the crc32c in
 the same pass) are checked against NumPy on sizes around their vector and block widths
 and on every kind of special value, and the last one's crc32c against crc32c-rs on every
-length up to 300 bytes past its widths, from unaligned starts and running values; the
+count of 1 to 299 values and of 1,019 to 1,093, from unaligned starts and running values; the
 stats a commit writes are checked to be the same, within the sum of squares' rounding,
 whether the extension is there or not. Where a C compiler is at hand on Linux, the
 extension must have been built: an install that silently fell back to NumPy would pass
@@ -155,9 +155,9 @@ def test_a_gradients_stats_are_the_same_without_the_extension(
 
 @needs_crc32c
 def test_the_crc32c_of_every_length_start_and_running_value() -> None:
-    """Every length up to 300 bytes past one and two blocks (the folds take 128 bytes at a
-    time, the stats' blocks 4 KiB), from buffers that start 4 to 60 bytes off a cache
-    line, continued from running values 0, 1, 0xFFFFFFFF and one at random."""
+    """Every count of 1 to 299 values (the folds take 32 at a time, the stats' blocks
+    1,024), of 1,019 to 1,093 and 2,081, from buffers that start 0, 4, 28 and 60 bytes into
+    an array, continued from running values 0, 1, 0xFFFFFFFF and one at random."""
     rng = np.random.default_rng(7)
     memory = rng.standard_normal(4096).astype(np.float32)
     for start in (0, 1, 7, 15):
