@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import crc32c_rs
@@ -191,8 +191,8 @@ class Crc32cTrailer:
         crc = 0
         for part in parts:
             if isinstance(part, ReadAlong):
-                for start in range(0, len(part.data), SLICE_BYTES):
-                    crc = part.take(part.data[start : start + SLICE_BYTES], crc)
+                for piece in part.slices():
+                    crc = part.take(piece, crc)
             else:
                 crc = crc32c(part, crc)
             self.add(crc)
@@ -233,10 +233,15 @@ class ReadAlong:
         self.visit(piece)
         return crc
 
+    def slices(self) -> Iterator[memoryview]:
+        """``data`` in order, SLICE_BYTES at a time."""
+        for start in range(0, len(self.data), SLICE_BYTES):
+            yield self.data[start : start + SLICE_BYTES]
+
     def visit_all(self) -> memoryview:
         """Hand every slice to ``visit`` now; the bytes."""
-        for start in range(0, len(self.data), SLICE_BYTES):
-            self.visit(self.data[start : start + SLICE_BYTES])
+        for piece in self.slices():
+            self.visit(piece)
         return self.data
 
 

@@ -96,16 +96,17 @@ DEFINE_KERNEL(stats_256, 32, __attribute__((target("avx2"))))
 /* crc32c and the stats in one pass (x86-64 with SSE4.2, PCLMULQDQ, AVX2 and VPCLMULQDQ).
  *
  * A commit takes each gradient's crc32c and its stats; apart, they are two passes over
- * bytes that come from memory (or the shared cache) twice. Here each 64 bytes are loaded
- * once for both: into two vectors for the stats, and folded into four 128-bit remainders
- * by carry-less multiplication (Intel's "Fast CRC Computation for Generic Polynomials
- * Using PCLMULQDQ"): a 128-bit piece X whose bits stand D bits before the piece it is
- * added to contributes X * x^D, which modulo the polynomial P is its two 64-bit halves
- * times x^(D+64) mod P and x^D mod P. In the CRC's reflected bit order a carry-less
- * product comes out multiplied by x once more, hence the constants x^(D+63) and x^(D-1)
- * mod P (reflected, in the upper half of each 64-bit lane). The four remainders are
- * folded into one, whose crc32 instructions give the register; the last bytes, fewer
- * than 64, go through the instruction one by one.
+ * bytes that come from memory (or the shared cache) twice. Here each 128 bytes are loaded
+ * once for both: into four 256-bit vectors, whose min, max and squares are taken and
+ * which are folded into eight 128-bit remainders (two per vector) by carry-less
+ * multiplication (Intel's "Fast CRC Computation for Generic Polynomials Using
+ * PCLMULQDQ"): a 128-bit piece X whose bits stand D bits before the piece it is added to
+ * contributes X * x^D, which modulo the polynomial P is its two 64-bit halves times
+ * x^(D+64) mod P and x^D mod P. In the CRC's reflected bit order a carry-less product
+ * comes out multiplied by x once more, hence the constants x^(D+63) and x^(D-1) mod P
+ * (reflected, in the upper half of each 64-bit lane). The eight remainders are folded
+ * into one, whose crc32 instructions give the register; the last bytes, fewer than 128,
+ * go through the instruction 8 bytes at a time.
  *
  * The squares are added in float32 in 16 lanes over blocks of 1024 values, each block's
  * then in float64: the rounding of the vector kernels above. */
