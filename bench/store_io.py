@@ -57,10 +57,10 @@ def fresh_memory(size: int) -> Iterator[memoryview]:
     page costs a fault on first touch (2 MiB pages where the kernel has them, as for the
     large arrays NumPy asks them for). ``np.empty`` of the same size is that only in a
     process whose heap holds no free space that large: after the benchmarks before this
-    one freed gigabytes of arrays, glibc gave the raw read 1 GiB of their pages again,
-    already touched: no page fault at all (513 for fresh memory), 88-127 ms warm against
-    225-250, while the restore's buffers, allocated in the recorder's own thread, took
-    about 457 faults either way.
+    one freed gigabytes of arrays, glibc sometimes gave the raw read 1 GiB of their pages
+    again, already touched, and it took no page fault at all (88-94 ms warm), where in a
+    process of its own it takes 513 (236-272 ms), while the restore's buffers, allocated
+    in the recorder's own thread, took about 457 faults either way.
     """
     memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
