@@ -1,4 +1,5 @@
-"""The one C extension: min, max and sum of squares of float32 gradients in one pass.
+"""The one C extension: min, max and sum of squares of float32 gradients in one pass, with
+their crc32c in it where the CPU can.
 
 Everything else about the build is in pyproject.toml. core/store/_stats.py uses the
 extension where it was built and NumPy where it was not; it is optional, so an install

@@ -1,4 +1,5 @@
-/* One pass over float32 gradient bytes: their minimum, maximum and sum of squares.
+/* One pass over float32 gradient bytes: their minimum, maximum and sum of squares, and
+ * where the CPU can, their crc32c in the same pass (crc_stats_256 below).
  *
  * The stats a commit writes (docs/FORMAT.md, "Gradient stats") take NumPy three passes
  * over each gradient (max, min, a sum of squares); this takes one, so the bytes come from
@@ -365,7 +366,8 @@ static PyMethodDef checksum_methods[] = {
 
 static struct PyModuleDef module_definition = {
     PyModuleDef_HEAD_INIT, "_fused_stats",
-    "Min, max and sum of squares of float32 values in one pass (see _stats.py).", -1,
+    "Min, max and sum of squares of float32 values in one pass, with their crc32c where the\n"
+    "CPU can (see _stats.py).", -1,
     methods, NULL, NULL, NULL, NULL,
 };
 
