@@ -16,6 +16,10 @@ memory laid out once (no copy, no stats), a snapshot document beside them, four 
 and a rename (commit_cost's layout floor, ``stats=False``), timed until the last is
 durable. Its row against the loop without snapshots says what a durable snapshot every
 step costs this machine whoever writes it, and gradvault's against it what gradvault adds.
+Below it, the floor of the bytes alone: the same crc32c and ``O_DIRECT`` write, each step
+into one new file, fsynced, and nothing else (no folder, no document, no rename:
+commit_cost's floor, ``stats=False``): what the bytes' own write and checksum cost the
+loop, and, against gradvault's loop, by how much a snapshot costs more than its bytes.
 """
 
 from __future__ import annotations
@@ -32,13 +36,13 @@ from bench._timing import Row, interleaved, print_rows, timed
 
 WIDTH, BATCH, CLASSES = 1024, 256, 10
 LOOP_STEPS = 30
-#: Rounds of the six training loops: two full rotations, so that each loop runs in each
+#: Rounds of the seven training loops: two full rotations, so that each loop runs in each
 #: place of a round (after each of the others) equally often. On this 2-core machine one
 #: round's ratio of a loop to the loop without snapshots swings by 0.8-1.5x while the
 #: snapshots of the every-10-steps loop cost about 2%: with 5 rounds (not one rotation)
 #: that row's median moved between 0.96 and 1.18 over fifteen ``make bench`` runs; over 16
 #: alternated rounds in one process it was 1.017.
-LOOP_ROUNDS = 12
+LOOP_ROUNDS = 14
 
 
 def _gradvault_model() -> tuple[object, object]:
@@ -124,20 +128,23 @@ def _loop(every: int | None, root: Path, blas_threads: int | None = None) -> flo
     return time.perf_counter() - start
 
 
-def _floor_loop(root: Path) -> float:
-    """Seconds for LOOP_STEPS training steps, each step's gradients committed by the
-    layout floor (module docstring) in a plain thread, until the last commit is durable."""
+def _floor_loop(root: Path, layout: bool = True) -> float:
+    """Seconds for LOOP_STEPS training steps, each step's gradients committed in a plain
+    thread by the layout floor, or (``layout`` false) by the floor of the bytes alone
+    (module docstring), until the last commit is durable."""
     import gradvault.core as gv
-    from bench.commit_cost import _aligned_copy, _layout_floor_commit
+    from bench.commit_cost import _aligned_copy, _floor_commit, _layout_floor_commit
 
     step, _ = _gradvault_model()
     grads = step()
     laid_out = [np.ascontiguousarray(e.array) for e in grads.try_to_record().entries]  # type: ignore[attr-defined]
     aligned = _aligned_copy(laid_out, huge_pages=True)
-    store = root / f"document-{time.monotonic_ns()}"
-    with gv.Recorder(store) as recorder:  # a real snapshot document of these gradients
-        info = recorder.start_snapshot(grads, run="bench", step=0).result()
-    document = (store / "snapshots" / info.id / "zarr.json").read_bytes()
+    document = b""
+    if layout:
+        store = root / f"document-{time.monotonic_ns()}"
+        with gv.Recorder(store) as recorder:  # a real snapshot document of these gradients
+            info = recorder.start_snapshot(grads, run="bench", step=0).result()
+        document = (store / "snapshots" / info.id / "zarr.json").read_bytes()
     folder = root / f"floor-{time.monotonic_ns()}"
     (folder / "staging").mkdir(parents=True)
     (folder / "snapshots").mkdir()
@@ -147,9 +154,12 @@ def _floor_loop(root: Path) -> float:
             grads = step()
             arrays = [np.asarray(e.array) for e in grads.try_to_record().entries]  # type: ignore[attr-defined]
             staging, committed = folder / "staging" / str(i), folder / "snapshots" / str(i)
-            committer.submit(
-                _layout_floor_commit, staging, committed, arrays, aligned, document, False
-            )
+            if layout:
+                committer.submit(
+                    _layout_floor_commit, staging, committed, arrays, aligned, document, False
+                )
+            else:
+                committer.submit(_floor_commit, committed, arrays, aligned, False)
     return time.perf_counter() - start
 
 
@@ -190,6 +200,7 @@ def run() -> list[Row]:
                 "none, BLAS 1 thread": lambda: _loop(None, root, 1),
                 "every step, BLAS 1 thread": lambda: _loop(1, root, 1),
                 "every step, layout floor": lambda: _floor_loop(root),
+                "every step, bytes floor": lambda: _floor_loop(root, layout=False),
             },
             repeat=LOOP_ROUNDS,
         )
@@ -212,11 +223,14 @@ def run() -> list[Row]:
         ),
         ("the layout floor's commit every step", "every step, layout floor", "none", ("", None)),
         ("snapshot every step", "every step", "every step, layout floor", ("", None)),
+        ("the bytes' write and crc32c every step", "every step, bytes floor", "none", ("", None)),
+        ("snapshot every step", "every step", "every step, bytes floor", ("", None)),
     ]
     peer_names = {
         "none": "no snapshots",
         "none, BLAS 1 thread": "no snapshots, BLAS 1 thread",
         "every step, layout floor": "the layout floor's commit every step",
+        "every step, bytes floor": "the bytes' write and crc32c every step",
     }
     for figure, loop, base, (target_text, limit) in overheads:
         rows.append(
