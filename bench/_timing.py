@@ -22,20 +22,44 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def round_orders(count: int) -> list[list[int]]:
+    """The orders in which :func:`interleaved` runs ``count`` sides, one per round: a
+    Williams design, in which each side runs in each place of a round, and right after
+    each other side, equally often over the design's rounds (``count`` of them, twice
+    that for an odd count). Two sides: A B, then B A."""
+    first = [0]
+    low, high = 1, count - 1
+    while len(first) < count:  # 0, 1, n-1, 2, n-2, ...
+        if len(first) % 2:
+            first.append(low)
+            low += 1
+        else:
+            first.append(high)
+            high -= 1
+    orders = [[(side + shift) % count for side in first] for shift in range(count)]
+    if count % 2:
+        orders += [order[::-1] for order in orders]
+    return orders
+
+
 def interleaved(
     sides: dict[str, Callable[[], float]],
     repeat: int,
     warmup: int = 0,
     after_round: Callable[[], object] | None = None,
 ) -> dict[str, list[float]]:
-    """Run each side's measurement ``repeat`` times, round-robin; the samples per side.
+    """Run each side's measurement ``repeat`` times, all sides each round; the samples per
+    side.
 
     A side is a callable returning the seconds of one measured run (it may prepare and
-    clean up outside the timed part). Each round starts one side later than the one
-    before, so that no side always runs right after the same other one (a disk still
-    writing back the previous side's bytes, a cache the previous side warmed).
-    ``after_round``, if given, runs after each round (the warm-up ones too), between the
-    last side of one round and the first of the next.
+    clean up outside the timed part). The rounds take their orders from
+    :func:`round_orders` in turn, so that no side runs first, or right after the same
+    other one, more often than the rest (a disk still writing back the previous side's
+    bytes, a cache the previous side warmed): over a whole design, every side follows
+    every other equally often. (Starting each round one side later would keep the sides in
+    one cycle: with seven sides, each would run right after the same one in six rounds of
+    seven.) ``after_round``, if given, runs after each round (the warm-up ones too),
+    between the last side of one round and the first of the next.
     """
     for _ in range(warmup):
         for measure in sides.values():
@@ -43,11 +67,11 @@ def interleaved(
         if after_round is not None:
             after_round()
     names = list(sides)
+    orders = round_orders(len(names))
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(repeat):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            samples[name].append(sides[name]())
+        for index in orders[round_ % len(orders)]:
+            samples[names[index]].append(sides[names[index]]())
         if after_round is not None:
             after_round()
     return samples

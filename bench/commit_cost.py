@@ -24,10 +24,11 @@ side writes the same bytes and returns only once they are durable:
   carry-less multiplies, so there this row's passes cost more than its own.
 
 CPU is ``getrusage(RUSAGE_SELF)`` (user + system, every thread of the process) around the
-call; wall is ``perf_counter``. The sides run interleaved, each round starting one side
-later; each row is gradvault against one peer, the median of per-round ratios. What a
-side wrote (gradvault's snapshots, the peers' files) is removed after the round, not
-between one side and the next: on this VM, a side that wrote right after gradvault's
+call; wall is ``perf_counter``. The sides run interleaved, each round in the next order
+of a Williams design (``bench._timing.round_orders``); each row is gradvault against one
+peer, the median of per-round ratios. What a side wrote (gradvault's snapshots, the
+peers' files) is removed after the round, not between one side and the next: on this
+VM, a side that wrote right after gradvault's
 snapshot was deleted often paid 4-15 ms more CPU for the same buffered write, nearly all
 of it the kernel's copy into the page cache (2.2-2.8 ms in the other rounds).
 

@@ -36,12 +36,12 @@ from bench._timing import Row, interleaved, print_rows, timed
 
 WIDTH, BATCH, CLASSES = 1024, 256, 10
 LOOP_STEPS = 30
-#: Rounds of the seven training loops: two full rotations, so that each loop runs in each
-#: place of a round (after each of the others) equally often. On this 2-core machine one
-#: round's ratio of a loop to the loop without snapshots swings by 0.8-1.5x while the
-#: snapshots of the every-10-steps loop cost about 2%: with 5 rounds (not one rotation)
-#: that row's median moved between 0.96 and 1.18 over fifteen ``make bench`` runs; over 16
-#: alternated rounds in one process it was 1.017.
+#: Rounds of the seven training loops: one Williams design of seven (``round_orders``), so
+#: that each loop runs in each place of a round, and right after each of the others,
+#: equally often. On this 2-core machine one round's ratio of a loop to the loop without
+#: snapshots swings by 0.8-1.5x while the snapshots of the every-10-steps loop cost about
+#: 2%: with 5 rounds that row's median moved between 0.96 and 1.18 over fifteen ``make
+#: bench`` runs; over 16 alternated rounds in one process it was 1.017.
 LOOP_ROUNDS = 14
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from bench.__main__ import main
-from bench._timing import Row
+from bench._timing import Row, interleaved, round_orders
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKERS = ("<!-- bench-table -->\n", "<!-- /bench-table -->")
@@ -106,3 +107,25 @@ def test_a_ratio_is_shown_on_the_side_of_its_limit_it_lies(ours: float, shown: s
     assert cells[3] == shown and cells[5] == met
     if met == "MISSED":
         assert row.ratio_text() == f"ratio {shown}, target <= 1.0"
+
+
+@pytest.mark.parametrize("count", range(1, 10))
+def test_round_orders_balance_places_and_predecessors(count: int) -> None:
+    orders = round_orders(count)
+    assert len(orders) == (2 * count if count % 2 else count)
+    assert all(sorted(order) == list(range(count)) for order in orders)
+    places = Counter((side, place) for order in orders for place, side in enumerate(order))
+    assert set(places.values()) == {len(orders) // count}
+    after = Counter(pair for order in orders for pair in zip(order, order[1:], strict=False))
+    if count > 1:
+        assert len(after) == count * (count - 1)  # every ordered pair of sides
+        assert set(after.values()) == {len(orders) // count}
+
+
+def test_interleaved_runs_the_rounds_in_round_orders() -> None:
+    ran: list[str] = []
+    sides = {name: (lambda name=name: ran.append(name) or 0.0) for name in "ABCDE"}
+    samples = interleaved(sides, repeat=12)
+    expected = ["ABCDE"[index] for round_ in range(12) for index in round_orders(5)[round_ % 10]]
+    assert ran == expected
+    assert {name: len(values) for name, values in samples.items()} == dict.fromkeys("ABCDE", 12)
