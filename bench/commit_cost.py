@@ -28,9 +28,9 @@ call; wall is ``perf_counter``. The sides run interleaved, each round in the nex
 of a Williams design (``bench._timing.round_orders``); each row is gradvault against one
 peer, the median of per-round ratios. What a side wrote (gradvault's snapshots, the
 peers' files) is removed after the round, not between one side and the next: on this
-VM, a side that wrote right after gradvault's
-snapshot was deleted often paid 4-15 ms more CPU for the same buffered write, nearly all
-of it the kernel's copy into the page cache (2.2-2.8 ms in the other rounds).
+VM, a side that wrote right after gradvault's snapshot was deleted often paid 4-15 ms
+more CPU for the same buffered write, nearly all of it the kernel's copy into the page
+cache (2.2-2.8 ms in the other rounds).
 
 gradvault's CPU is also split by thread (each thread's own CPU clock,
 ``time.pthread_getcpuclockid``, read around each commit): the recorder's commit thread,

@@ -349,6 +349,9 @@ def test_a_file_system_refusing_the_write_gets_the_same_bytes_buffered(
     direct = DirectWrites()
     data = payload(3 * DIRECT_BUFFER_BYTES + 99, seed=5)
     parts, trailer = chunk_parts(data, padding=8)
+    # copied a buffer at a time: bytes whose memory happened to start on a page boundary
+    # would go to the device from there, in one write
+    parts[0] = unaligned_copy(data)
     write_file(str(tmp_path / "chunk"), parts, direct)
     assert len(direct_calls) == refused_at + 1
     assert not direct.enabled
