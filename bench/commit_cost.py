@@ -183,13 +183,7 @@ def _layout_floor_commit(
     without ``stats``) and write, in one thread: ``staging`` becomes ``committed`` (a
     folder of ``snapshots/``)."""
     staging.mkdir()
-    crc = 0
-    for array in arrays:
-        flat = array.reshape(-1)
-        crc = crc32c_rs.crc32c(flat, crc)
-        if stats:
-            flat.max(), flat.min(), np.dot(flat, flat)
-    _new_file(str(staging / "c.0"), aligned, direct=True)
+    _floor_commit(staging / "c.0", arrays, aligned, stats)
     _new_file(str(staging / "zarr.json"), document)
     fsync_path(staging)
     staging.rename(committed)

@@ -139,27 +139,30 @@ def _floor_loop(root: Path, layout: bool = True) -> float:
     grads = step()
     laid_out = [np.ascontiguousarray(e.array) for e in grads.try_to_record().entries]  # type: ignore[attr-defined]
     aligned = _aligned_copy(laid_out, huge_pages=True)
-    document = b""
+    folder = root / f"floor-{time.monotonic_ns()}"
+    (folder / "staging").mkdir(parents=True)
+    (folder / "snapshots").mkdir()
     if layout:
         store = root / f"document-{time.monotonic_ns()}"
         with gv.Recorder(store) as recorder:  # a real snapshot document of these gradients
             info = recorder.start_snapshot(grads, run="bench", step=0).result()
         document = (store / "snapshots" / info.id / "zarr.json").read_bytes()
-    folder = root / f"floor-{time.monotonic_ns()}"
-    (folder / "staging").mkdir(parents=True)
-    (folder / "snapshots").mkdir()
+
+        def commit(i: int, arrays: list[np.ndarray]) -> None:
+            staging, committed = folder / "staging" / str(i), folder / "snapshots" / str(i)
+            _layout_floor_commit(staging, committed, arrays, aligned, document, False)
+
+    else:
+
+        def commit(i: int, arrays: list[np.ndarray]) -> None:
+            _floor_commit(folder / "snapshots" / str(i), arrays, aligned, False)
+
     with ThreadPoolExecutor(1) as committer:  # leaving the block waits for the last commit
         start = time.perf_counter()
         for i in range(LOOP_STEPS):
             grads = step()
             arrays = [np.asarray(e.array) for e in grads.try_to_record().entries]  # type: ignore[attr-defined]
-            staging, committed = folder / "staging" / str(i), folder / "snapshots" / str(i)
-            if layout:
-                committer.submit(
-                    _layout_floor_commit, staging, committed, arrays, aligned, document, False
-                )
-            else:
-                committer.submit(_floor_commit, committed, arrays, aligned, False)
+            committer.submit(commit, i, arrays)
     return time.perf_counter() - start
 
 
