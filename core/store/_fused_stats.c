@@ -28,6 +28,12 @@
 
 #define BLOCK 1024
 
+/* Bytes read ahead of the pass with a prefetch: a gradient just out of the caches reaches
+ * the cores at the pace of one stream's hardware prefetcher otherwise. On a 2-core
+ * Xeon VM the MLP's 8.4 MB took 1.09-1.12 ms out of memory and 0.46-0.49 ms from the L3
+ * without it, 0.72-0.77 ms and 0.30-0.33 ms with it (4, 8 or 16 KiB ahead alike). */
+#define PREFETCH_AHEAD 4096
+
 #define DEFINE_KERNEL(NAME, BYTES, ATTRIBUTE)                                              \
     typedef float NAME##_vf __attribute__((vector_size(BYTES)));                           \
     typedef int NAME##_vi __attribute__((vector_size(BYTES)));                             \
@@ -49,6 +55,7 @@
             NAME##_vf a0 = {0}, a1 = {0};                                                  \
             for (; i < end; i += 2 * W) {                                                  \
                 NAME##_vf v0, v1;                                                          \
+                __builtin_prefetch((const char *)(x + i) + PREFETCH_AHEAD);                \
                 memcpy(&v0, x + i, sizeof v0);                                             \
                 memcpy(&v1, x + i + W, sizeof v1);                                         \
                 a0 += v0 * v0;                                                             \
@@ -180,6 +187,8 @@ crc_stats_256(const float *x, size_t n, uint32_t crc, float *out_min, float *out
             size_t end = block + 4 * BLOCK < folded ? block + 4 * BLOCK : folded;
             __m256 s0 = _mm256_setzero_ps(), s1 = s0;
             for (size_t at = block; at < end; at += 128) {
+                __builtin_prefetch(p + at + PREFETCH_AHEAD);
+                __builtin_prefetch(p + at + PREFETCH_AHEAD + 64);
                 __m256i w0 = _mm256_loadu_si256((const __m256i *)(p + at));
                 __m256i w1 = _mm256_loadu_si256((const __m256i *)(p + at + 32));
                 __m256i w2 = _mm256_loadu_si256((const __m256i *)(p + at + 64));
