@@ -30,7 +30,7 @@
 
 /* Bytes read ahead of the pass with a prefetch: a gradient just out of the caches reaches
  * the cores at the pace of one stream's hardware prefetcher otherwise. On a 2-core
- * Xeon VM the MLP's 8.4 MB took 1.09-1.12 ms out of memory and 0.46-0.49 ms from the L3
+ * Xeon VM the MLP's 8.4 MB took 1.09-1.12 ms out of memory and 0.35-0.49 ms from the L3
  * without it, 0.72-0.77 ms and 0.30-0.33 ms with it (4, 8 or 16 KiB ahead alike). */
 #define PREFETCH_AHEAD 4096
 
