@@ -30,7 +30,10 @@ peer, the median of per-round ratios. What a side wrote (gradvault's snapshots, 
 peers' files) is removed after the round, not between one side and the next: on this
 VM, a side that wrote right after gradvault's snapshot was deleted often paid 4-15 ms
 more CPU for the same buffered write, nearly all of it the kernel's copy into the page
-cache (2.2-2.8 ms in the other rounds).
+cache (2.2-2.8 ms in the other rounds). gradvault's snapshot is deleted through its
+store (``Recorder.sync.delete``), as a trainer's retention pass deletes one, so the
+store keeps its folder and the next round's commit writes its two files again in place
+(spare folders, docs/FORMAT.md "Commit protocol"); the peers' files are unlinked.
 
 gradvault's CPU is also split by thread (each thread's own CPU clock,
 ``time.pthread_getcpuclockid``, read around each commit): the recorder's commit thread,

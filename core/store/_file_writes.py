@@ -39,6 +39,7 @@ import logging
 import mmap
 import os
 import queue
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -51,6 +52,8 @@ from ._checksums import SLICE_BYTES, Crc32cTrailer, ReadAlong, crc32c
 
 _log = logging.getLogger("gradvault.store")
 NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+#: A file written again in place (a spare folder's, see ``_local``): never through a link
+REUSED_FILE_FLAGS = os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 #: 0 where the platform has none (macOS): every write then goes through the page cache
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 #: Offsets, lengths and buffer addresses of direct writes are multiples of this (the
@@ -717,6 +720,20 @@ def _try_direct(fd: int, path: str, direct: DirectWrites) -> bool:
     return True
 
 
+def open_to_write(path: str, existing: bool = False) -> int:
+    """A descriptor to write ``path`` from its start: a new file, or with ``existing`` the
+    file already there, which must be a regular file with no other name (OSError
+    otherwise, naming it): its bytes are replaced, and the caller sets its length."""
+    if not existing:
+        return os.open(path, NEW_FILE_FLAGS, 0o644)
+    fd = os.open(path, REUSED_FILE_FLAGS)
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+        os.close(fd)
+        raise OSError(errno.EEXIST, "not a file of its own (another name links to it)", path)
+    return fd
+
+
 def write_file(
     path: str,
     buffers: list[Any],
@@ -726,6 +743,7 @@ def write_file(
     fsync_direct: bool = True,
     whole_file: bool = False,
     meanwhile: Meanwhile = None,
+    existing: bool = False,
 ) -> bool:
     """Create ``path`` holding ``buffers`` back to back, and fsync it (unless ``fsync`` is
     false: the caller fsyncs it later, and its writeback is started, see
@@ -743,13 +761,19 @@ def write_file(
     allows it; the bytes on disk are the same either way. With ``whole_file`` too, a file
     of at most WHOLE_FILE_MAX_BYTES goes to the device in one direct write (through the
     :class:`WholeFileBuffer`, when no other write has it), not 1 MiB at a time.
+
+    With ``existing``, the file at ``path`` is written again in place (:func:`open_to_write`)
+    and cut or extended to the new length first: no new file, and where the length is the
+    same, no block allocated.
     """
-    fd = os.open(path, NEW_FILE_FLAGS, 0o644)
+    fd = open_to_write(path, existing)
     try:
         written_direct = False
         parts = _split_trailer(buffers)
         views, _, trailer = parts
         length = sum(map(len, views)) + (0 if trailer is None else Crc32cTrailer.BYTES)
+        if existing:
+            os.ftruncate(fd, length)
         if (
             length >= DIRECT_MIN_BYTES
             and direct is not None
@@ -772,12 +796,15 @@ def write_file(
     return later
 
 
-def write_file_unsynced(path: str, buffers: list[Any]) -> None:
+def write_file_unsynced(path: str, buffers: list[Any], existing: bool = False) -> None:
     """Create ``path`` holding ``buffers`` through the page cache, its writeback started
-    (:func:`start_writeback`); the caller fsyncs it."""
-    fd = os.open(path, NEW_FILE_FLAGS, 0o644)
+    (:func:`start_writeback`); the caller fsyncs it. With ``existing``, the file there is
+    written again in place and cut to the new length (:func:`open_to_write`)."""
+    fd = open_to_write(path, existing)
     try:
         write_buffers(fd, buffers)
+        if existing:
+            os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR))
         start_writeback(fd)
     finally:
         os.close(fd)

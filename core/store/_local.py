@@ -35,6 +35,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import stat
 import sys
 import threading
@@ -69,12 +70,23 @@ from ._file_writes import DirectWrites, write_file, write_file_unsynced
 from ._ids import parse_snapshot_id
 from ._shard_publish import ShardSteps, Taken, publish_shard
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
-from ._zarr_format import PACKED_ARRAY, PACKED_AT_ROOT, dump_json, group_metadata
+from ._zarr_format import (
+    CHUNK_KEY_SEPARATOR,
+    PACKED_ARRAY,
+    PACKED_AT_ROOT,
+    dump_json,
+    group_metadata,
+)
 
 STAGING_FOLDER = ".staging"
 #: Names under ``.staging/`` of folders being removed (see the module docstring).
 COLLECTING_PREFIX = ".collecting-"
 DELETING_INFIX = ".deleting-"
+#: Names under ``.staging/`` of deleted snapshots' folders kept for the next commits to
+#: write into (:meth:`LocalBackend.keep_as_spare`)
+SPARE_PREFIX = ".spare-"
+#: What a snapshot of one chunk holds (docs/FORMAT.md, format 4): the only kind kept spare
+_ONE_CHUNK_FILES = frozenset({MANIFEST_NAME, f"c{CHUNK_KEY_SEPARATOR}0"})
 #: How many passes a removal makes when files keep appearing in what it removes.
 _REMOVAL_PASSES = 3
 #: flock errors that mean "this file system does not lock", not "someone holds the lock"
@@ -82,6 +94,13 @@ _NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
 _log = logging.getLogger("gradvault.store")
 _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 _LOCK_FLAGS = _DIRECTORY_FLAGS | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+#: A file looked at, not read: never through a link, never waiting on someone's lease
+_PROBE_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+)
 #: Threads that share one ``read_many_into_checked``, each reading file after file: more
 #: than the cores, so that one waiting on the disk or on page faults leaves its core to
 #: another, but few enough that the slices in flight stay in the cores' caches.
@@ -392,6 +411,35 @@ def _lock_for_removal(path: str) -> int | None:
     return fd
 
 
+def _only_name_and_unopened(path: str) -> bool:
+    """Whether ``path`` is a regular file with no other name that no descriptor, of this
+    process or any other, has open or mapped: then nobody reads it as it is written again.
+
+    Asked of the kernel with a write lease (``F_SETLEASE``), granted only where no other
+    descriptor of the file is open, and given back at once. A file system or a user the
+    kernel gives no lease to answers False.
+    """
+    try:
+        fd = os.open(path, _PROBE_FLAGS)
+    except OSError:
+        return False
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+            return False
+        # should someone open the file while the lease is held, the kernel signals its
+        # holder: with SIGURG, ignored unless handled, rather than SIGIO, which would end
+        # this process
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    except (OSError, AttributeError):  # AttributeError: no leases on this platform
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 def _take_lock(fd: int, operation: int) -> None:
     """``flock(fd, operation)``; closes ``fd`` when it raises.
 
@@ -478,6 +526,72 @@ class LocalBackend(StoreBackend):
         self.direct = DirectWrites()
         #: a commit's last fsyncs, issued together
         self.fsyncs = FsyncTogether()
+        #: deleted snapshots' folders kept for the next commits of one chunk to write into
+        self._spares: list[str] = []
+        self._spares_lock = threading.Lock()
+        #: whether this store has committed a snapshot of one chunk in one step (a
+        #: trainer's store): only then does it keep spare folders
+        self._commits_in_one_step = False
+        #: at most this many folders of deleted snapshots are kept spare (0: none; each
+        #: holds a snapshot of one chunk, at most ``chunk_bytes`` long)
+        self.spare_folders = 2
+
+    def keep_as_spare(self, path: str) -> bool:
+        """Keep ``path``, the folder of a snapshot of one chunk just deleted (renamed into
+        ``.staging/``), for the next commit of one chunk to write its files into: True if
+        it is kept (renamed ``.staging/.spare-<random>``), False if it is to be removed.
+
+        Only a store that commits in one step keeps any, at most ``spare_folders`` at once,
+        and only a folder that holds the two files of a snapshot of one chunk, each a
+        regular file with no other name that nobody has open or mapped (a reader that
+        opened one before the delete reads it to its end, as from a removed file).
+        """
+        if not self._commits_in_one_step:
+            return False
+        with self._spares_lock:
+            if len(self._spares) >= self.spare_folders:
+                return False
+            try:
+                names = os.listdir(path)
+            except OSError:
+                return False
+            if set(names) != _ONE_CHUNK_FILES or len(names) != len(_ONE_CHUNK_FILES):
+                return False
+            if not all(_only_name_and_unopened(f"{path}/{name}") for name in names):
+                return False
+            spare = f"{self.staging_path}/{SPARE_PREFIX}{secrets.token_hex(8)}"
+            try:
+                os.rename(path, spare)
+            except OSError:
+                return False
+            self._spares.append(spare)
+        return True
+
+    def take_spare(self, folder: str) -> bool:
+        """Rename a spare folder (:meth:`keep_as_spare`) to ``folder``, a staging folder of
+        a commit of one chunk, its mtime made now (gc goes by mtimes); False if there is
+        none (or gc took it), and the commit makes ``folder`` itself."""
+        self._commits_in_one_step = True
+        while True:
+            with self._spares_lock:
+                if not self._spares:
+                    return False
+                spare = self._spares.pop()
+            try:
+                os.utime(spare)
+                os.rename(spare, folder)
+            except OSError:  # collected by gc, or unusable: gc removes what is left
+                continue
+            return True
+
+    def _remove_spares_sync(self) -> None:
+        with self._spares_lock:
+            spares, self._spares = self._spares, []
+        for spare in spares:
+            try:
+                _remove_tree(spare)
+            except OSError as error:  # left to gc
+                _log.warning("store %s: removing %s failed (%s)", self.location, spare, error)
 
     async def in_thread(self, action: str, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` in the store's threads; an OSError but FileNotFoundError becomes
@@ -683,6 +797,8 @@ class LocalBackend(StoreBackend):
                 return False
             _fsync_directory(str(self.snapshots_dir))
             # Invisible from here on: the snapshot is deleted whatever happens to its files.
+            if self.keep_as_spare(str(doomed)):
+                return True
             try:
                 removed = _remove_tree(str(doomed))
             except OSError as error:
@@ -757,8 +873,10 @@ class LocalBackend(StoreBackend):
         return await self.in_thread("collecting leftovers", self._collect_sync, grace_seconds)
 
     async def close(self) -> None:
-        """The fsync threads end; files are opened and closed per operation."""
+        """The fsync threads end and the spare folders are removed; files are opened and
+        closed per operation."""
         await asyncio.to_thread(self.fsyncs.close)
+        await asyncio.to_thread(self._remove_spares_sync)
 
 
 class _LocalSnapshotWriter(SnapshotWriter):
@@ -774,6 +892,9 @@ class _LocalSnapshotWriter(SnapshotWriter):
         #: whether the staging folder is still to be made by the write (``begin``'s
         #: ``in_one_step``)
         self.folder_to_make = False
+        #: whether the staging folder is a spare one (``LocalBackend.take_spare``): its
+        #: chunk and document are written again in place
+        self._in_spare = False
 
     @property
     def written_where(self) -> str:
@@ -854,6 +975,7 @@ class _LocalSnapshotWriter(SnapshotWriter):
                 fsync_direct=False,
                 whole_file=deferred,
                 meanwhile=None if meanwhile is None else document_then_meanwhile,
+                existing=self._in_spare and at_root and key in _ONE_CHUNK_FILES,
             )
             written.append(f"{key_prefix}{key}")
             if fsync_later:
@@ -980,7 +1102,9 @@ class _LocalSnapshotWriter(SnapshotWriter):
 
     def _write_manifest_sync(self, group_document: bytes) -> None:
         """Write the manifest (the group's ``zarr.json``), not fsynced yet."""
-        write_file_unsynced(f"{self._folder}/{MANIFEST_NAME}", [group_document])
+        write_file_unsynced(
+            f"{self._folder}/{MANIFEST_NAME}", [group_document], existing=self._in_spare
+        )
         self._written.add(MANIFEST_NAME)
 
     def _seal_and_rename_sync(self, turn: CommitTurn | None) -> bool:
@@ -1011,19 +1135,26 @@ class _LocalSnapshotWriter(SnapshotWriter):
         turn: CommitTurn | None,
     ) -> bool:
         """:meth:`_write_array_sync`, then :meth:`_commit_sync` of ``group_metadata()``
-        (the staging folder made first if ``begin`` left it to this step).
+        (the staging folder made first if ``begin`` left it to this step: for the
+        snapshot's node, a spare folder renamed, where the store keeps one, its two files
+        written again in place).
 
         The manifest is made and written while the device writes the chunk's last bytes
         (``meanwhile``): it needs only their checksums and stats, known once they are read.
         """
         if self.folder_to_make:
-            os.mkdir(self._folder)
+            self._in_spare = name == PACKED_AT_ROOT and self._backend.take_spare(self._folder)
+            if not self._in_spare:
+                os.mkdir(self._folder)
             self.folder_to_make = False
         self._write_array_sync(
             name, metadata, chunks, lambda: self._write_manifest_sync(group_metadata())
         )
         if MANIFEST_NAME not in self._written:  # the array had no chunk
             self._write_manifest_sync(group_metadata())
+        if self._in_spare:  # nothing of the deleted snapshot stays
+            for stale in _ONE_CHUNK_FILES - self._written:
+                os.unlink(f"{self._folder}/{stale}")
         return self._seal_and_rename_sync(turn)
 
     async def write_array_and_commit(

@@ -1,8 +1,11 @@
 """A separate process that snapshots seeded gradients in a loop (for crash and concurrency tests).
 
-``python -m tests.core.snapshot_writer STORE_URL WRITER_NAME COUNT`` prints ``ready`` once
-imported, then one ``committed <id> <seed>`` line per committed snapshot; COUNT 0 means
-forever.
+``python -m tests.core.snapshot_writer STORE_URL WRITER_NAME COUNT [KEEP_LAST]`` prints
+``ready`` once imported, then one ``committed <id> <seed>`` line per committed snapshot;
+COUNT 0 means forever. With KEEP_LAST, the recorder keeps that many of the run (its
+retention deletes the rest after each commit, and the next commit writes into the
+deleted one's folder), and the writer cycles through four seeds, each one's gradients
+made once: nearly all its time is then commits and deletes.
 """
 
 from __future__ import annotations
@@ -40,13 +43,19 @@ def seeded_grads(seed: int, shapes: list[tuple[int, ...]] = SHAPES) -> gv.Gradie
 
 def main() -> None:
     url, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    keep_last = int(sys.argv[4]) if len(sys.argv) > 4 else None
     print("ready", flush=True)
-    with gv.Recorder(url) as recorder:
+    made: dict[int, gv.GradientsParams] = {}
+    with gv.Recorder(url, keep_last=keep_last) as recorder:
         step = 0
         while count == 0 or step < count:
-            seed = hash((name, step)) % (2**31)
+            seed = hash((name, step if keep_last is None else step % 4)) % (2**31)
+            if keep_last is None:
+                grads = seeded_grads(seed)
+            else:
+                grads = made.get(seed) or made.setdefault(seed, seeded_grads(seed))
             info = recorder.start_snapshot(
-                seeded_grads(seed), run=name, step=step, tags={"seed": str(seed)}
+                grads, run=name, step=step, tags={"seed": str(seed)}
             ).result()
             print(f"committed {info.id} {seed}", flush=True)
             step += 1

@@ -24,11 +24,16 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _writer(
-    url: str, name: str, count: int, env: dict[str, str] | None = None
+    url: str,
+    name: str,
+    count: int,
+    env: dict[str, str] | None = None,
+    keep_last: int | None = None,
 ) -> subprocess.Popen[str]:
     command = [sys.executable, "-X", "faulthandler", "-m", "tests.core.snapshot_writer"]
+    kept = [] if keep_last is None else [str(keep_last)]
     process = subprocess.Popen(
-        [*command, url, name, str(count)],
+        [*command, url, name, str(count), *kept],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -79,6 +84,49 @@ def test_sigkill_during_snapshots_never_shows_a_partial_one(tmp_path: Path) -> N
         assert recorder.sync.gc(grace_seconds=0) == []
     staging = [p for p in store.rglob("*") if ".staging" in p.parts and p.is_file()]
     assert staging == []
+
+
+def test_sigkill_while_commits_reuse_deleted_folders_never_shows_a_partial_one(
+    tmp_path: Path,
+) -> None:
+    """Writers with retention (keep_last=1): each commit writes into the folder of the
+    snapshot the last pass deleted (a spare folder), whose old document is still there
+    until the new one replaces it. Killed at random points, none ever shows a snapshot
+    that is not bit for bit the one it committed, and gc leaves nothing behind."""
+    store = tmp_path / "store"
+    rng = random.Random(11)
+    last_of_round: dict[str, str] = {}  # run: the last id its writer saw committed
+    reused = 0
+    for round_index in range(10):
+        process = _writer(str(store), f"spare{round_index}", 0, keep_last=1)
+        time.sleep(rng.uniform(0.15, 0.45))
+        process.send_signal(signal.SIGKILL)
+        out, _ = process.communicate()
+        assert process.returncode == -signal.SIGKILL
+        lines = out.splitlines()
+        reused += max(0, len(lines) - 2)
+        if lines:
+            last_of_round[f"spare{round_index}"] = lines[-1].split()[1]
+    assert reused >= 10, "too few commits into spare folders; the test proved little"
+    with Recorder(store) as recorder:
+        listed = recorder.sync.list()
+        listed_ids = {s.id for s in listed}
+        # the last snapshot a writer saw committed is listed, or a newer one of its run
+        # whose retention pass deleted it before the kill
+        for run, last in last_of_round.items():
+            assert max(s.id for s in listed if s.run == run) >= last
+        for info in listed:
+            seed = int(recorder.sync.info(info.id)["tags"]["seed"])
+            assert _bytes(recorder.sync.restore(info.id)) == _bytes(seeded_grads(seed))
+            folder = store / "snapshots" / info.id
+            assert sorted(p.name for p in folder.iterdir()) == ["c.0", "zarr.json"]
+        leftovers = recorder.sync.gc(grace_seconds=0)
+        # a staging folder named by its snapshot id: a kill landed inside a commit
+        assert [name for name in leftovers if not name.startswith(".")], (
+            f"no kill landed inside a commit ({leftovers}); the test proved nothing"
+        )
+        assert {s.id for s in recorder.sync.list()} == listed_ids
+    assert list((store / ".staging").iterdir()) == []
 
 
 @pytest.fixture
