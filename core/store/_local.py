@@ -895,6 +895,9 @@ class _LocalSnapshotWriter(SnapshotWriter):
         #: whether the staging folder is a spare one (``LocalBackend.take_spare``): its
         #: chunk and document are written again in place
         self._in_spare = False
+        #: whether the staging folder's entries are durable already (a spare folder's,
+        #: unchanged)
+        self._entries_durable = False
 
     @property
     def written_where(self) -> str:
@@ -1113,7 +1116,10 @@ class _LocalSnapshotWriter(SnapshotWriter):
         manifest = f"{self._folder}/{MANIFEST_NAME}"
         pending, self._unsynced = self._unsynced, []
         self._fsync_staged(pending)
-        self._fsync_staged([manifest, self._folder])
+        # a spare folder's entries are those its own commit made durable (the same two
+        # names of the same files): only a folder made now, or emptied of a stale file,
+        # is fsynced
+        self._fsync_staged([manifest] if self._entries_durable else [manifest, self._folder])
         if turn is not None and not turn.is_open():
             return False
         self._rename_into_place_sync()
@@ -1153,8 +1159,10 @@ class _LocalSnapshotWriter(SnapshotWriter):
         if MANIFEST_NAME not in self._written:  # the array had no chunk
             self._write_manifest_sync(group_metadata())
         if self._in_spare:  # nothing of the deleted snapshot stays
-            for stale in _ONE_CHUNK_FILES - self._written:
+            stale_files = _ONE_CHUNK_FILES - self._written
+            for stale in stale_files:
                 os.unlink(f"{self._folder}/{stale}")
+            self._entries_durable = not stale_files
         return self._seal_and_rename_sync(turn)
 
     async def write_array_and_commit(

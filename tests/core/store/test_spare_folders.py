@@ -254,3 +254,31 @@ def test_a_write_that_fails_in_a_spare_folder_commits_nothing(
         assert [info.id for info in recorder.sync.list()] == [kept]
         assert os.listdir(root / ".staging") == []
         assert _restored(recorder, kept) == _bytes(grads)
+
+
+def test_a_spare_folder_is_not_fsynced_again_but_every_file_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spare folder holds the same two names of the same files that its own commit made
+    durable: its commit fsyncs the chunk and the document, not the folder; a folder made
+    new is fsynced as before."""
+    root = tmp_path / "store"
+    with Recorder(root) as recorder:
+        fsyncs = recorder.store.backend.fsyncs
+        synced: list[list[str]] = []
+        real = fsyncs.fsync
+
+        def spy(paths: list[str]) -> None:
+            synced.append(list(paths))
+            real(paths)
+
+        monkeypatch.setattr(fsyncs, "fsync", spy)
+        first = _commit(recorder, _grads(0), 0)
+        staged = [path for call in synced for path in call]
+        assert {os.path.basename(path) for path in staged} == {"c.0", "zarr.json", first}
+        recorder.sync.delete(first)
+        synced.clear()
+        second = _commit(recorder, _grads(1), 1)
+        staged = [path for call in synced for path in call]
+        assert sorted(os.path.basename(path) for path in staged) == ["c.0", "zarr.json"]
+        assert all(second in path for path in staged)
