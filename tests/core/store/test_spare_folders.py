@@ -166,7 +166,7 @@ def test_only_snapshots_of_one_chunk_are_kept_and_at_most_spare_folders(
 
 
 async def test_a_store_that_never_commits_in_one_step_keeps_none(tmp_path: Path) -> None:
-    """A store that only reads and deletes (the service's, the CLI's) frees the space."""
+    """A store that only reads and deletes (the CLI's) frees the space at once."""
     root = tmp_path / "store"
     with Recorder(root) as recorder:
         snapshot_id = _commit(recorder, _grads(0), 0)
