@@ -720,6 +720,12 @@ def _try_direct(fd: int, path: str, direct: DirectWrites) -> bool:
     return True
 
 
+def is_own_file(status: os.stat_result) -> bool:
+    """Whether ``status`` is that of a regular file with no other name: one a store may
+    write again in place without changing anything but itself."""
+    return stat.S_ISREG(status.st_mode) and status.st_nlink == 1
+
+
 def open_to_write(path: str, existing: bool = False) -> int:
     """A descriptor to write ``path`` from its start: a new file, or with ``existing`` the
     file already there, which must be a regular file with no other name (OSError
@@ -727,8 +733,7 @@ def open_to_write(path: str, existing: bool = False) -> int:
     if not existing:
         return os.open(path, NEW_FILE_FLAGS, 0o644)
     fd = os.open(path, REUSED_FILE_FLAGS)
-    found = os.fstat(fd)
-    if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+    if not is_own_file(os.fstat(fd)):
         os.close(fd)
         raise OSError(errno.EEXIST, "not a file of its own (another name links to it)", path)
     return fd

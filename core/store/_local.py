@@ -66,7 +66,7 @@ from ._backend import (
 )
 from ._checksums import SLICE_BYTES, crc32c
 from ._commit_order import CommitTurn, holding
-from ._file_writes import DirectWrites, write_file, write_file_unsynced
+from ._file_writes import DirectWrites, is_own_file, write_file, write_file_unsynced
 from ._ids import parse_snapshot_id
 from ._shard_publish import ShardSteps, Taken, publish_shard
 from ._shards import ShardedSet, rank_of_folder, ranks_group_document
@@ -424,8 +424,7 @@ def _only_name_and_unopened(path: str) -> bool:
     except OSError:
         return False
     try:
-        found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+        if not is_own_file(os.fstat(fd)):
             return False
         # should someone open the file while the lease is held, the kernel signals its
         # holder: with SIGURG, ignored unless handled, rather than SIGIO, which would end
@@ -555,7 +554,7 @@ class LocalBackend(StoreBackend):
                 names = os.listdir(path)
             except OSError:
                 return False
-            if set(names) != _ONE_CHUNK_FILES or len(names) != len(_ONE_CHUNK_FILES):
+            if set(names) != _ONE_CHUNK_FILES:
                 return False
             if not all(_only_name_and_unopened(f"{path}/{name}") for name in names):
                 return False
@@ -895,9 +894,6 @@ class _LocalSnapshotWriter(SnapshotWriter):
         #: whether the staging folder is a spare one (``LocalBackend.take_spare``): its
         #: chunk and document are written again in place
         self._in_spare = False
-        #: whether the staging folder's entries are durable already (a spare folder's,
-        #: unchanged)
-        self._entries_durable = False
 
     @property
     def written_where(self) -> str:
@@ -1116,10 +1112,11 @@ class _LocalSnapshotWriter(SnapshotWriter):
         manifest = f"{self._folder}/{MANIFEST_NAME}"
         pending, self._unsynced = self._unsynced, []
         self._fsync_staged(pending)
-        # a spare folder's entries are those its own commit made durable (the same two
-        # names of the same files): only a folder made now, or emptied of a stale file,
-        # is fsynced
-        self._fsync_staged([manifest] if self._entries_durable else [manifest, self._folder])
+        # a spare folder whose two files were both written again holds the same two names
+        # of the same files that its own commit made durable: only a folder made now, or
+        # emptied of a stale file, is fsynced
+        entries_durable = self._in_spare and _ONE_CHUNK_FILES <= self._written
+        self._fsync_staged([manifest] if entries_durable else [manifest, self._folder])
         if turn is not None and not turn.is_open():
             return False
         self._rename_into_place_sync()
@@ -1159,10 +1156,8 @@ class _LocalSnapshotWriter(SnapshotWriter):
         if MANIFEST_NAME not in self._written:  # the array had no chunk
             self._write_manifest_sync(group_metadata())
         if self._in_spare:  # nothing of the deleted snapshot stays
-            stale_files = _ONE_CHUNK_FILES - self._written
-            for stale in stale_files:
+            for stale in _ONE_CHUNK_FILES - self._written:
                 os.unlink(f"{self._folder}/{stale}")
-            self._entries_durable = not stale_files
         return self._seal_and_rename_sync(turn)
 
     async def write_array_and_commit(

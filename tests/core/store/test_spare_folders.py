@@ -10,6 +10,7 @@ import errno
 import os
 from pathlib import Path
 
+import crc32c_rs
 import numpy as np
 import pytest
 
@@ -79,17 +80,11 @@ def test_the_next_commit_writes_into_the_deleted_snapshots_files(tmp_path: Path)
         assert manifest["id"] == second and manifest["step"] == 1
         chunk = _chunk(root, second).read_bytes()
         assert node.shape == (len(chunk) - 4,)
-        assert int.from_bytes(chunk[-4:], "little") == _crc32c(chunk[:-4])
+        assert int.from_bytes(chunk[-4:], "little") == crc32c_rs.crc32c(chunk[:-4])
         recorder.sync.delete(second)
         assert len(_spares(root)) == 1
     # closing the store removes its spare folders
     assert os.listdir(root / ".staging") == []
-
-
-def _crc32c(data: bytes) -> int:
-    import crc32c_rs
-
-    return crc32c_rs.crc32c(data)
 
 
 @pytest.mark.parametrize("shapes", [[(64, 64), (5,)], [(512, 256), (9, 9), (3,)]])
@@ -109,7 +104,7 @@ def test_a_shorter_or_longer_snapshot_leaves_nothing_of_the_deleted_one(
         node = zarr.open(str(root / "snapshots" / second), mode="r")
         assert node.shape == (len(chunk) - 4,)
         assert node.attrs["gradvault"]["packed"]["nbytes"] == len(chunk) - 4
-        assert int.from_bytes(chunk[-4:], "little") == _crc32c(chunk[:-4])
+        assert int.from_bytes(chunk[-4:], "little") == crc32c_rs.crc32c(chunk[:-4])
         assert _restored(recorder, second) == _bytes(grads)
 
 
