@@ -210,19 +210,26 @@ class ReadAlong:
     takes both in one pass where ``checksum_and_visit`` is given (``(slice, crc) ->`` the
     crc32c continued over the slice, the slice visited). A writer that does not write
     slice by slice hands them all over first (:func:`resolved`).
+
+    A part of float32 values may also take ``took_whole``: a writer that checksums every
+    part of a file in one call of the C extension (``crc32c_parts``: the parts' crc32c and
+    their values' min, max and sum of squares in one pass) calls it once with the part's
+    own crc32c, min, max and sum of squares instead of handing over its slices.
     """
 
-    __slots__ = ("checksum_and_visit", "data", "visit")
+    __slots__ = ("checksum_and_visit", "data", "took_whole", "visit")
 
     def __init__(
         self,
         data: memoryview,
         visit: Callable[[memoryview], None],
         checksum_and_visit: Callable[[memoryview, int], int] | None = None,
+        took_whole: Callable[[int, float, float, float], None] | None = None,
     ) -> None:
         self.data = memoryview(data).cast("B")
         self.visit = visit
         self.checksum_and_visit = checksum_and_visit
+        self.took_whole = took_whole
 
     def take(self, piece: memoryview, crc: int) -> int:
         """Visit ``piece`` (a slice of ``data``, in order) and return the crc32c continued

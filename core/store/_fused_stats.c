@@ -332,6 +332,143 @@ crc32c_min_max_sum_squares(PyObject *module, PyObject *const *args, Py_ssize_t n
     return Py_BuildValue("(kddd)", (unsigned long)value, (double)low, (double)high,
                          sum_squares);
 }
+
+/* crc32c(A + B) from crc32c(A), crc32c(B) and len(B): crc32c(A) times x^(8 len(B)) modulo
+ * P, plus crc32c(B) (the pre- and post-inversions cancel). Products are taken in the
+ * CRC's reflected bit order, bit 31 standing for x^0; ``powers[k]`` is x^(2^k) mod P. */
+#define CRC32C_POLY 0x82f63b78u
+static uint32_t powers[64];
+
+static uint32_t
+multiply_mod_p(uint32_t a, uint32_t b)
+{
+    uint32_t product = 0;
+    for (uint32_t m = 1u << 31; m; m >>= 1) {
+        if (a & m)
+            product ^= b;
+        b = b & 1 ? (b >> 1) ^ CRC32C_POLY : b >> 1;
+    }
+    return product;
+}
+
+static void
+init_powers(void)
+{
+    uint32_t p = 1u << 30; /* x^1 */
+    for (int k = 0; k < 64; k++) {
+        powers[k] = p;
+        p = multiply_mod_p(p, p);
+    }
+}
+
+static uint32_t
+crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b)
+{
+    uint32_t shift = 1u << 31; /* x^0 */
+    for (int k = 3; length_b; length_b >>= 1, k++) /* x^(8 n) = x^(n 2^3) */
+        if (length_b & 1)
+            shift = multiply_mod_p(powers[k], shift);
+    return multiply_mod_p(shift, crc_a) ^ crc_b;
+}
+
+typedef struct {
+    Py_buffer view;
+    int stats;
+    uint32_t own, running;
+    float low, high;
+    double sum_squares;
+} part_t;
+
+/* the crc32c of ``length`` bytes at ``p`` (their stats too, where ``stats``: float32
+ * values, ``length`` a multiple of 4), in one pass */
+__attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) static void
+take_part(part_t *part)
+{
+    const unsigned char *p = part->view.buf;
+    size_t length = (size_t)part->view.len, whole = length / 4 * 4;
+    part->own = whole ? crc_stats_256((const float *)p, whole / 4, 0, &part->low, &part->high,
+                                      &part->sum_squares)
+                      : 0;
+    if (whole < length)
+        part->own = ~crc_raw(~part->own, p + whole, length - whole);
+}
+
+static PyObject *
+crc32c_parts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "crc32c_parts takes (parts, stats), not %zd arguments",
+                     nargs);
+        return NULL;
+    }
+    PyObject *parts = PySequence_Fast(args[0], "crc32c_parts: parts must be a sequence");
+    if (parts == NULL)
+        return NULL;
+    PyObject *stats = PySequence_Fast(args[1], "crc32c_parts: stats must be a sequence");
+    if (stats == NULL) {
+        Py_DECREF(parts);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(parts), held = 0;
+    part_t *taken = PyMem_Calloc(count ? (size_t)count : 1, sizeof(part_t));
+    if (taken == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PySequence_Fast_GET_SIZE(stats) != count) {
+        PyErr_Format(PyExc_ValueError, "crc32c_parts: %zd parts but %zd stats flags", count,
+                     PySequence_Fast_GET_SIZE(stats));
+        goto done;
+    }
+    for (; held < count; held++) {
+        part_t *part = &taken[held];
+        int wanted = PyObject_IsTrue(PySequence_Fast_GET_ITEM(stats, held));
+        if (wanted < 0)
+            goto done;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(parts, held), &part->view,
+                               PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        part->stats = wanted;
+        if (wanted && (part->view.len == 0 || part->view.len % 4)) {
+            PyErr_Format(PyExc_ValueError,
+                         "crc32c_parts: part %zd of %zd bytes holds no whole float32 values",
+                         held, part->view.len);
+            PyBuffer_Release(&part->view);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    uint32_t running = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        take_part(&taken[i]);
+        running = crc32c_combine(running, taken[i].own, (uint64_t)taken[i].view.len);
+        taken[i].running = running;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyList_New(count);
+    for (Py_ssize_t i = 0; result != NULL && i < count; i++) {
+        part_t *part = &taken[i];
+        PyObject *item =
+            part->stats
+                ? Py_BuildValue("(kkddd)", (unsigned long)part->running,
+                                (unsigned long)part->own, (double)part->low,
+                                (double)part->high, part->sum_squares)
+                : Py_BuildValue("(kk)", (unsigned long)part->running, (unsigned long)part->own);
+        if (item == NULL)
+            Py_CLEAR(result);
+        else
+            PyList_SET_ITEM(result, i, item);
+    }
+done:
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&taken[i].view);
+    PyMem_Free(taken);
+    Py_DECREF(parts);
+    Py_DECREF(stats);
+    return result;
+}
 #endif
 
 static PyObject *
@@ -369,6 +506,14 @@ static PyMethodDef checksum_methods[] = {
      "The crc32c of a C-contiguous buffer of float32 values' bytes continued from crc (0\n"
      "for none before), and min_max_sum_squares of the values, in one pass, without the\n"
      "GIL. Present only where the CPU has SSE4.2, PCLMULQDQ, AVX2 and VPCLMULQDQ."},
+    {"crc32c_parts", (PyCFunction)(void (*)(void))crc32c_parts, METH_FASTCALL,
+     "crc32c_parts(parts, stats, /) -> [(running crc32c, own crc32c[, min, max, sum of\n"
+     "squares]), ...]\n\n"
+     "One pass over C-contiguous buffers laid end to end, without the GIL: for each, the\n"
+     "crc32c of every part up to and including it and its own crc32c, and where its flag\n"
+     "in stats is true (float32 values: at least one, a multiple of 4 bytes, else\n"
+     "ValueError) min_max_sum_squares of its values, taken in the same pass. Present\n"
+     "where crc32c_min_max_sum_squares is."},
     {NULL, NULL, 0, NULL},
 };
 #endif
@@ -401,8 +546,11 @@ PyInit__fused_stats(void)
     if (PyModule_AddStringConstant(module, "KERNEL", kernel_name) < 0)
         goto fail;
 #ifdef HAVE_FOLDING
-    if (checksums && PyModule_AddFunctions(module, checksum_methods) < 0)
-        goto fail;
+    if (checksums) {
+        init_powers();
+        if (PyModule_AddFunctions(module, checksum_methods) < 0)
+            goto fail;
+    }
 #endif
     (void)checksums;
     return module;

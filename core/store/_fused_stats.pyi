@@ -1,6 +1,8 @@
 """Min, max and sum of squares of float32 values in one pass, with their crc32c where the
 CPU can (_fused_stats.c)."""
 
+from collections.abc import Sequence
+
 import numpy as np
 
 #: Which stats kernel the CPU got: "256-bit vectors (AVX2)" or "128-bit vectors".
@@ -21,3 +23,13 @@ def crc32c_min_max_sum_squares(
     ``crc`` (0: none before), and :func:`min_max_sum_squares`, in one pass. Present only
     where the CPU has SSE4.2, PCLMULQDQ and AVX2 with VPCLMULQDQ (256-bit carry-less
     multiplies); OverflowError for a crc over 32 bits."""
+
+def crc32c_parts(
+    parts: Sequence[memoryview | bytes | np.ndarray], stats: Sequence[bool], /
+) -> list[tuple[int, int] | tuple[int, int, float, float, float]]:
+    """One pass over ``parts`` (C-contiguous buffers) laid end to end, without the GIL:
+    for each, ``(running, own)`` crc32c (of every part up to and including it, of it
+    alone), and where its flag in ``stats`` is true (float32 values: at least one, a
+    multiple of 4 bytes, else ValueError) ``(running, own, min, max, sum of squares)``,
+    the values' stats as :func:`min_max_sum_squares`'s taken in the same pass. Present
+    where :func:`crc32c_min_max_sum_squares` is."""

@@ -156,24 +156,22 @@ def build_manifest(
     packed: PackedGradients | None,
     own_arrays: dict[int, dict[str, Any]],
     shard: tuple[int, int] | None = None,
-    packed_at_root: bool = False,
 ) -> dict[str, Any]:
     """The manifest of a snapshot (or of one rank's shard) whose arrays are all written.
 
     ``packed_positions`` are the record positions of the packed gradients (in packing
     order); ``own_arrays`` maps the other positions to their array, chunk_shape, checksum
-    and stats; ``shard`` is ``(rank, world_size)`` for a shard of a sharded snapshot.
-    With ``packed_at_root`` (every gradient packed) the packed array is the snapshot's
-    node, and the manifest names it PACKED_AT_ROOT.
+    and stats; ``shard`` is ``(rank, world_size)`` for a shard of a sharded snapshot. (A
+    snapshot whose node is the packed array has its manifest made by
+    :meth:`OneChunkPlan.manifest`.)
     """
-    packed_array = PACKED_AT_ROOT if packed_at_root else PACKED_ARRAY
     entries = record.entries
     count = len(entries)
     sizes = [entry.array.nbytes for entry in entries]
     if packed is not None and len(packed_positions) == count:  # the common all-small case
         checksums = format_checksums(packed.checksums)
         gradients: dict[str, Any] = {
-            "array": [packed_array] * count,
+            "array": [PACKED_ARRAY] * count,
             "offset": packed.offsets,
             "chunk_shape": [None] * count,
             "checksum": checksums,
@@ -194,7 +192,59 @@ def build_manifest(
                 gradients[key][position] = placed[key]
             for key in STATS_COLUMNS:
                 stats[key][position] = placed["stats"][key]
-    manifest = {
+    manifest = _manifest(
+        record,
+        snapshot_id=snapshot_id,
+        run=run,
+        step=step,
+        tags=tags,
+        device=device,
+        compression=None if compression is None else f"zstd:{compression.level}",
+        nbytes=sum(sizes),
+        packed=None
+        if packed is None
+        else {
+            "array": PACKED_ARRAY,
+            "nbytes": packed.length,
+            "chunk_bytes": packed.chunk_bytes,
+            "alignment": PACK_ALIGNMENT,
+        },
+        gradients={**_described(entries, sizes), **gradients, "stats": stats},
+    )
+    if shard is not None:
+        manifest["shard"] = {"rank": shard[0], "world_size": shard[1]}
+    return manifest
+
+
+def _described(
+    entries: tuple[GradientRecordEntry, ...] | tuple[DeviceGradient, ...], sizes: list[int]
+) -> dict[str, list]:
+    """The gradient table's columns that say what each gradient is (not where or what
+    its values are): param_id, name, dtype, shape, nbytes."""
+    return {
+        "param_id": _param_id_texts(entries),
+        "name": [entry.name for entry in entries],
+        "dtype": [entry.dtype for entry in entries],
+        "shape": [list(entry.shape) for entry in entries],
+        "nbytes": sizes,
+    }
+
+
+def _manifest(
+    record: GradientsParamsRecord | DeviceSnapshot,
+    *,
+    snapshot_id: str,
+    run: str,
+    step: int,
+    tags: dict[str, str],
+    device: str,
+    compression: str | None,
+    nbytes: int,
+    packed: dict[str, Any] | None,
+    gradients: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest's fields, in the order it is written."""
+    return {
         "format_version": STORE_FORMAT_VERSION,
         "id": snapshot_id,
         "run": run,
@@ -204,30 +254,77 @@ def build_manifest(
         "backend": "cupy" if device.startswith("cuda") else "numpy",
         "tags": tags,
         "metadata": dict(record.metadata),
-        "compression": None if compression is None else f"zstd:{compression.level}",
-        "nbytes": sum(sizes),
-        "num_params": count,
-        "packed": None
-        if packed is None
-        else {
-            "array": packed_array,
-            "nbytes": packed.length,
-            "chunk_bytes": packed.chunk_bytes,
-            "alignment": PACK_ALIGNMENT,
-        },
-        "gradients": {
-            "param_id": _param_id_texts(entries),
-            "name": [entry.name for entry in entries],
-            "dtype": [entry.dtype for entry in entries],
-            "shape": [list(entry.shape) for entry in entries],
-            "nbytes": sizes,
-            **gradients,
-            "stats": stats,
-        },
+        "compression": compression,
+        "nbytes": nbytes,
+        "num_params": len(gradients["name"]),
+        "packed": packed,
+        "gradients": gradients,
     }
-    if shard is not None:
-        manifest["shard"] = {"rank": shard[0], "world_size": shard[1]}
-    return manifest
+
+
+class OneChunkPlan:
+    """What every snapshot whose node is a packed array of one uncompressed chunk writes
+    the same while its record's gradients stay the same (ids, names, dtypes, shapes):
+    the chunk's layout and the manifest's columns that do not change from step to step.
+
+    Worked out once (``SnapshotWrite`` keeps a few, by the record's :func:`structure`), not
+    once per snapshot: a trainer commits the same gradients step after step. Its lists
+    are shared by every manifest made from it, which nothing changes once made.
+    """
+
+    def __init__(self, record: GradientsParamsRecord, offsets: list[int], length: int) -> None:
+        entries = record.entries
+        count = len(entries)
+        sizes = [entry.array.nbytes for entry in entries]
+        #: where each gradient starts in the chunk, and the chunk's length
+        self.offsets, self.length = offsets, length
+        self._nbytes = sum(sizes)
+        self._columns = {
+            **_described(entries, sizes),
+            "array": [PACKED_AT_ROOT] * count,
+            "offset": offsets,
+            "chunk_shape": [None] * count,
+        }
+
+    def manifest(
+        self,
+        record: GradientsParamsRecord,
+        *,
+        snapshot_id: str,
+        run: str,
+        step: int,
+        tags: dict[str, str],
+        device: str,
+        checksums: list[int],
+        stats: dict[str, list],
+    ) -> dict[str, Any]:
+        """The manifest of ``record`` (of this plan's structure) written as snapshot
+        ``snapshot_id`` with these checksums and stats: :func:`build_manifest`'s, field for
+        field (``packed_at_root``, every gradient packed, no compression, no shard)."""
+        return _manifest(
+            record,
+            snapshot_id=snapshot_id,
+            run=run,
+            step=step,
+            tags=tags,
+            device=device,
+            compression=None,
+            nbytes=self._nbytes,
+            packed={
+                "array": PACKED_AT_ROOT,
+                "nbytes": self.length,
+                "chunk_bytes": self.length,
+                "alignment": PACK_ALIGNMENT,
+            },
+            gradients={**self._columns, "checksum": format_checksums(checksums), "stats": stats},
+        )
+
+
+def structure(record: GradientsParamsRecord) -> tuple[Any, ...]:
+    """What a :class:`OneChunkPlan` depends on of ``record``: its gradients' ids, names,
+    dtypes and shapes, in order (hashable, equal for records of the same gradients)."""
+    ids, names, dtypes, arrays = record.columns()
+    return tuple(pid.value for pid in ids), names, dtypes, tuple(a.shape for a in arrays)
 
 
 def _little_endian(dtype: str) -> np.dtype:

@@ -37,7 +37,7 @@ from ._manifest_cache import ManifestCache
 from ._manifest_checksum import MANIFEST_CHECKSUM_KEY
 from ._retention import RetentionPass, RetentionRules
 from ._shards import ShardedManifest, ShardedSet, ShardInfo, check_rank, manifest_in
-from ._write import SnapshotWrite
+from ._write import OneChunkPlans, SnapshotWrite
 from ._zarr_format import (
     PACKED_ARRAY,
     Compression,
@@ -73,6 +73,8 @@ class SnapshotStore:
         self.chunk_bytes = chunk_bytes
         self.max_concurrency = max_concurrency
         self._manifests = ManifestCache(backend, threads)
+        #: the layouts and unchanging manifest columns of one-step snapshots, by structure
+        self._plans = OneChunkPlans()
         self._zarr_view = ZarrView(backend, self._manifests)
 
     @property
@@ -177,13 +179,13 @@ class SnapshotStore:
         run, step, tags, codec = _checked_write(record, run, step, tags, device, compression)
         snapshot_id = new_snapshot_id() if turn is None else turn.snapshot_id
         write = self._write(snapshot_id, codec)
-        layout = write.one_step_layout(record)
-        writer = None if layout is None else self._backend.begin_blocking(snapshot_id)
-        if layout is None or writer is None:
+        plan = write.one_step_plan(record)
+        writer = None if plan is None else self._backend.begin_blocking(snapshot_id)
+        if plan is None or writer is None:
             return None
         writer.turn = turn
         manifest = write.run_blocking(
-            writer, record, layout, run=run, step=step, tags=tags, device=device
+            writer, record, plan, run=run, step=step, tags=tags, device=device
         )
         return self._written(manifest)
 
@@ -252,6 +254,7 @@ class SnapshotStore:
             max_concurrency=self.max_concurrency,
             compression=codec,
             shard=shard,
+            plans=self._plans,
         )
 
     # --- reading ----------------------------------------------------------------------

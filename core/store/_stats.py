@@ -206,6 +206,13 @@ class StatsAccumulator:
         self._take(_from_kernel(piece, low, high, sum_squares))
         return crc
 
+    def add_kernel_result(
+        self, piece: np.ndarray, low: float, high: float, sum_squares: float
+    ) -> None:
+        """:meth:`add` of float32 ``piece`` (C-contiguous, one dimension) from the min,
+        max and sum of squares the C extension took of it (``crc32c_parts``)."""
+        self._take(_from_kernel(piece, low, high, sum_squares))
+
     def _take(self, piece_stats: tuple[SumOfSquares, float, int, int]) -> None:
         sum_squares, max_abs, nan_count, inf_count = piece_stats
         if self._max_abs is None:  # the first piece (a gradient's only one, mostly)

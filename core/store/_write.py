@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import Any
 
@@ -44,7 +45,15 @@ from ._codecs import encode_chunk, zeros
 from ._commit_order import CommitTurn, holding
 from ._device_snapshot import DeviceGradient, DeviceSnapshot
 from ._device_stream import RingPool, RingStreamer
-from ._manifest import PackedGradients, build_manifest, lay_out, pack, packed_checksums
+from ._manifest import (
+    OneChunkPlan,
+    PackedGradients,
+    build_manifest,
+    lay_out,
+    pack,
+    packed_checksums,
+    structure,
+)
 from ._manifest_checksum import seal
 from ._shards import ShardedSet
 from ._stats import CHECKSUM_WITH_STATS, StatsAccumulator, packed_stats
@@ -75,6 +84,33 @@ INLINE_MANIFEST_GRADIENTS = 64
 
 class _Abandoned(Exception):
     """Another array of the same snapshot failed; stop writing this one."""
+
+
+class OneChunkPlans:
+    """A store's last few :class:`OneChunkPlan`, by what they depend on (the record's
+    ``structure``, the store's pack threshold and chunk size); None for a structure that
+    is not written in one step. Shared by the threads that write."""
+
+    #: How many structures are remembered (the oldest is forgotten first)
+    MOST = 4
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[Any, ...], OneChunkPlan | None] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self, key: tuple[Any, ...], make: Callable[[], OneChunkPlan | None]
+    ) -> OneChunkPlan | None:
+        """The plan remembered for ``key``, else ``make()``'s, remembered."""
+        with self._lock:
+            if key in self._plans:
+                return self._plans[key]
+        plan = make()
+        with self._lock:
+            self._plans[key] = plan
+            while len(self._plans) > self.MOST:
+                del self._plans[next(iter(self._plans))]
+        return plan
 
 
 class _GradientChunks:
@@ -215,8 +251,9 @@ class _OneChunkPacked:
     its own (a ReadAlong): its stats are taken a slice at a time as the writer copies or
     writes and checksums that slice, in the same pass over its bytes, and its crc32c
     falls out of the running crc32c the writer records after each part
-    (``crc32c_of_tail``), with no pass of its own. Nothing is read before the writer
-    starts, so the first bytes go to the device at once.
+    (``crc32c_of_tail``), with no pass of its own; or, a float32 one read whole by the
+    writer (``took_whole``), its crc32c and stats come from that pass. Nothing is read
+    before the writer starts, so the first bytes go to the device at once.
     """
 
     def __init__(
@@ -244,6 +281,7 @@ class _OneChunkPacked:
         parts: list[Any] = []
         large: list[tuple[int, int]] = []  # (slot, part index)
         accumulators: list[tuple[int, StatsAccumulator]] = []
+        own_crc: dict[int, int] = {}  # of the gradients read whole (took_whole), by slot
         run: list[int] = []  # slots of the small gradients laid out since the last part
         end = 0
 
@@ -254,7 +292,15 @@ class _OneChunkPacked:
             accumulators.append((slot, accumulator))
             large.append((slot, len(parts)))
             array = entries[slot].array
-            return ReadAlong(entries[slot].data, *_stats_of_slices(accumulator, array.dtype))
+            visit, checksum_and_visit = _stats_of_slices(accumulator, array.dtype)
+            took_whole = None
+            if checksum_and_visit is not None:  # float32, where the C extension has it
+
+                def took_whole(crc: int, low: float, high: float, sum_squares: float) -> None:
+                    accumulator.add_kernel_result(array.reshape(-1), low, high, sum_squares)
+                    own_crc[slot] = crc
+
+            return ReadAlong(entries[slot].data, visit, checksum_and_visit, took_whole)
 
         def close_run() -> None:
             if not run:
@@ -309,6 +355,9 @@ class _OneChunkPacked:
                     stats[key][slot] = value
             running = trailer.running  # the crc32c of the chunk up to the end of each part
             for slot, index in large:
+                if slot in own_crc:
+                    checksums[slot] = own_crc[slot]
+                    continue
                 before = running[index - 1] if index else 0
                 nbytes = entries[slot].array.nbytes
                 checksums[slot] = crc32c_of_tail(running[index], before, nbytes)
@@ -354,8 +403,10 @@ class SnapshotWrite:
         max_concurrency: int,
         compression: Compression | None,
         shard: ShardedSet | None = None,
+        plans: OneChunkPlans | None = None,
     ) -> None:
         self._backend = backend
+        self._plans = OneChunkPlans() if plans is None else plans
         self._shard = shard
         self.committed_document: bytes | None = None
         self._threads = threads
@@ -387,22 +438,32 @@ class SnapshotWrite:
         own = [i for i, entry in enumerate(entries) if entry.array.nbytes >= threshold]
         return packed, own
 
-    def one_step_layout(
+    def one_step_plan(
         self,
         record: GradientsParamsRecord | DeviceSnapshot,
         positions: tuple[list[int], list[int]] | None = None,
-    ) -> tuple[list[int], int] | None:
-        """The packed array's offsets and length if ``record`` is written and committed in
-        one step (a host record, not a shard, that is one uncompressed chunk of the packed
-        array holding a gradient of at least ``pack_threshold`` bytes), else None.
-        ``positions`` is the record's :meth:`_packed_and_own`, where known already."""
+    ) -> OneChunkPlan | None:
+        """The plan of ``record``'s snapshot if it is written and committed in one step (a
+        host record, not a shard, that is one uncompressed chunk of the packed array
+        holding a gradient of at least ``pack_threshold`` bytes), else None. Made once per
+        structure of record (``OneChunkPlans``); ``positions`` is the record's
+        :meth:`_packed_and_own`, where known already."""
         if self._shard is not None or isinstance(record, DeviceSnapshot):
             return None
+        if self._compression is not None:
+            return None
+        key = (structure(record), self._pack_threshold, self._chunk_bytes)
+        return self._plans.get(key, lambda: self._new_plan(record, positions))
+
+    def _new_plan(
+        self, record: GradientsParamsRecord, positions: tuple[list[int], list[int]] | None
+    ) -> OneChunkPlan | None:
         packed_positions, own_positions = positions or self._packed_and_own(record)
         if own_positions:
             return None
         entries = record.entries
-        return self._one_chunk_layout([entries[i] for i in packed_positions])
+        layout = self._one_chunk_layout([entries[i] for i in packed_positions])
+        return None if layout is None else OneChunkPlan(record, *layout)
 
     def _manifest_maker(
         self,
@@ -412,10 +473,8 @@ class SnapshotWrite:
         step: int,
         tags: dict[str, str],
         device: str,
-        packed_at_root: bool = False,
     ) -> Callable[[PackedGradients | None, dict[int, dict[str, Any]]], dict[str, Any]]:
-        """``manifest_of(packed, own_arrays)``: the manifest once every array is written
-        (with ``packed_at_root``, of a snapshot whose node is the packed array)."""
+        """``manifest_of(packed, own_arrays)``: the manifest once every array is written."""
         shard = self._shard
 
         def manifest_of(
@@ -433,7 +492,6 @@ class SnapshotWrite:
                 packed=packed,
                 own_arrays=own_arrays,
                 shard=None if shard is None else (shard.rank, shard.world_size),
-                packed_at_root=packed_at_root,
             )
 
         return manifest_of
@@ -442,15 +500,15 @@ class SnapshotWrite:
         self,
         writer: SnapshotWriter,
         record: GradientsParamsRecord,
-        layout: tuple[list[int], int],
+        plan: OneChunkPlan,
         *,
         run: str,
         step: int,
         tags: dict[str, str],
         device: str,
     ) -> dict[str, Any]:
-        """:meth:`run` of a record that commits in one step (``layout`` is its
-        :meth:`one_step_layout`), in the calling thread, through ``writer`` (from the
+        """:meth:`run` of a record that commits in one step (``plan`` is its
+        :meth:`one_step_plan`), in the calling thread, through ``writer`` (from the
         backend's ``begin_blocking``, its turn open); the manifest once durable.
 
         The same write as :meth:`run`'s: on any failure nothing becomes visible and the
@@ -458,13 +516,8 @@ class SnapshotWrite:
         turn is left to its holder to release.
         """
         try:
-            small = list(record.entries)  # every one is packed, for one step
-            packed_positions = list(range(len(small)))
-            manifest_of = self._manifest_maker(
-                record, packed_positions, run, step, tags, device, packed_at_root=True
-            )
             name, document, chunks, group_document, made = self._one_step(
-                small, layout, manifest_of
+                record, plan, run, step, tags, device
             )
             writer.write_array_and_commit_blocking(name, document, chunks, group_document)
         except BaseException as error:
@@ -508,7 +561,7 @@ class SnapshotWrite:
         shard = self._shard
         small = [entries[i] for i in packed_positions]
         # a host snapshot of one uncompressed chunk: written and committed in one step
-        alone = self.one_step_layout(record, positions)
+        alone = self.one_step_plan(record, positions)
         if shard is None:
             writer = await (
                 self._backend.begin(self._id, in_one_step=True)
@@ -532,16 +585,17 @@ class SnapshotWrite:
             else:
                 jobs.append(self._guarded(self._write_packed, writer, small))
 
-        manifest_of = self._manifest_maker(
-            record, packed_positions, run, step, tags, device, packed_at_root=alone is not None
-        )
+        manifest_of = self._manifest_maker(record, packed_positions, run, step, tags, device)
 
         try:
             # released on leaving the block: visible (the writer released it already), or
             # failed, and then before the abort, so a failed write holds up no later one
             with holding(turn):
                 if alone is not None:
-                    return await self._write_and_commit_one_chunk(writer, small, alone, manifest_of)
+                    assert isinstance(record, GradientsParamsRecord)  # a host record
+                    return await self._write_and_commit_one_chunk(
+                        writer, record, alone, run, step, tags, device
+                    )
                 results = await asyncio.gather(*jobs, return_exceptions=True)
                 failures = [r for r in results if isinstance(r, BaseException)]
                 if failures:
@@ -704,34 +758,55 @@ class SnapshotWrite:
     async def _write_and_commit_one_chunk(
         self,
         writer: SnapshotWriter,
-        small: list[GradientRecordEntry],
-        layout: tuple[list[int], int],
-        manifest_of: Callable[[PackedGradients, dict[int, dict[str, Any]]], dict[str, Any]],
+        record: GradientsParamsRecord,
+        plan: OneChunkPlan,
+        run: str,
+        step: int,
+        tags: dict[str, str],
+        device: str,
     ) -> dict[str, Any]:
         """A snapshot that is one chunk of the packed array: the chunk written and the
         snapshot committed in one step of the writer (``write_array_and_commit``), its
         manifest made there once the chunk's checksums and stats are known; the manifest."""
-        name, document, chunks, group_document, made = self._one_step(small, layout, manifest_of)
+        name, document, chunks, group_document, made = self._one_step(
+            record, plan, run, step, tags, device
+        )
         await writer.write_array_and_commit(name, document, chunks, group_document)
         return made[0]
 
     def _one_step(
         self,
-        small: list[GradientRecordEntry],
-        layout: tuple[list[int], int],
-        manifest_of: Callable[[PackedGradients, dict[int, dict[str, Any]]], dict[str, Any]],
+        record: GradientsParamsRecord,
+        plan: OneChunkPlan,
+        run: str,
+        step: int,
+        tags: dict[str, str],
+        device: str,
     ) -> tuple[str, None, Iterator[EncodedChunk], Callable[[], bytes], list[dict[str, Any]]]:
         """What ``write_array_and_commit`` writes for a one-step snapshot, whose node is the
         packed array (format 4): the array's name (PACKED_AT_ROOT), no document of its own,
         its one chunk, and the maker of the snapshot's document (the array's, the manifest
         in its attributes), which puts the manifest into the list returned last when it
-        runs. ``manifest_of`` makes a manifest that names the packed array PACKED_AT_ROOT."""
-        chunk = _OneChunkPacked(small, layout, self._pack_threshold, self)
+        runs."""
+        chunk = _OneChunkPacked(
+            list(record.entries), (plan.offsets, plan.length), self._pack_threshold, self
+        )
         made: list[dict[str, Any]] = []
 
         def root_document() -> bytes:
-            made.append(manifest_of(chunk.packed(), {}))
-            return _root_array_document(made[0], chunk.length)
+            packed = chunk.packed()
+            manifest = plan.manifest(
+                record,
+                snapshot_id=self._id,
+                run=run,
+                step=step,
+                tags=tags,
+                device=device,
+                checksums=packed.checksums,
+                stats=packed.stats,
+            )
+            made.append(manifest)
+            return _root_array_document(manifest, chunk.length)
 
         return PACKED_AT_ROOT, None, iter(chunk), root_document, made
 

@@ -224,3 +224,91 @@ def test_checksummed_stats_are_those_of_a_crc32c_and_the_stats_apart(
         assert together["l2_norm"] == want["l2_norm"]
     else:
         assert together["l2_norm"] == pytest.approx(want["l2_norm"], rel=1e-7)
+
+
+with_parts = getattr(fused, "crc32c_parts", None)
+
+
+@needs_crc32c
+def test_crc32c_parts_is_there_with_the_one_pass_crc32c() -> None:
+    assert with_parts is not None
+
+
+@needs_crc32c
+def test_crc32c_parts_running_and_own_crc32c_and_stats_of_every_part() -> None:
+    """Parts of float32 values (from unaligned starts, some over a block, one over 4 MiB)
+    and of bytes of any length (empty ones too), end to end: each part's running and own
+    crc32c against crc32c-rs, and a float32 part's stats exactly those of the one-pass
+    kernel."""
+    rng = np.random.default_rng(11)
+    memory = rng.standard_normal((1 << 20) + 64).astype(np.float32)
+    for trial in range(60):
+        parts: list[memoryview] = []
+        stats: list[bool] = []
+        for _ in range(int(rng.integers(0, 8))):
+            if rng.integers(0, 2):
+                start = int(rng.integers(0, 16))
+                count = int(rng.choice([1, 31, 32, 33, 1025, 4099, int(rng.integers(1, 9000))]))
+                parts.append(memoryview(memory[start : start + count]).cast("B"))
+                stats.append(True)
+            else:
+                parts.append(memoryview(rng.bytes(int(rng.integers(0, 700)))))
+                stats.append(False)
+        if trial == 0:  # one part over 4 MiB, the span an earlier writer read at a time
+            parts, stats = [memoryview(memory).cast("B"), memoryview(b"\0" * 12)], [True, False]
+        taken = with_parts(parts, stats)
+        assert len(taken) == len(parts)
+        running = 0
+        for part, wanted, result in zip(parts, stats, taken, strict=True):
+            running = crc32c_rs.crc32c(part, running)
+            assert result[:2] == (running, crc32c_rs.crc32c(part)), trial
+            if wanted:
+                values = np.frombuffer(part, np.float32)
+                assert result[2:] == with_crc32c(values, 0)[1:], trial
+            else:
+                assert len(result) == 2
+
+
+@needs_crc32c
+def test_crc32c_parts_combines_parts_of_every_length() -> None:
+    """The running crc32c across a part of each length around powers of two, up to 16 MiB
+    (the combination shifts the crc32c before by the part's length, bit by bit)."""
+    head = memoryview(b"gradvault").cast("B")
+    zeros = bytes(1 << 24)
+    lengths = sorted({n + d for n in (1 << k for k in range(25)) for d in (-1, 0, 3)} - {0})
+    for length in lengths:
+        tail = memoryview(zeros)[:length]
+        taken = with_parts([head, tail], [False, False])
+        assert taken[1][0] == crc32c_rs.crc32c(tail, crc32c_rs.crc32c(head)), length
+
+
+@needs_crc32c
+def test_crc32c_parts_refuses_what_is_not_float32_values_where_stats_are_asked() -> None:
+    values = memoryview(np.ones(8, np.float32)).cast("B")
+    with pytest.raises(ValueError, match="no whole float32 values"):
+        with_parts([values[:6]], [True])
+    with pytest.raises(ValueError, match="no whole float32 values"):
+        with_parts([values[:0]], [True])
+    with pytest.raises(ValueError, match="2 parts but 1 stats flags"):
+        with_parts([values, values], [True])
+    with pytest.raises(TypeError):
+        with_parts([object()], [False])
+    with pytest.raises(TypeError, match="sequence"):
+        with_parts(5, [False])
+    with pytest.raises(TypeError, match="not 1"):
+        with_parts([values])
+    assert with_parts([], []) == []
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_stats_from_a_kernel_result_are_those_of_add(case: str) -> None:
+    """StatsAccumulator.add_kernel_result (a part read whole by crc32c_parts) gives the
+    stats of add_checksummed (the same kernel's, a slice at a time), special values
+    included (their careful path)."""
+    values = CASES[case].reshape(-1)
+    if with_parts is None or values.dtype != np.float32 or not values.size:
+        pytest.skip("no crc32c_parts here, or no float32 values")
+    taken = with_parts([memoryview(values).cast("B")], [True])[0]
+    accumulator = _stats.StatsAccumulator()
+    accumulator.add_kernel_result(values, *taken[2:])
+    assert checksummed_stats([values]) == (taken[1], accumulator.result())

@@ -12,6 +12,7 @@ import math
 from fractions import Fraction
 from pathlib import Path
 
+import crc32c_rs
 import ml_dtypes
 import numpy as np
 import pytest
@@ -78,3 +79,57 @@ async def test_stats_at_the_edges_of_the_float_range(tmp_path: Path, own_array: 
         assert norm >= max_abs, (name, stats)
         want = exact_norm(array)
         assert norm == pytest.approx(want, rel=1e-6, abs=1e-323), (name, stats)
+
+
+def _wide(values: list[float], count: int = 1 << 14) -> np.ndarray:
+    """``values`` repeated to ``count`` float32 values (64 KiB: a large gradient)."""
+    return np.resize(np.asarray(values, np.float32), count)
+
+
+#: float32 gradients of at least the pack threshold, at every edge: a snapshot of them is
+#: one chunk written from their own memory, each read whole in one pass for its crc32c and
+#: stats (docs/FORMAT.md, "Commit protocol")
+ONE_CHUNK_CASES = {
+    "normal": np.random.default_rng(3).standard_normal(1 << 14).astype(np.float32),
+    "zeros": _wide([0.0]),
+    "negative zeros": _wide([-0.0]),
+    "f32 subnormals": _wide([TINY32, -TINY32 * 3]),
+    "f32 tiny normals": _wide([1e-30, -2e-30]),
+    "f32 huge": _wide([3e38, -1e38]),  # squares overflow float32
+    "with a NaN": _wide([1.5, np.nan, -2.0]),
+    "with an infinity": _wide([1.5, np.inf, -2.0]),
+    "only NaNs": _wide([np.nan]),
+    "an odd length": np.arange(16_411, dtype=np.float32) - 8_000.5,
+}
+
+
+async def test_stats_and_checksums_of_a_snapshot_of_one_chunk(tmp_path: Path) -> None:
+    """A snapshot of large float32 gradients within one chunk (its node is the packed
+    array): each gradient's crc32c is that of its bytes and its stats those of its values,
+    at every edge, with bfloat16 and float64 gradients beside them or not."""
+    others = {"bf16": np.full(40_000, 0.75, np.float32).astype(ml_dtypes.bfloat16)}
+    others["f64"] = np.linspace(-1.0, 1.0, 10_000)
+    norms = {name: exact_norm(array) for name, array in {**ONE_CHUNK_CASES, **others}.items()}
+    async with open_store(tmp_path, pack_threshold=64 << 10) as store:
+        for arrays in (ONE_CHUNK_CASES, {**ONE_CHUNK_CASES, **others}):
+            info = await store.write_snapshot(record(arrays), run="r", step=1)
+            manifest = await store.info(info.id)
+            assert manifest["packed"]["array"] == ""  # one chunk, the snapshot's node
+            table = manifest["gradients"]
+            assert table["name"] == list(arrays)
+            for i, name in enumerate(table["name"]):
+                array = arrays[name]
+                assert table["checksum"][i] == f"crc32c:{crc32c_rs.crc32c(array):08x}", name
+                stats = {key: column[i] for key, column in table["stats"].items()}
+                wide = array.astype(np.float64)
+                assert stats["nan_count"] == int(np.isnan(wide).sum()), name
+                assert stats["inf_count"] == int(np.isinf(wide).sum()), name
+                finite = wide[np.isfinite(wide)]
+                want_max = float(np.abs(finite).max()) if finite.size else 0.0
+                assert stats["max_abs"] == want_max, (name, stats)
+                assert math.copysign(1.0, stats["max_abs"]) == 1.0, (name, stats)
+                want = norms[name]
+                assert stats["l2_norm"] == pytest.approx(want, rel=1e-6, abs=1e-323), name
+            restored = await store.read_snapshot(info.id)
+            for entry in restored:
+                assert entry.array.tobytes() == arrays[entry.name].tobytes(), entry.name

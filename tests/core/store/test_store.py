@@ -227,6 +227,41 @@ async def test_nothing_packed_and_everything_packed_round_trip(make_store) -> No
             assert arrays == {"packed"}
 
 
+async def test_one_chunk_snapshots_of_other_gradients_of_the_same_sizes(
+    make_store,
+) -> None:
+    """A store works out the layout and the unchanging manifest columns of a snapshot of
+    one chunk once per set of gradients (ids, names, dtypes, shapes) and uses them again:
+    a snapshot of the same byte counts under other names, ids, dtypes or shapes, or in
+    another order, still writes its own, step after step and back again."""
+    store = make_store(pack_threshold=1024, chunk_bytes=1 << 20)
+    rng = np.random.default_rng(5)
+    ids = [ParamId(), ParamId()]
+    weight = rng.standard_normal((64, 32)).astype(np.float32)  # 8 KiB: one large
+    bias = rng.standard_normal(32).astype(np.float32)
+    variants = [
+        [(ids[0], "w", weight), (ids[1], "b", bias)],
+        [(ids[0], "renamed", weight), (ids[1], "b", bias)],
+        [(ParamId(), "w", weight), (ids[1], "b", bias)],
+        [(ids[0], "w", weight.view(np.int32)), (ids[1], "b", bias)],
+        [(ids[0], "w", weight.reshape(32, 64)), (ids[1], "b", bias)],
+        [(ids[1], "b", bias), (ids[0], "w", weight)],
+    ]
+    for step, variant in enumerate([*variants, *variants]):
+        record = GradientsParamsRecord(
+            [GradientRecordEntry.from_array(pid, name, array) for pid, name, array in variant]
+        )
+        info = await store.write_snapshot(record, run="r", step=step)
+        manifest = await store.info(info.id)
+        assert manifest["packed"]["array"] == ""  # one chunk: the snapshot's node
+        table = manifest["gradients"]
+        assert table["param_id"] == [str(pid) for pid, _, _ in variant]
+        assert table["name"] == [name for _, name, _ in variant]
+        assert table["dtype"] == [str(array.dtype) for _, _, array in variant]
+        assert table["shape"] == [list(array.shape) for _, _, array in variant]
+        assert_bit_identical(await store.read_snapshot(info.id), record)
+
+
 async def test_empty_record_round_trips(store: SnapshotStore) -> None:
     info = await store.write_snapshot(GradientsParamsRecord([]), run="r", step=0)
     assert info.num_params == 0 and info.nbytes == 0
