@@ -260,8 +260,9 @@ class StoreBackend(ABC):
         """A writer for a new snapshot of one array, written and committed by its
         ``write_array_and_commit_blocking`` in the calling thread (a thread that runs no
         event loop: it blocks for the whole write); None where this backend writes
-        nothing so, or not yet (the local one before its first write has made the store's
-        folders; the S3 one, whose requests run on its event loop)."""
+        nothing so (the S3 one, whose requests run on its event loop). The local one
+        makes the store's folders first if no write has yet (``prepare``), in the
+        calling thread."""
         return None
 
     @abstractmethod

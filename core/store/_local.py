@@ -653,8 +653,9 @@ class LocalBackend(StoreBackend):
         return writer
 
     def begin_blocking(self, snapshot_id: str) -> SnapshotWriter | None:
-        if not self._prepared:  # the first write makes the store's folders, on the loop
-            return None
+        if not self._prepared:  # the first write makes the store's folders, here too
+            self.here("creating the store folders", self._prepare_sync)
+            self._prepared = True
         writer = _LocalSnapshotWriter(self, snapshot_id, f"{self.staging_path}/{snapshot_id}")
         writer.folder_to_make = True  # made by write_array_and_commit_blocking
         return writer

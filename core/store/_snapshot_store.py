@@ -169,8 +169,8 @@ class SnapshotStore:
 
         One step: a host record no longer than a chunk, uncompressed, holding a gradient
         of at least ``pack_threshold`` bytes, in a store whose backend commits so
-        (:meth:`StoreBackend.begin_blocking`; the local folder does, once its first write
-        has made its folders). The same write, to the same bytes, with the same errors
+        (:meth:`StoreBackend.begin_blocking`: the local folder does, making its folders
+        first where no write has yet). The same write, to the same bytes, with the same errors
         as :meth:`write_snapshot`'s, with no trip through an event loop or another thread
         but the device's (for a thread that runs no event loop: it blocks until the
         snapshot is durable). ``turn``, if given, must be open (every earlier turn of its

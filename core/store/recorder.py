@@ -354,8 +354,9 @@ class Recorder:
         """Commit ``captured`` in this thread (the recorder's commit thread) with
         ``blocking``, then run the retention pass on the loop; ``future`` gets the info.
 
-        A snapshot that ``blocking`` does not take (not one step: large, compressed, or
-        the store's first) is handed to the loop as ``commit``, in the same turn.
+        A snapshot that ``blocking`` does not take (not one step: large, compressed, or a
+        store that commits nothing so) is handed to the loop as ``commit``, in the same
+        turn.
         """
         try:
             hand_back.wait_blocking()

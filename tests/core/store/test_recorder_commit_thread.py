@@ -5,6 +5,7 @@ is in every way a snapshot the loop would have written (bytes, ids, order, error
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -78,15 +79,19 @@ def test_a_small_snapshot_commits_in_the_commit_thread_bit_for_bit(
     recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = _Calls(recorder, monkeypatch)
+    root = Path(recorder.store.location)
+    assert not root.exists()
     first = recorder.start_snapshot(_grads(0, SMALL), run="r", step=0).result(timeout=60)
-    # the store's first write makes its folders: the commit thread hands it to the loop
-    assert [info for _, info in calls.blocking] == [None]
-    assert len(calls.on_loop) == 1 and calls.on_loop[0] == "gradvault-recorder"
+    # the store's first write makes its folders (and their documents), in that thread too
+    thread, info = calls.blocking[0]
+    assert thread.startswith("gradvault-commit") and info == first
+    for folder in (root, root / "snapshots"):
+        assert json.loads((folder / "zarr.json").read_bytes())["node_type"] == "group"
     grads = _grads(1, SMALL)
     second = recorder.start_snapshot(grads, run="r", step=1, tags={"k": "v"}).result(timeout=60)
     thread, info = calls.blocking[-1]
     assert thread.startswith("gradvault-commit") and info == second
-    assert len(calls.on_loop) == 1  # not written on the loop
+    assert calls.on_loop == []  # neither written on the loop
     assert second.id > first.id and second.step == 1
     assert recorder.sync.info(second.id)["tags"] == {"k": "v"}
     assert [s.id for s in _oldest_first(recorder)] == [first.id, second.id]
@@ -99,8 +104,8 @@ def test_large_compressed_or_queued_snapshots_are_written_on_the_loop(
 ) -> None:
     with Recorder(tmp_path / "plain", chunk_bytes=1 << 20) as plain:
         calls = _Calls(plain, monkeypatch)
-        plain.start_snapshot(_grads(0, SMALL), run="r", step=0).result(timeout=60)
         large = _grads(1, [(600, 600)])  # 1.4 MB: more than one chunk
+        plain.start_snapshot(large, run="r", step=0).result(timeout=60)  # the store's first
         plain.start_snapshot(large, run="r", step=1).result(timeout=60)
         assert [info for _, info in calls.blocking] == [None, None]
         assert len(calls.on_loop) == 2
@@ -196,3 +201,24 @@ def test_retention_runs_after_a_commit_in_the_thread(tmp_path: Path) -> None:
             for s in range(5)
         ]
         assert [s.id for s in _oldest_first(recorder)] == [infos[3].id, infos[4].id]
+
+
+def test_a_first_snapshot_that_cannot_make_the_store_folders_names_them(
+    tmp_path: Path,
+) -> None:
+    """The first one-step snapshot makes the store's folders in the commit thread: where
+    it cannot (a file took the store's place after the recorder opened), the handle raises
+    StoreUnavailableError naming the store and what failed, and the recorder goes on once
+    the place is free again."""
+    root = tmp_path / "store"
+    with Recorder(root) as recorder:
+        root.write_bytes(b"not a folder")
+        handle = recorder.start_snapshot(_grads(0, SMALL), run="r", step=0)
+        with pytest.raises(StoreUnavailableError, match="creating the store folders") as error:
+            handle.result(timeout=60)
+        assert str(root) in str(error.value)
+        root.unlink()
+        grads = _grads(1, SMALL)
+        info = recorder.start_snapshot(grads, run="r", step=1).result(timeout=60)
+        assert [s.id for s in recorder.sync.list()] == [info.id]
+        assert _bytes(recorder.sync.restore(info.id, "cpu")) == _bytes(grads)
