@@ -176,6 +176,10 @@ class Crc32cTrailer:
 
     def __init__(self) -> None:
         self.running: list[int] = []
+        #: where the writer read every part in one call (``crc32c_parts``), what it took of
+        #: each: ``(running, own)`` crc32c, and of a ``ReadAlong`` part marked ``whole``
+        #: ``(running, own, min, max, sum of squares)``; None where it read them otherwise
+        self.whole: list[tuple[Any, ...]] | None = None
 
     def add(self, crc: int) -> None:
         """Record the crc32c of the parts up to the next one."""
@@ -211,25 +215,25 @@ class ReadAlong:
     crc32c continued over the slice, the slice visited). A writer that does not write
     slice by slice hands them all over first (:func:`resolved`).
 
-    A part of float32 values may also take ``took_whole``: a writer that checksums every
-    part of a file in one call of the C extension (``crc32c_parts``: the parts' crc32c and
-    their values' min, max and sum of squares in one pass) calls it once with the part's
-    own crc32c, min, max and sum of squares instead of handing over its slices.
+    A part of float32 values may say so (``whole``): a writer that checksums every part
+    of a file in one call of the C extension (``crc32c_parts``: the parts' crc32c and
+    their values' min, max and sum of squares in one pass) then hands over no slice, and
+    leaves what the pass took of each part in the trailer (``Crc32cTrailer.whole``).
     """
 
-    __slots__ = ("checksum_and_visit", "data", "took_whole", "visit")
+    __slots__ = ("checksum_and_visit", "data", "visit", "whole")
 
     def __init__(
         self,
         data: memoryview,
         visit: Callable[[memoryview], None],
         checksum_and_visit: Callable[[memoryview, int], int] | None = None,
-        took_whole: Callable[[int, float, float, float], None] | None = None,
+        whole: bool = False,
     ) -> None:
         self.data = memoryview(data).cast("B")
         self.visit = visit
         self.checksum_and_visit = checksum_and_visit
-        self.took_whole = took_whole
+        self.whole = whole
 
     def take(self, piece: memoryview, crc: int) -> int:
         """Visit ``piece`` (a slice of ``data``, in order) and return the crc32c continued

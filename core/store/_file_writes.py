@@ -208,8 +208,9 @@ def _read_along(
     reader can), ``write(span)`` if given while the span is in the CPU's cache, then the
     span's pages let go (a mapped upload's; a no-op for any other memory).
 
-    Without ``write``, and where every reader takes its part whole (``took_whole``), every
-    part is read in one call instead (:func:`_read_in_one_call`)."""
+    Without ``write``, and where every reader's part is float32 values it lets be read
+    whole (``ReadAlong.whole``), every part is read in one call instead
+    (:func:`_read_in_one_call`)."""
     if write is None and trailer is not None and _read_in_one_call(views, readers, trailer):
         return
     crc = None if trailer is None else 0
@@ -229,10 +230,11 @@ def _read_in_one_call(
     views: list[memoryview], readers: list[Reader], trailer: Crc32cTrailer
 ) -> bool:
     """:func:`_read_along` without ``write`` in one call of the C extension
-    (``crc32c_parts``): every part's running crc32c recorded in ``trailer``, each
-    reader's part taken whole (``took_whole``: its own crc32c and its values' min, max
-    and sum of squares, from the same pass), then each part's pages let go. False, with
-    nothing read, where the extension lacks it or a reader cannot take its part whole.
+    (``crc32c_parts``): every part's running crc32c recorded in ``trailer``, and what the
+    pass took of each part in ``trailer.whole`` (its own crc32c, and of a reader's part
+    its values' min, max and sum of squares, from the same pass), then each part's pages
+    let go. No reader is called. False, with nothing read, where the extension lacks it
+    or a reader's part is not float32 values it lets be read whole.
 
     For the MLP's six gradients this is one call where the spans took about 80 Python
     calls; a file read so is at most WHOLE_FILE_MAX_BYTES, so a mapped upload's pages are
@@ -243,17 +245,15 @@ def _read_in_one_call(
     for view, reader in zip(views, readers, strict=True):
         if reader is None:
             wanted.append(False)
-        elif reader.took_whole is None or not len(view):
+        elif not reader.whole or not len(view):
             return False
         else:
             wanted.append(True)
     taken = crc32c_parts(views, wanted)
-    for view, reader, part in zip(views, readers, taken, strict=True):
+    for view, part in zip(views, taken, strict=True):
         trailer.add(part[0])
-        if reader is not None:
-            assert reader.took_whole is not None
-            reader.took_whole(*part[1:])
         release_pages(view)
+    trailer.whole = taken
     return True
 
 

@@ -210,7 +210,7 @@ class StatsAccumulator:
         self, piece: np.ndarray, low: float, high: float, sum_squares: float
     ) -> None:
         """:meth:`add` of float32 ``piece`` (C-contiguous, one dimension) from the min,
-        max and sum of squares the C extension took of it (``crc32c_parts``)."""
+        max and sum of squares the C extension took of it."""
         self._take(_from_kernel(piece, low, high, sum_squares))
 
     def _take(self, piece_stats: tuple[SumOfSquares, float, int, int]) -> None:
@@ -229,6 +229,24 @@ class StatsAccumulator:
             return dict(_ZERO_STATS)
         norm = self._sum_squares.norm()
         return _stats_dict(norm, self._max_abs, self._nan_count, self._inf_count)
+
+
+def stats_of_kernel_result(values: np.ndarray, low: float, high: float, sum_squares: float) -> dict:
+    """:func:`gradient_stats` of float32 ``values`` (C-contiguous) from the min, max and
+    sum of squares the C extension took of them in one pass (``crc32c_parts``): worked
+    out here where they are all finite and not tiny, the common case (the same dict,
+    field for field), else by :class:`StatsAccumulator` from the values."""
+    max_abs = max(high, -low)
+    if math.isfinite(sum_squares) and max_abs >= SCALED_BELOW:
+        return {
+            "l2_norm": math.sqrt(sum_squares),
+            "max_abs": max_abs + 0.0,
+            "nan_count": 0,
+            "inf_count": 0,
+        }
+    stats = StatsAccumulator()
+    stats.add_kernel_result(values.reshape(-1), low, high, sum_squares)
+    return stats.result()
 
 
 def gradient_stats(array: np.ndarray) -> dict:

@@ -56,7 +56,12 @@ from ._manifest import (
 )
 from ._manifest_checksum import seal
 from ._shards import ShardedSet
-from ._stats import CHECKSUM_WITH_STATS, StatsAccumulator, packed_stats
+from ._stats import (
+    CHECKSUM_WITH_STATS,
+    StatsAccumulator,
+    packed_stats,
+    stats_of_kernel_result,
+)
 from ._validation import STATS_COLUMNS
 from ._zarr_format import (
     CHUNK_KEY_SEPARATOR,
@@ -251,9 +256,10 @@ class _OneChunkPacked:
     its own (a ReadAlong): its stats are taken a slice at a time as the writer copies or
     writes and checksums that slice, in the same pass over its bytes, and its crc32c
     falls out of the running crc32c the writer records after each part
-    (``crc32c_of_tail``), with no pass of its own; or, a float32 one read whole by the
-    writer (``took_whole``), its crc32c and stats come from that pass. Nothing is read
-    before the writer starts, so the first bytes go to the device at once.
+    (``crc32c_of_tail``), with no pass of its own; or, a float32 one the writer reads
+    whole with the others (``ReadAlong.whole``), its crc32c and stats come from that one
+    pass (``Crc32cTrailer.whole``). Nothing is read before the writer starts, so the
+    first bytes go to the device at once.
     """
 
     def __init__(
@@ -281,7 +287,6 @@ class _OneChunkPacked:
         parts: list[Any] = []
         large: list[tuple[int, int]] = []  # (slot, part index)
         accumulators: list[tuple[int, StatsAccumulator]] = []
-        own_crc: dict[int, int] = {}  # of the gradients read whole (took_whole), by slot
         run: list[int] = []  # slots of the small gradients laid out since the last part
         end = 0
 
@@ -293,14 +298,9 @@ class _OneChunkPacked:
             large.append((slot, len(parts)))
             array = entries[slot].array
             visit, checksum_and_visit = _stats_of_slices(accumulator, array.dtype)
-            took_whole = None
-            if checksum_and_visit is not None:  # float32, where the C extension has it
-
-                def took_whole(crc: int, low: float, high: float, sum_squares: float) -> None:
-                    accumulator.add_kernel_result(array.reshape(-1), low, high, sum_squares)
-                    own_crc[slot] = crc
-
-            return ReadAlong(entries[slot].data, visit, checksum_and_visit, took_whole)
+            # float32, where the C extension has the one pass: the writer may read it whole
+            whole = checksum_and_visit is not None
+            return ReadAlong(entries[slot].data, visit, checksum_and_visit, whole)
 
         def close_run() -> None:
             if not run:
@@ -350,14 +350,22 @@ class _OneChunkPacked:
         parts.append(trailer)
 
         def settle() -> None:
+            whole = trailer.whole
+            if whole is not None:  # every part read in one pass: its crc32c and stats
+                for slot, index in large:
+                    _, checksums[slot], low, high, sum_squares = whole[index]
+                    array = entries[slot].array
+                    values = stats_of_kernel_result(array, low, high, sum_squares)
+                    for key, value in values.items():
+                        stats[key][slot] = value
+                self.checksums = checksums
+                self.stats = stats
+                return
             for slot, accumulator in accumulators:  # each slice taken in as it was read
                 for key, value in accumulator.result().items():
                     stats[key][slot] = value
             running = trailer.running  # the crc32c of the chunk up to the end of each part
             for slot, index in large:
-                if slot in own_crc:
-                    checksums[slot] = own_crc[slot]
-                    continue
                 before = running[index - 1] if index else 0
                 nbytes = entries[slot].array.nbytes
                 checksums[slot] = crc32c_of_tail(running[index], before, nbytes)

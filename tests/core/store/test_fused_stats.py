@@ -302,13 +302,13 @@ def test_crc32c_parts_refuses_what_is_not_float32_values_where_stats_are_asked()
 
 @pytest.mark.parametrize("case", CASES)
 def test_stats_from_a_kernel_result_are_those_of_add(case: str) -> None:
-    """StatsAccumulator.add_kernel_result (a part read whole by crc32c_parts) gives the
-    stats of add_checksummed (the same kernel's, a slice at a time), special values
-    included (their careful path)."""
+    """stats_of_kernel_result (of a part read whole by crc32c_parts) gives the stats of
+    StatsAccumulator.add_checksummed (the same kernel's, a slice at a time), field for
+    field, special values included (their careful path)."""
     values = CASES[case].reshape(-1)
     if with_parts is None or values.dtype != np.float32 or not values.size:
         pytest.skip("no crc32c_parts here, or no float32 values")
     taken = with_parts([memoryview(values).cast("B")], [True])[0]
-    accumulator = _stats.StatsAccumulator()
-    accumulator.add_kernel_result(values, *taken[2:])
-    assert checksummed_stats([values]) == (taken[1], accumulator.result())
+    stats = _stats.stats_of_kernel_result(values, *taken[2:])
+    assert checksummed_stats([values]) == (taken[1], stats)
+    assert list(stats) == ["l2_norm", "max_abs", "nan_count", "inf_count"]
