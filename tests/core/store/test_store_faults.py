@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -48,6 +49,16 @@ def _writer(
 
 def _bytes(grads: GradientsParams) -> dict[ParamId, bytes]:
     return {pid: grads.get(pid).numpy().tobytes() for pid in grads}
+
+
+def _next_line(process: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """The writer's next line of output (a bound on the wait, not a figure under test)."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    assert ready, f"the writer printed nothing for {timeout} s"
+    line = process.stdout.readline()
+    assert line.startswith("committed "), line or process.stderr
+    return line.rstrip("\n")
 
 
 def test_sigkill_during_snapshots_never_shows_a_partial_one(tmp_path: Path) -> None:
@@ -99,11 +110,14 @@ def test_sigkill_while_commits_reuse_deleted_folders_never_shows_a_partial_one(
     reused = 0
     for round_index in range(10):
         process = _writer(str(store), f"spare{round_index}", 0, keep_last=1)
-        time.sleep(rng.uniform(0.15, 0.45))
+        # killed a random while after its third to eighth commit (however busy the
+        # machine, so that commits into spare folders happen in every round)
+        seen = [_next_line(process) for _ in range(rng.randint(3, 8))]
+        time.sleep(rng.uniform(0.0, 0.03))
         process.send_signal(signal.SIGKILL)
         out, _ = process.communicate()
         assert process.returncode == -signal.SIGKILL
-        lines = out.splitlines()
+        lines = seen + out.splitlines()
         reused += max(0, len(lines) - 2)
         if lines:
             last_of_round[f"spare{round_index}"] = lines[-1].split()[1]
