@@ -236,9 +236,10 @@ def _read_in_one_call(
     let go. No reader is called. False, with nothing read, where the extension lacks it
     or a reader's part is not float32 values it lets be read whole.
 
-    For the MLP's six gradients this is one call where the spans took about 80 Python
-    calls; a file read so is at most WHOLE_FILE_MAX_BYTES, so a mapped upload's pages are
-    let go a part, not a span, at a time."""
+    One call for every part, where the spans took several Python calls a part (a slice
+    handed to its reader, its stats taken in); a file read so is at most
+    WHOLE_FILE_MAX_BYTES, so a mapped part's pages are let go a part, not a span, at a
+    time."""
     if crc32c_parts is None:
         return False
     wanted = []

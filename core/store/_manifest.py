@@ -299,8 +299,9 @@ class OneChunkPlan:
         stats: dict[str, list],
     ) -> dict[str, Any]:
         """The manifest of ``record`` (of this plan's structure) written as snapshot
-        ``snapshot_id`` with these checksums and stats: :func:`build_manifest`'s, field for
-        field (``packed_at_root``, every gradient packed, no compression, no shard)."""
+        ``snapshot_id`` with these checksums and stats: the fields :func:`build_manifest`
+        writes for every gradient packed, uncompressed and whole (no shard), with the
+        packed array named PACKED_AT_ROOT, the snapshot's node."""
         return _manifest(
             record,
             snapshot_id=snapshot_id,
