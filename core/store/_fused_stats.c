@@ -335,9 +335,11 @@ crc32c_min_max_sum_squares(PyObject *module, PyObject *const *args, Py_ssize_t n
 
 /* crc32c(A + B) from crc32c(A), crc32c(B) and len(B): crc32c(A) times x^(8 len(B)) modulo
  * P, plus crc32c(B) (the pre- and post-inversions cancel). Products are taken in the
- * CRC's reflected bit order, bit 31 standing for x^0; ``powers[k]`` is x^(2^k) mod P. */
+ * CRC's reflected bit order, bit 31 standing for x^0; ``powers[k]`` is x^(2^k) mod P, up
+ * to x^(2^66): x^(8 len(B)) for any length a 64-bit size holds. */
 #define CRC32C_POLY 0x82f63b78u
-static uint32_t powers[64];
+#define POWERS 67
+static uint32_t powers[POWERS];
 
 static uint32_t
 multiply_mod_p(uint32_t a, uint32_t b)
@@ -355,7 +357,7 @@ static void
 init_powers(void)
 {
     uint32_t p = 1u << 30; /* x^1 */
-    for (int k = 0; k < 64; k++) {
+    for (int k = 0; k < POWERS; k++) {
         powers[k] = p;
         p = multiply_mod_p(p, p);
     }
