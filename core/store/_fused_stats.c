@@ -404,33 +404,34 @@ crc32c_parts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                      nargs);
         return NULL;
     }
-    PyObject *parts = PySequence_Fast(args[0], "crc32c_parts: parts must be a sequence");
+    /* tuples of their own: a flag's __bool__ may change the caller's lists, not these */
+    PyObject *parts = PySequence_Tuple(args[0]);
     if (parts == NULL)
         return NULL;
-    PyObject *stats = PySequence_Fast(args[1], "crc32c_parts: stats must be a sequence");
+    PyObject *stats = PySequence_Tuple(args[1]);
     if (stats == NULL) {
         Py_DECREF(parts);
         return NULL;
     }
     PyObject *result = NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(parts), held = 0;
+    Py_ssize_t count = PyTuple_GET_SIZE(parts), held = 0;
     part_t *taken = PyMem_Calloc(count ? (size_t)count : 1, sizeof(part_t));
     if (taken == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    if (PySequence_Fast_GET_SIZE(stats) != count) {
+    if (PyTuple_GET_SIZE(stats) != count) {
         PyErr_Format(PyExc_ValueError, "crc32c_parts: %zd parts but %zd stats flags", count,
-                     PySequence_Fast_GET_SIZE(stats));
+                     PyTuple_GET_SIZE(stats));
         goto done;
     }
     for (; held < count; held++) {
         part_t *part = &taken[held];
-        int wanted = PyObject_IsTrue(PySequence_Fast_GET_ITEM(stats, held));
+        int wanted = PyObject_IsTrue(PyTuple_GET_ITEM(stats, held));
         if (wanted < 0)
             goto done;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(parts, held), &part->view,
-                               PyBUF_C_CONTIGUOUS) < 0)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(parts, held), &part->view, PyBUF_C_CONTIGUOUS) <
+            0)
             goto done;
         part->stats = wanted;
         if (wanted && (part->view.len == 0 || part->view.len % 4)) {

@@ -293,7 +293,7 @@ def test_crc32c_parts_refuses_what_is_not_float32_values_where_stats_are_asked()
         with_parts([values, values], [True])
     with pytest.raises(TypeError):
         with_parts([object()], [False])
-    with pytest.raises(TypeError, match="sequence"):
+    with pytest.raises(TypeError, match="not iterable"):
         with_parts(5, [False])
     with pytest.raises(TypeError, match="not 1"):
         with_parts([values])
@@ -312,3 +312,24 @@ def test_stats_from_a_kernel_result_are_those_of_add(case: str) -> None:
     stats = _stats.stats_of_kernel_result(values, *taken[2:])
     assert checksummed_stats([values]) == (taken[1], stats)
     assert list(stats) == ["l2_norm", "max_abs", "nan_count", "inf_count"]
+
+
+@needs_crc32c
+def test_crc32c_parts_reads_the_lists_as_they_were_when_called() -> None:
+    """A flag whose truth test empties the caller's lists (any Python code may run there)
+    changes nothing of the call: it reads the parts and flags it was given."""
+    parts = [b"abcd"] * 4
+    stats: list[object] = []
+
+    class Emptying:
+        def __bool__(self) -> bool:
+            stats.clear()
+            parts.clear()
+            return False
+
+    stats[:] = [Emptying(), False, False, False]
+    taken = with_parts(parts, stats)
+    assert [part[0] for part in taken] == [
+        crc32c_rs.crc32c(b"abcd" * count) for count in range(1, 5)
+    ]
+    assert parts == [] and stats == []
