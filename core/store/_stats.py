@@ -206,13 +206,6 @@ class StatsAccumulator:
         self._take(_from_kernel(piece, low, high, sum_squares))
         return crc
 
-    def add_kernel_result(
-        self, piece: np.ndarray, low: float, high: float, sum_squares: float
-    ) -> None:
-        """:meth:`add` of float32 ``piece`` (C-contiguous, one dimension) from the min,
-        max and sum of squares the C extension took of it."""
-        self._take(_from_kernel(piece, low, high, sum_squares))
-
     def _take(self, piece_stats: tuple[SumOfSquares, float, int, int]) -> None:
         sum_squares, max_abs, nan_count, inf_count = piece_stats
         if self._max_abs is None:  # the first piece (a gradient's only one, mostly)
@@ -233,20 +226,16 @@ class StatsAccumulator:
 
 def stats_of_kernel_result(values: np.ndarray, low: float, high: float, sum_squares: float) -> dict:
     """:func:`gradient_stats` of float32 ``values`` (C-contiguous) from the min, max and
-    sum of squares the C extension took of them in one pass (``crc32c_parts``): worked
-    out here where they are all finite and not tiny, the common case (the same dict,
-    field for field), else by :class:`StatsAccumulator` from the values."""
+    sum of squares the C extension took of them in one pass (``crc32c_parts``): the
+    norm straight from the sum where every value is finite and none tiny, the common
+    case, else as :func:`_from_kernel` says (zeros, or the exact pass over the values)."""
     max_abs = max(high, -low)
     if math.isfinite(sum_squares) and max_abs >= SCALED_BELOW:
-        return {
-            "l2_norm": math.sqrt(sum_squares),
-            "max_abs": max_abs + 0.0,
-            "nan_count": 0,
-            "inf_count": 0,
-        }
-    stats = StatsAccumulator()
-    stats.add_kernel_result(values.reshape(-1), low, high, sum_squares)
-    return stats.result()
+        return _stats_dict(math.sqrt(sum_squares), max_abs, 0, 0)
+    squares, max_abs, nan_count, inf_count = _from_kernel(
+        values.reshape(-1), low, high, sum_squares
+    )
+    return _stats_dict(squares.norm(), max_abs, nan_count, inf_count)
 
 
 def gradient_stats(array: np.ndarray) -> dict:

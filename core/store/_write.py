@@ -358,17 +358,15 @@ class _OneChunkPacked:
                     values = stats_of_kernel_result(array, low, high, sum_squares)
                     for key, value in values.items():
                         stats[key][slot] = value
-                self.checksums = checksums
-                self.stats = stats
-                return
-            for slot, accumulator in accumulators:  # each slice taken in as it was read
-                for key, value in accumulator.result().items():
-                    stats[key][slot] = value
-            running = trailer.running  # the crc32c of the chunk up to the end of each part
-            for slot, index in large:
-                before = running[index - 1] if index else 0
-                nbytes = entries[slot].array.nbytes
-                checksums[slot] = crc32c_of_tail(running[index], before, nbytes)
+            else:
+                for slot, accumulator in accumulators:  # each slice taken in as it was read
+                    for key, value in accumulator.result().items():
+                        stats[key][slot] = value
+                running = trailer.running  # the chunk's crc32c up to the end of each part
+                for slot, index in large:
+                    before = running[index - 1] if index else 0
+                    nbytes = entries[slot].array.nbytes
+                    checksums[slot] = crc32c_of_tail(running[index], before, nbytes)
             self.checksums = checksums
             self.stats = stats
 
@@ -410,11 +408,11 @@ class SnapshotWrite:
         chunk_bytes: int,
         max_concurrency: int,
         compression: Compression | None,
+        plans: OneChunkPlans,
         shard: ShardedSet | None = None,
-        plans: OneChunkPlans | None = None,
     ) -> None:
         self._backend = backend
-        self._plans = OneChunkPlans() if plans is None else plans
+        self._plans = plans
         self._shard = shard
         self.committed_document: bytes | None = None
         self._threads = threads
