@@ -118,6 +118,29 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
+def _make_folders(path: Path) -> list[Path]:
+    """Make the folder ``path`` and every missing folder above it (as ``mkdir -p``); the
+    folders this call made, outermost first (none where ``path`` was there)."""
+    missing = []
+    while not path.is_dir() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    made = []
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+            continue  # made meanwhile by someone else, who makes it durable
+        made.append(folder)
+    return made
+
+
+def _depth(path: Path) -> int:
+    return len(path.parts)
+
+
 def _fsync_paths(paths: list[str]) -> None:
     """fsync each file or folder of ``paths``, in order (a read-only descriptor will do)."""
     for path in paths:
@@ -611,8 +634,16 @@ class LocalBackend(StoreBackend):
             ) from error
 
     def _prepare_sync(self) -> None:
-        for folder in (self.root, self.snapshots_dir, self.staging_dir):
-            folder.mkdir(parents=True, exist_ok=True)
+        """Make the store's folders and group documents where they are missing, durably:
+        each folder made has its entry fsynced in its parent (the store folder's own in
+        the folder that holds it), each document its folder, before the first snapshot
+        counts on them."""
+        made = [
+            folder
+            for target in (self.root, self.snapshots_dir, self.staging_dir)
+            for folder in _make_folders(target)
+        ]
+        synced = set()
         for folder in (self.root, self.snapshots_dir):
             document = folder / MANIFEST_NAME
             if not document.exists():
@@ -620,6 +651,10 @@ class LocalBackend(StoreBackend):
                 write_file(str(temporary), [dump_json(group_metadata())])
                 os.replace(temporary, document)
                 _fsync_directory(str(folder))
+                synced.add(folder)
+        # deepest first: a folder's entry is durable before the entry of the folder above
+        for parent in sorted({folder.parent for folder in made} - synced, key=_depth, reverse=True):
+            _fsync_directory(str(parent))
 
     def _check_sync(self) -> None:
         # a folder that is not there yet is fine (the first snapshot creates it), as long

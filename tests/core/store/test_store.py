@@ -611,6 +611,37 @@ async def test_every_file_and_folder_is_fsynced_before_the_manifest_and_the_rena
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+@pytest.mark.parametrize("blocking", [False, True], ids=["event-loop", "one-step"])
+async def test_the_first_snapshot_makes_every_folder_it_creates_durable(
+    tmp_path: Path, monkeypatch, blocking: bool
+) -> None:
+    """A store folder that does not exist yet, two levels below one that does: the first
+    snapshot makes the three folders and the store's own, and before it is committed each
+    new folder's entry is fsynced in its parent (a power cut after the snapshot is
+    reported durable loses neither it nor the folders above it)."""
+    root = tmp_path.resolve() / "a" / "b" / "store"
+    store = open_store(root)
+    record = make_record({"w": np.arange(1 << 18, dtype=np.float32)})
+    events = record_fsyncs_and_renames(monkeypatch)
+    if blocking:
+        info = store.write_snapshot_blocking(record, run="r", step=0)
+        assert info is not None
+    else:
+        info = await store.write_snapshot(record, run="r", step=0)
+    monkeypatch.undo()
+    order = {event: position for position, event in enumerate(events)}
+    renamed = order[("rename", str(root / ".staging" / info.id))]
+    for folder in (tmp_path.resolve(), root.parent.parent, root.parent, root):
+        assert ("fsync", str(folder)) in order, f"{folder} was never fsynced"
+        assert order[("fsync", str(folder))] < renamed, folder
+    # the deepest first: a folder's entry is durable before the one of the folder above it
+    assert order[("fsync", str(root.parent))] < order[("fsync", str(root.parent.parent))]
+    assert order[("fsync", str(root.parent.parent))] < order[("fsync", str(tmp_path.resolve()))]
+    assert_bit_identical(await store.read_snapshot(info.id), record)
+    await store.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 @pytest.mark.parametrize("direct", [True, False], ids=["o-direct", "page-cache"])
 async def test_chunk_files_written_directly_are_fsynced_with_the_documents(
     tmp_path: Path, monkeypatch, direct: bool
