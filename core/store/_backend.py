@@ -75,6 +75,11 @@ class ThreadRunner:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(function, *args))
 
+    @property
+    def started(self) -> bool:
+        """Whether the pool's threads were started (by a first :meth:`run`) and not closed."""
+        return self._executor is not None
+
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)

@@ -223,6 +223,12 @@ class FsyncTogether:
         for future in futures:
             future.result()
 
+    @property
+    def started(self) -> bool:
+        """Whether fsyncs were ever handed to threads of its own (not closed since)."""
+        with self._lock:
+            return self._executor is not None
+
     def close(self) -> None:
         with self._lock:
             executor, self._executor = self._executor, None
@@ -909,9 +915,14 @@ class LocalBackend(StoreBackend):
 
     async def close(self) -> None:
         """The fsync threads end and the spare folders are removed; files are opened and
-        closed per operation."""
-        await asyncio.to_thread(self.fsyncs.close)
-        await asyncio.to_thread(self._remove_spares_sync)
+        closed per operation. A store that started no fsync thread and keeps no spare
+        folder has nothing to release: its close makes no trip through a thread."""
+        if self.fsyncs.started:
+            await asyncio.to_thread(self.fsyncs.close)
+        with self._spares_lock:
+            spares = bool(self._spares)
+        if spares:
+            await asyncio.to_thread(self._remove_spares_sync)
 
 
 class _LocalSnapshotWriter(SnapshotWriter):

@@ -110,7 +110,8 @@ class SnapshotStore:
     async def close(self) -> None:
         """Release the store's threads and connections."""
         await self._backend.close()
-        await asyncio.to_thread(self._threads.close)
+        if self._threads.started:  # its shutdown waits for the threads: not on the loop
+            await asyncio.to_thread(self._threads.close)
 
     # --- writing ----------------------------------------------------------------------
 

@@ -222,3 +222,27 @@ def test_a_first_snapshot_that_cannot_make_the_store_folders_names_them(
         info = recorder.start_snapshot(grads, run="r", step=1).result(timeout=60)
         assert [s.id for s in recorder.sync.list()] == [info.id]
         assert _bytes(recorder.sync.restore(info.id, "cpu")) == _bytes(grads)
+
+
+def test_closing_a_recorder_whose_store_started_no_thread_starts_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Snapshots committed in the commit thread leave the store's pools and fsync threads
+    unstarted and no spare folder: closing the recorder releases nothing by way of a
+    thread (its loop's default pool included) and leaves only the committed snapshots."""
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        real_start(thread)
+
+    recorder = Recorder(tmp_path / "store")
+    for step in range(3):
+        recorder.start_snapshot(_grads(step, SMALL), run="r", step=step).result()
+    monkeypatch.setattr(threading.Thread, "start", start)
+    recorder.close()
+    monkeypatch.undo()
+    assert started == []
+    assert os.listdir(tmp_path / "store" / ".staging") == []
+    assert len(os.listdir(tmp_path / "store" / "snapshots")) == 4  # and its zarr.json

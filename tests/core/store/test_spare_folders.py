@@ -158,6 +158,7 @@ def test_only_snapshots_of_one_chunk_are_kept_and_at_most_spare_folders(
         assert recorder.store.backend.spare_folders == 2
         assert len(_spares(root)) == 2
         assert len(os.listdir(root / ".staging")) == 2
+    assert os.listdir(root / ".staging") == []  # closing the recorder removed them
 
 
 async def test_a_store_that_never_commits_in_one_step_keeps_none(tmp_path: Path) -> None:
