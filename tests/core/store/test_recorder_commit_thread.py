@@ -238,11 +238,29 @@ def test_closing_a_recorder_whose_store_started_no_thread_starts_none(
         real_start(thread)
 
     recorder = Recorder(tmp_path / "store")
+    # fsyncs in line however slow this machine's are now (slow ones start threads)
+    recorder.store.backend.fsyncs.IN_LINE_BELOW = float("inf")
     for step in range(3):
         recorder.start_snapshot(_grads(step, SMALL), run="r", step=step).result()
+    assert not recorder.store.backend.fsyncs.started
     monkeypatch.setattr(threading.Thread, "start", start)
     recorder.close()
     monkeypatch.undo()
     assert started == []
     assert os.listdir(tmp_path / "store" / ".staging") == []
     assert len(os.listdir(tmp_path / "store" / "snapshots")) == 4  # and its zarr.json
+
+
+def test_closing_a_recorder_ends_the_fsync_threads_its_store_started(tmp_path: Path) -> None:
+    """Where the store handed its fsyncs to threads (a device whose fsyncs are slow),
+    closing the recorder ends them."""
+    recorder = Recorder(tmp_path / "store")
+    fsyncs = recorder.store.backend.fsyncs
+    fsyncs.IN_LINE_BELOW = 0.0  # as if every fsync were slow: a round goes to the threads
+    fsyncs.PROBE_EVERY = 1 << 30
+    for step in range(2):
+        recorder.start_snapshot(_grads(step, SMALL), run="r", step=step).result()
+    assert fsyncs.started
+    recorder.close()
+    assert not fsyncs.started
+    assert not any(t.name.startswith("gradvault-fsync") for t in threading.enumerate())
