@@ -49,11 +49,7 @@ import numpy as np
 
 from ..records.mapped_file import release_pages
 from ._checksums import SLICE_BYTES, Crc32cTrailer, ReadAlong, crc32c
-
-try:  # the C extension's, where it was built and the CPU can (core/store/_stats.py)
-    from ._fused_stats import crc32c_parts
-except ImportError:
-    crc32c_parts = None  # type: ignore[assignment]
+from ._stats import crc32c_parts
 
 _log = logging.getLogger("gradvault.store")
 NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)

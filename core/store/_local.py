@@ -137,10 +137,6 @@ def _make_folders(path: Path) -> list[Path]:
     return made
 
 
-def _depth(path: Path) -> int:
-    return len(path.parts)
-
-
 def _fsync_paths(paths: list[str]) -> None:
     """fsync each file or folder of ``paths``, in order (a read-only descriptor will do)."""
     for path in paths:
@@ -649,7 +645,7 @@ class LocalBackend(StoreBackend):
             for target in (self.root, self.snapshots_dir, self.staging_dir)
             for folder in _make_folders(target)
         ]
-        synced = set()
+        synced: set[Path] = set()
         for folder in (self.root, self.snapshots_dir):
             document = folder / MANIFEST_NAME
             if not document.exists():
@@ -659,7 +655,8 @@ class LocalBackend(StoreBackend):
                 _fsync_directory(str(folder))
                 synced.add(folder)
         # deepest first: a folder's entry is durable before the entry of the folder above
-        for parent in sorted({folder.parent for folder in made} - synced, key=_depth, reverse=True):
+        parents = {folder.parent for folder in made} - synced
+        for parent in sorted(parents, key=lambda path: len(path.parts), reverse=True):
             _fsync_directory(str(parent))
 
     def _check_sync(self) -> None:

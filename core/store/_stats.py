@@ -16,9 +16,10 @@ try:  # built by setup.py where a C compiler was at hand; NumPy's three passes o
 except ImportError:
     min_max_sum_squares = None  # type: ignore[assignment]
 try:  # there too where the CPU has SSE4.2, PCLMULQDQ and AVX2 with VPCLMULQDQ
-    from ._fused_stats import crc32c_min_max_sum_squares
+    from ._fused_stats import crc32c_min_max_sum_squares, crc32c_parts
 except ImportError:
     crc32c_min_max_sum_squares = None  # type: ignore[assignment]
+    crc32c_parts = None  # type: ignore[assignment]
 
 
 def _json_float(value: float) -> float | str:
