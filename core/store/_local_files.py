@@ -1,0 +1,323 @@
+"""A local store's files, a system call or a few at a time.
+
+Reading one (a regular file only, no symbolic link followed, into memory of its own), the
+sizes of the files under a folder, the locks that claim a folder for its removal or for a
+shard's publication, removing a folder and what it holds, and replacing a file whole.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import shutil
+import signal
+import stat
+import sys
+from typing import Any
+
+import numpy as np
+
+from ._backend import UnexpectedObjectError
+from ._checksums import SLICE_BYTES, crc32c
+from ._file_writes import is_own_file, write_file
+
+#: How many passes a removal makes when files keep appearing in what it removes.
+_REMOVAL_PASSES = 3
+#: flock errors that mean "this file system does not lock", not "someone holds the lock"
+_NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
+_LOCK_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_DIRECTORY", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+#: A file looked at, not read: never through a link, never waiting on someone's lease
+_PROBE_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+)
+
+#: How a store file is opened for reading: without following a symbolic link in its place,
+#: and without blocking (a FIFO in a chunk's place would otherwise hang the open).
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+_FILE_KINDS = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def check_no_linked_folder(root: str, key: str) -> None:
+    """FileNotFoundError if a folder on the way from ``root`` to ``key`` is a symbolic link.
+
+    The store follows no symbolic link below its root: a folder that is one (a snapshot
+    folder linked in from elsewhere, say) holds nothing, for reads as for the listing and
+    delete, so no key can reach a file outside the store.
+    """
+    folder = root
+    for name in key.split("/")[:-1]:
+        folder = os.path.join(folder, name)
+        if stat.S_ISLNK(os.lstat(folder).st_mode):
+            raise FileNotFoundError(errno.ENOENT, "a folder on its path is a symbolic link", folder)
+
+
+def _open_regular(root: str, key: str) -> tuple[int, int]:
+    """An fd open on the regular file ``key`` under ``root``, and its size.
+
+    Refused with UnexpectedObjectError before anything is read: a symbolic link (even one
+    to the right bytes: a store's files are its own), a folder, a FIFO, a device; a key
+    under a folder that is a symbolic link is absent (FileNotFoundError).
+    """
+    check_no_linked_folder(root, key)
+    path = os.path.join(root, key)
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnexpectedObjectError("is a symbolic link, not a regular file") from None
+        raise
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            kind = _FILE_KINDS.get(stat.S_IFMT(status.st_mode), "not a file")
+            raise UnexpectedObjectError(f"is {kind}, not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, status.st_size
+
+
+def _fill(fd: int, buffers: list[memoryview], size: int, checksum: bool = False) -> list[int]:
+    """Read exactly ``size`` bytes into ``buffers``; refuse a file that changed length.
+
+    With ``checksum``, the running crc32c after each buffer, each slice of SLICE_BYTES
+    checksummed as soon as it is read (while in cache); else an empty list.
+    """
+    crcs: list[int] = []
+    crc = 0
+    filled = 0
+    for buffer in buffers:
+        for start in range(0, len(buffer), SLICE_BYTES):
+            piece = buffer[start : start + SLICE_BYTES]
+            view = piece
+            while len(view):
+                count = os.readv(fd, [view])
+                if not count:
+                    raise UnexpectedObjectError(
+                        f"shrank to {filled} bytes while read; it had {size}"
+                    )
+                filled += count
+                view = view[count:]
+            if checksum:
+                crc = crc32c(piece, crc)
+        if checksum:
+            crcs.append(crc)
+    if os.read(fd, 1):
+        raise UnexpectedObjectError(f"grew while read; it had {size} bytes")
+    return crcs
+
+
+def read_file(root: str, key: str, max_size: int | None = None) -> memoryview:
+    """The bytes of the regular file ``key`` under ``root``, read into memory of their own.
+
+    Nothing is mapped: a file that someone else changes or truncates later cannot change
+    (or, through SIGBUS, kill) what was read. docs/FORMAT.md, "Reads", has the
+    figures against the mapped copy-on-write reads this replaced.
+    """
+    fd, size = _open_regular(root, key)
+    try:
+        if max_size is not None and size > max_size:
+            raise UnexpectedObjectError(f"is {size} bytes; at most {max_size} expected")
+        buffer = np.empty(size, dtype=np.uint8).data  # not zero-filled: read over
+        _fill(fd, [buffer], size)
+        return buffer
+    finally:
+        os.close(fd)
+
+
+def file_size(root: str, key: str) -> int:
+    """The size of the regular file ``key`` under ``root`` (refused as a read would refuse it)."""
+    fd, size = _open_regular(root, key)
+    os.close(fd)
+    return size
+
+
+def read_file_into(
+    root: str, key: str, buffers: list[memoryview], checksum: bool = False
+) -> list[int]:
+    """Fill ``buffers`` with the regular file ``key`` under ``root``, exactly as long as they
+    are.
+
+    With ``checksum``, the running crc32c after each buffer (see :func:`_fill`).
+    """
+    expected = sum(len(view) for view in buffers)
+    fd, size = _open_regular(root, key)
+    try:
+        if size != expected:
+            raise UnexpectedObjectError(f"is {size} bytes; expected {expected}")
+        return _fill(fd, buffers, size, checksum)
+    finally:
+        os.close(fd)
+
+
+def file_sizes_under(folder: str) -> dict[str, int | None]:
+    """Regular files under ``folder`` with their sizes; None for anything else, not entered
+    (a folder that is a symbolic link holds nothing, as it would inside the walk)."""
+    found: dict[str, int | None] = {}
+    try:
+        if stat.S_ISLNK(os.lstat(folder).st_mode):
+            return found
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    pending = [("", folder)]
+    while pending:
+        prefix, path = pending.pop()
+        try:
+            entries = list(os.scandir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            key = prefix + entry.name
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    found[key] = entry.stat(follow_symlinks=False).st_size
+                    continue
+                found[key] = None
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((key + "/", entry.path))
+            except FileNotFoundError:
+                continue  # removed meanwhile: absent
+    return found
+
+
+def newest_mtime(path: str) -> float:
+    newest = os.lstat(path).st_mtime
+    for folder, subfolders, files in os.walk(path):
+        for name in subfolders + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(folder, name)).st_mtime)
+            except FileNotFoundError:
+                pass
+    return newest
+
+
+def lock_for_removal(path: str) -> int | None:
+    """A descriptor of folder ``path`` holding its removal lock; None if gone or held elsewhere.
+
+    The lock (``flock``) belongs to the open descriptor and so follows the folder through
+    renames; the kernel drops it when its holder exits, so a crashed delete or gc leaves
+    a folder that the next gc can take.
+    """
+    try:
+        fd = os.open(path, _LOCK_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        _take_lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return None
+    return fd
+
+
+def only_name_and_unopened(path: str) -> bool:
+    """Whether ``path`` is a regular file with no other name that no descriptor, of this
+    process or any other, has open or mapped: then nobody reads it as it is written again.
+
+    Asked of the kernel with a write lease (``F_SETLEASE``), granted only where no other
+    descriptor of the file is open, and given back at once. A file system or a user the
+    kernel gives no lease to answers False.
+    """
+    try:
+        fd = os.open(path, _PROBE_FLAGS)
+    except OSError:
+        return False
+    try:
+        if not is_own_file(os.fstat(fd)):
+            return False
+        # should someone open the file while the lease is held, the kernel signals its
+        # holder: with SIGURG, ignored unless handled, rather than SIGIO, which would end
+        # this process
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    except (OSError, AttributeError):  # AttributeError: no leases on this platform
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _take_lock(fd: int, operation: int) -> None:
+    """``flock(fd, operation)``; closes ``fd`` when it raises.
+
+    On a file system without flock nothing is locked: removal is still claimed by the
+    rename and tolerant of others, only a live removal can no longer be told from a
+    leftover.
+    """
+    try:
+        fcntl.flock(fd, operation)
+    except OSError as error:
+        if error.errno not in _NO_LOCKING:
+            os.close(fd)
+            raise
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def lock_folder(path: str) -> int:
+    """A descriptor of folder ``path`` holding its lock exclusively, waiting for it.
+
+    The lock a writer of a sharded snapshot holds while it publishes its shard and
+    perhaps commits: gc and other ranks wait or skip meanwhile. FileNotFoundError if the
+    folder is gone. (Without flock the folder is returned unlocked; see lock_for_removal.)
+    """
+    fd = os.open(path, _LOCK_FLAGS)
+    _take_lock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def replace_file(path: str, buffers: list[Any]) -> None:
+    """Write ``path`` whole (a private temporary file, fsynced, renamed over it)."""
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, f".{name}.{secrets.token_hex(8)}")
+    write_file(temporary, buffers)
+    os.replace(temporary, path)
+
+
+def remove_tree(path: str) -> bool:
+    """Remove ``path`` and what it holds; True once it is gone.
+
+    Entries that vanish meanwhile (someone else removed them) are not errors; a folder
+    that files appeared in while it was being emptied is emptied again, a few times at
+    most. Other failures (permissions, I/O) raise.
+    """
+    failures: list[BaseException] = []
+
+    def tolerate(function: Any, failed_path: str, error: BaseException) -> None:
+        if isinstance(error, FileNotFoundError):
+            return
+        if isinstance(error, OSError) and error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return  # emptied again on the next pass
+        failures.append(error)
+
+    for _ in range(_REMOVAL_PASSES):
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=tolerate)
+        else:
+            shutil.rmtree(
+                path, onerror=lambda function, where, info: tolerate(function, where, info[1])
+            )
+        if failures:
+            raise failures[0]
+        if not os.path.lexists(path):
+            return True
+    return False
