@@ -68,7 +68,7 @@ ALLOWED = {
         "tests of core/store/_device_stream.py's internals (RingStreamer, CupyCopier) on "
         "a real CUDA device"
     ),
-    ("integrations/torch_loops.py", "gradvault.core.store._local"): (
+    ("integrations/torch_loops.py", "gradvault.core.store._local_writer"): (
         "fault injection in a rank: SIGKILL, or a write that never ends, at the step after "
         "its chunks are written (publish_shard), a point no public call stops at"
     ),

@@ -299,22 +299,22 @@ def _faulty_snapshot(
     if rank == kill_rank:
         import os
 
-        from gradvault.core.store import _local, _s3  # the step after the chunks are written
+        from gradvault.core.store import _local_writer, _s3  # the step after the chunks are written
 
         def killed(*args: Any, **kwargs: Any) -> Any:
             os.kill(os.getpid(), signal.SIGKILL)
 
-        _local.publish_shard = killed  # type: ignore[assignment]
+        _local_writer.publish_shard = killed  # type: ignore[assignment]
         _s3.publish_shard = killed  # type: ignore[assignment]
     if rank == stuck_rank:
         import asyncio
 
-        from gradvault.core.store import _local
+        from gradvault.core.store import _local_writer
 
         async def stuck(*args: Any, **kwargs: Any) -> Any:
             await asyncio.sleep(PAUSE_SECONDS)
 
-        _local.publish_shard = stuck  # type: ignore[assignment]
+        _local_writer.publish_shard = stuck  # type: ignore[assignment]
     outcome_text = "returned"
     try:
         gv_torch.snapshot(
