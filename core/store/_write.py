@@ -13,8 +13,8 @@ whole write.
 A DeviceSnapshot (gradients on a CUDA device) is written the same way, to the same
 bytes, except where the chunks come from: each large gradient's chunks are copied from
 the device one at a time into a ring of pinned host buffers lent by the snapshot's
-RingPool (``_chunks.StreamedChunks``), so host memory is bounded by the pool; the small ones
-are read to host whole and packed.
+RingPool (``_chunks.StreamedChunks``), so host memory is bounded by the pool; the small
+ones are read to host whole and packed.
 """
 
 from __future__ import annotations
