@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 from ..errors import StoreUnavailableError
 from ._backend import (
     MANIFEST_NAME,
+    RANKS_GROUP,
     SNAPSHOTS_PREFIX,
     CheckedRead,
     ManyRead,
@@ -431,12 +433,45 @@ class LocalBackend(StoreBackend):
         except FileNotFoundError:
             return []
         cutoff = time.time() - grace_seconds
-        return sorted(entry.name for entry in entries if self._collect_entry(entry, cutoff))
+        committed = self._committed_folders_sync() if entries else {}
+        return sorted(
+            entry.name for entry in entries if self._collect_entry(entry, cutoff, committed)
+        )
 
-    def _collect_entry(self, entry: os.DirEntry[str], cutoff: float) -> bool:
+    def _committed_folders_sync(self) -> dict[tuple[int, int], str]:
+        """The committed snapshots' folders and their ranks' folders, by (device, inode)."""
+        folders: dict[tuple[int, int], str] = {}
+        try:
+            names = os.listdir(self.snapshots_dir)
+        except FileNotFoundError:
+            return folders
+        for name in names:
+            path = f"{self.snapshots_path}/{name}"
+            inside = [path]
+            try:
+                inside += [
+                    f"{path}/{RANKS_GROUP}/{rank}" for rank in os.listdir(f"{path}/{RANKS_GROUP}")
+                ]
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            for folder in inside:
+                try:
+                    status = os.lstat(folder)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISDIR(status.st_mode):
+                    folders[(status.st_dev, status.st_ino)] = folder
+        return folders
+
+    def _collect_entry(
+        self, entry: os.DirEntry[str], cutoff: float, committed: dict[tuple[int, int], str]
+    ) -> bool:
         """Claim one ``.staging/`` entry untouched since ``cutoff`` and remove it.
 
-        False if it is fresh, or gone, or someone else (a live delete or gc) has it.
+        False if it is fresh, or gone, or someone else (a live delete or gc) has it, or if
+        it is another name of a folder in ``committed`` (left by a power cut on a file
+        system that does not journal its folders, docs/FORMAT.md "Commit protocol"):
+        emptying it would empty that snapshot.
         """
         claimed = str(self.staging_dir / f"{COLLECTING_PREFIX}{secrets.token_hex(8)}")
         if not entry.is_dir(follow_symlinks=False):
@@ -456,8 +491,20 @@ class LocalBackend(StoreBackend):
             try:
                 if newest_mtime(entry.path) > cutoff:
                     return False
-                if not os.path.samestat(os.fstat(fd), os.lstat(entry.path)):
+                locked = os.fstat(fd)
+                if not os.path.samestat(locked, os.lstat(entry.path)):
                     return False  # the name was reused since it was locked
+                also = committed.get((locked.st_dev, locked.st_ino))
+                if also is not None:
+                    _log.warning(
+                        "store %s: gc leaves %s: it is another name of the committed folder "
+                        "%s (a power cut left both names on a file system that does not "
+                        "journal its folders); a file system check (e2fsck) removes one",
+                        self.location,
+                        entry.path,
+                        also,
+                    )
+                    return False
                 # From here on a writer of this folder finds it gone and fails.
                 os.rename(entry.path, claimed)
             except FileNotFoundError:

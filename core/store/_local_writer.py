@@ -5,8 +5,8 @@ cache is fsynced as soon as it is written; one written with O_DIRECT (its bytes 
 device already), the arrays' ``zarr.json`` documents and every folder once all chunks
 are written (all together, in parallel threads: on ext4 each folder fsync forces a
 journal commit, and while chunks are still streaming every one of them forced a new
-one); then the manifest, fsynced, one ``os.rename`` to ``snapshots/<id>`` and an fsync
-of the ``snapshots`` folder. A reader therefore sees a whole snapshot or none. Files are
+one); then the manifest, fsynced, one ``os.rename`` to ``snapshots/<id>`` and fsyncs of
+the two folders it changed. A reader therefore sees a whole snapshot or none. Files are
 written with ``os.open``/``os.writev``/``os.fsync`` in a thread pool, many at once
 (measured faster than aiofiles, which makes one thread hop per call; docs/FORMAT.md has
 the figures), large chunk files with O_DIRECT where the file system takes it
@@ -62,6 +62,8 @@ class LocalStore(Protocol):
     snapshots_path: str
     #: where snapshots are staged (``.staging/``)
     staging_dir: Path
+    #: ``staging_dir`` as text
+    staging_path: str
 
     @property
     def threads(self) -> ThreadRunner: ...
@@ -245,6 +247,17 @@ class LocalSnapshotWriter(SnapshotWriter):
         self._check_nothing_missing()
         os.rename(self._folder, f"{self._backend.snapshots_path}/{self._snapshot_id}")
 
+    def _renames_durable_sync(self) -> None:
+        """Make the renames out of ``.staging/`` durable: fsync ``snapshots/``, where the
+        snapshots' names now are, then ``.staging/``, where they no longer are.
+
+        A file system that does not journal its folders (ext4 without a journal) writes
+        each folder's change on that folder's own fsync: with ``snapshots/`` alone, a power
+        cut could leave a committed snapshot's folder with its old name in ``.staging/``
+        too, which gc would take for an abandoned write and empty.
+        """
+        fsync_paths([self._backend.snapshots_path, self._backend.staging_path])
+
     def _fsync_staged_in_order(self, paths: list[str]) -> None:
         """fsync ``paths`` of the staging folder one after the other (reported as
         :meth:`_fsync_staged` reports a file gone)."""
@@ -279,7 +292,7 @@ class LocalSnapshotWriter(SnapshotWriter):
 
     def _commit_sync(self, group_document: bytes, turn: CommitTurn | None) -> bool:
         """Seal the snapshot and, if ``turn`` is None or open already, rename it into place
-        and fsync ``snapshots/``: True once committed, False if it must wait for its turn.
+        and make that durable: True once committed, False if it must wait for its turn.
 
         The files and folders still pending (the packed array's chunk, every array's
         document, every folder; those of a large snapshot are fsynced before, in
@@ -315,7 +328,7 @@ class LocalSnapshotWriter(SnapshotWriter):
         if turn is not None and not turn.is_open():
             return False
         self._rename_into_place_sync()
-        fsync_directory(self._backend.snapshots_path)
+        self._renames_durable_sync()
         return True
 
     async def commit(self, group_metadata: bytes) -> None:
@@ -408,7 +421,7 @@ class LocalSnapshotWriter(SnapshotWriter):
         self, action: str, commit_sync: Callable[..., bool], *args: Any
     ) -> None:
         """Run ``commit_sync(*args)`` (True once it has renamed the snapshot into place and
-        fsynced ``snapshots/``); if it had to leave the rename to the snapshot's turn,
+        made it durable); if it had to leave the rename to the snapshot's turn,
         wait for the turn and rename. The turn is released in any case."""
         turn = self.turn
         with holding(turn):  # released once the rename is done, or has failed
@@ -417,9 +430,9 @@ class LocalSnapshotWriter(SnapshotWriter):
             assert turn is not None
             await turn.wait()
             await self._run(action, self._rename_into_place_sync)
-        # Renames of snapshots in flight together are made durable by one fsync of the
-        # snapshots folder, or by fsyncs that run at once and share a journal commit.
-        await self._run(action, fsync_directory, str(self._backend.snapshots_dir))
+        # Renames of snapshots in flight together are made durable by one fsync of each
+        # folder, or by fsyncs that run at once and share a journal commit.
+        await self._run(action, self._renames_durable_sync)
 
     async def abort(self) -> None:
         try:
@@ -540,7 +553,8 @@ class LocalShardWriter(LocalSnapshotWriter, ShardWriter, ShardSteps):
             if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 return False
             raise
-        fsync_directory(self._ranks)
+        # its new name, then its old one gone (``_renames_durable_sync``)
+        fsync_paths([self._ranks, self._backend.staging_path])
         return True
 
     async def place_shard(self, shard_document: bytes) -> bool:
@@ -562,7 +576,7 @@ class LocalShardWriter(LocalSnapshotWriter, ShardWriter, ShardSteps):
         except FileNotFoundError:
             # only where flock is missing: another rank committed first
             return read_file(self._committed, MANIFEST_NAME).tobytes()
-        fsync_directory(str(self._backend.snapshots_dir))
+        self._renames_durable_sync()
         return document
 
     async def commit_shard_set(self, document: bytes) -> bytes | Taken | None:

@@ -110,12 +110,15 @@ def test_queued_snapshots_commit_in_start_order_each_durable_before_its_handle(
     pause.go.set()
 
     snapshots = str(tmp_path.resolve() / "store" / "snapshots")
+    staging = str(tmp_path.resolve() / "store" / ".staging")
     infos = []
     for handle in handles:
         info = handle.result(60)
         seen = list(events)  # what had happened when the handle completed
         renamed = seen.index(("rename", str(tmp_path / "store" / ".staging" / info.id)))
-        assert ("fsync", snapshots) in seen[renamed + 1 :], "handle completed before durable"
+        # both folders the rename changed: its new name and its old one gone
+        for folder in (snapshots, staging):
+            assert ("fsync", folder) in seen[renamed + 1 :], "handle completed before durable"
         infos.append(info)
     monkeypatch.undo()
 

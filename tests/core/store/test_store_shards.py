@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 import gradvault.core as gv
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, new_snapshot_id, open_store
+from tests.core.os_probes import record_fsyncs_and_renames
 from tests.core.shard_writer import RUN, STEP, rank_record
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -365,3 +367,79 @@ async def test_a_shard_manifest_or_the_snapshot_manifest_edited_in_place_is_refu
         with pytest.raises(gv.ManifestError, match=f"{snapshot_id}.*checksum"):
             await store.info(snapshot_id)
         assert await store.list() == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+async def test_every_rename_out_of_staging_is_made_durable_in_both_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank's shard moves from its private folder in .staging/ to the set's ranks/, and
+    the set from .staging/ to snapshots/: after each rename, the folder the name went to
+    and .staging/, where it was, are fsynced before the write returns. On a file system
+    that does not journal its folders, a stale name in .staging/ for a committed folder
+    would be emptied by gc as an abandoned write."""
+    root = tmp_path.resolve() / "store"
+    store = open_store(root)
+    await store.write_snapshot(_record(0), run="r", step=0)  # the store's own folders exist
+    snapshot_id = new_snapshot_id()
+    staging, committed = str(root / ".staging"), str(root / "snapshots" / snapshot_id)
+    for rank in range(2):
+        events = record_fsyncs_and_renames(monkeypatch)
+        written = await _write(store, snapshot_id, rank)
+        monkeypatch.undo()
+        renames = [i for i, (kind, path) in enumerate(events) if kind == "rename"]
+        placed = next(i for i in renames if f"{snapshot_id}.rank{rank}-" in events[i][1])
+        ranks = os.path.join(staging, snapshot_id, "ranks")
+        assert ("fsync", ranks) in events[placed + 1 :]
+        assert ("fsync", staging) in events[placed + 1 :]
+        if rank == 1:  # the last rank commits the set
+            assert written.committed
+            moved = events.index(("rename", os.path.join(staging, snapshot_id)))
+            assert events[moved + 1 :] == [
+                ("fsync", str(root / "snapshots")),
+                ("fsync", staging),
+            ]
+    assert os.path.isdir(committed)
+    assert await store.read_snapshot(snapshot_id, rank=1) == _record(1)
+    await store.close()
+
+
+@pytest.mark.parametrize("folder", ["snapshot", "rank"])
+async def test_gc_leaves_a_staging_name_that_is_another_name_of_a_committed_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, folder: str
+) -> None:
+    """A power cut on a file system that does not journal its folders can leave a
+    committed folder (a snapshot's, or one rank's shard in it) with its old name in
+    .staging/ as well: two names of one folder, which no system call makes, so the
+    committed folder's ``lstat`` answers here for the stale one. gc must leave that name
+    alone (emptying it would empty the snapshot) and say why, and still collect an
+    ordinary leftover in the same pass."""
+    root = tmp_path.resolve() / "store"
+    store = open_store(root)
+    snapshot_id = new_snapshot_id()
+    for rank in range(2):
+        await _write(store, snapshot_id, rank)
+    committed = root / "snapshots" / snapshot_id
+    named = committed if folder == "snapshot" else committed / "ranks" / "0"
+    old = time.time() - 7200
+    stale, leftover = (root / ".staging" / new_snapshot_id() for _ in range(2))
+    for made in (stale, leftover):
+        made.mkdir()
+        (made / "c.0").write_bytes(b"123")
+        for path in (made / "c.0", made):
+            os.utime(path, (old, old))
+    real_lstat = os.lstat
+
+    def two_names(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if os.fspath(path) == str(named):  # type: ignore[arg-type]
+            return real_lstat(stale)
+        return real_lstat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patched:  # unit-level fault injection
+        patched.setattr(os, "lstat", two_names)
+        assert await store.gc(grace_seconds=60) == [leftover.name]
+    assert (stale / "c.0").read_bytes() == b"123" and not leftover.exists()
+    assert f"gc leaves {stale}: it is another name of the committed folder {named}" in (caplog.text)
+    assert await store.gc(grace_seconds=60) == [stale.name]  # one name per folder again
+    assert await store.read_snapshot(snapshot_id, rank=0) == _record(0)
+    await store.close()
