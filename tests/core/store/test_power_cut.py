@@ -6,8 +6,10 @@ copied: the copy holds what the device was sent, and nothing of what the kernel 
 keeps in memory, which a power cut would lose. The copy is then mounted as a store of its
 own: every committed snapshot must be there once, under ``snapshots/`` only (a second
 name of its folder left in ``.staging/`` would be emptied by gc as an abandoned write),
-survive gc, and read back bit for bit. And where an older commit left such a name (a
-commit that fsynced ``snapshots/`` alone), gc leaves it. Needs root (mount, loop devices)
+survive gc, and read back bit for bit; so must a store's first snapshot and the folders
+it made, a recorder's queued snapshots with their retention, and a delete stay done. And
+where an older commit left such a name (one that fsynced ``snapshots/`` alone), gc
+leaves it. Needs root (mount, loop devices)
 and e2fsprogs; skipped otherwise. Each test mounts two small images (64 MiB, sparse).
 """
 
@@ -23,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradvault.core import ParamId
+from gradvault.core import ParamId, Recorder
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, new_snapshot_id, open_store
 
@@ -197,3 +199,78 @@ async def test_gc_leaves_a_stale_staging_name_of_a_committed_folder(
         assert "is another name of the committed folder" in caplog.text
         assert await restored.read_snapshot(info.id) == expected
         await restored.close()
+
+
+async def test_a_power_cut_after_the_first_snapshot_keeps_the_folders_it_made(
+    disk: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The first snapshot of a store two folders below the disk's root makes those
+    folders, the store's own and its documents: all of them durable once it returns."""
+    folder, image = disk
+    os.sync()
+    store = open_store(folder / "a" / "b" / "store")
+    info = store.write_snapshot_blocking(_record(0), run="r", step=0)
+    assert info is not None
+    cut = tmp_path / "cut.img"
+    shutil.copyfile(image, cut)
+    expected = await _contents(store)
+    await store.close()
+
+    with _mounted(cut, tmp_path / "after") as after:
+        restored = open_store(after / "a" / "b" / "store")
+        assert await _contents(restored) == expected
+        await restored.close()
+
+
+@pytest.mark.parametrize("spare", [True, False], ids=["kept-spare", "removed"])
+async def test_a_power_cut_after_a_delete_returns_keeps_it_deleted(
+    disk: tuple[Path, Path], tmp_path: Path, spare: bool
+) -> None:
+    """A delete that returned stays done: the snapshot is not listed after the cut, and
+    the one kept reads. Its folder is kept as a spare (a store that commits in one step
+    keeps up to ``spare_folders``) or removed."""
+    folder, image = disk
+    store = open_store(folder / "store")
+    kept = store.write_snapshot_blocking(_record(0), run="r", step=1)
+    doomed = store.write_snapshot_blocking(_record(1), run="r", step=2)
+    assert kept is not None and doomed is not None
+    store.backend.spare_folders = 2 if spare else 0  # type: ignore[attr-defined]
+    os.sync()
+    await store.delete(doomed.id)
+    staged = os.listdir(folder / "store" / ".staging")
+    assert any(name.startswith(".spare-") for name in staged) is spare
+    cut = tmp_path / "cut.img"
+    shutil.copyfile(image, cut)
+    expected = await _contents(store)
+    await store.close()
+    assert doomed.id not in {found for found, _ in expected}
+
+    with _mounted(cut, tmp_path / "after") as after:
+        restored = open_store(after / "store")
+        assert await _contents(restored) == expected
+        await restored.gc(grace_seconds=0)
+        assert await _contents(restored) == expected
+        await restored.close()
+
+
+def test_a_power_cut_after_queued_snapshots_return_keeps_every_one(
+    disk: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A recorder's snapshots started back to back (queued, each renamed in its turn, with
+    ``keep_last`` deleting the oldest after each) are all durable once their handles
+    return: the cut holds exactly what the store listed."""
+    folder, image = disk
+    with Recorder(folder / "store", keep_last=3) as recorder:
+        handles = [recorder.start_snapshot(_record(seed), run="r", step=seed) for seed in range(6)]
+        infos = [handle.result(60) for handle in handles]
+        cut = tmp_path / "cut.img"
+        shutil.copyfile(image, cut)
+        listed = [info.id for info in recorder.sync.list()]
+    assert sorted(listed) == [info.id for info in infos[-3:]]  # keep_last=3: the newest three
+
+    with _mounted(cut, tmp_path / "after") as after:
+        assert _other_names(after / "store") == []
+        with Recorder(after / "store") as restored:
+            assert [info.id for info in restored.sync.list()] == listed
+            for info, seed in zip(infos[-3:], range(3, 6), strict=True):
+                assert restored.sync.fetch(info.id) == _record(seed)
