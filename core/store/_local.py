@@ -43,7 +43,7 @@ from ._backend import (
     UnexpectedObjectError,
 )
 from ._file_writes import DirectWrites, write_file
-from ._fsync import FsyncTogether, fsync_directory, make_folders
+from ._fsync import FsyncTogether, fsync_directory, fsync_paths, make_folders
 from ._ids import parse_snapshot_id
 from ._local_files import (
     check_no_linked_folder,
@@ -394,7 +394,10 @@ class LocalBackend(StoreBackend):
                 os.rename(self.snapshots_dir / snapshot_id, doomed)
             except FileNotFoundError:
                 return False
-            fsync_directory(str(self.snapshots_dir))
+            # The name gone from snapshots/; then, for a file system that does not
+            # journal its folders, the folder's new name and its ``..``, so that a power
+            # cut leaves it named in .staging/ (where gc finds it), not unconnected.
+            fsync_paths([self.snapshots_path, str(doomed), self.staging_path])
             # Invisible from here on: the snapshot is deleted whatever happens to its files.
             if self.keep_as_spare(str(doomed)):
                 return True
