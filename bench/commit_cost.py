@@ -184,14 +184,13 @@ def _layout_floor_commit(
     """A one-chunk snapshot's files, folder, fsyncs and rename (format 4: the chunk beside
     the snapshot's document, the packed array's), and the floor's passes (the crc32c only,
     without ``stats``) and write, in one thread: ``staging`` becomes ``committed`` (a
-    folder of ``snapshots/``), and the three folders the rename changed are fsynced, as a
+    folder of ``snapshots/``), and both folders the rename changed are fsynced, as a
     store's commit fsyncs them (docs/FORMAT.md, "Commit protocol")."""
     staging.mkdir()
     _floor_commit(staging / "c.0", arrays, aligned, stats)
     _new_file(str(staging / "zarr.json"), document)
     fsync_path(staging)
     staging.rename(committed)
-    fsync_path(committed)
     fsync_path(committed.parent)
     fsync_path(staging.parent)
 

@@ -12,7 +12,7 @@ training step leaves free, to tell the snapshot's own cost from competition for 
 The floor of that cost: the same loop with each step's gradients committed by no
 gradvault code at all, in a plain thread, one commit after the other as the recorder
 makes them: their crc32c (crc32c-rs, one pass), their bytes written with ``O_DIRECT`` from
-memory laid out once (no copy, no stats), a snapshot document beside them, six fsyncs
+memory laid out once (no copy, no stats), a snapshot document beside them, five fsyncs
 and a rename (commit_cost's layout floor, ``stats=False``), timed until the last is
 durable. Its row against the loop without snapshots says what a durable snapshot every
 step costs this machine whoever writes it, and gradvault's against it what gradvault adds.

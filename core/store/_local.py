@@ -394,10 +394,10 @@ class LocalBackend(StoreBackend):
                 os.rename(self.snapshots_dir / snapshot_id, doomed)
             except FileNotFoundError:
                 return False
-            # The name gone from snapshots/; then, for a file system that does not
-            # journal its folders, the folder's new name and its ``..``, so that a power
-            # cut leaves it named in .staging/ (where gc finds it), not unconnected.
-            fsync_paths([self.snapshots_path, str(doomed), self.staging_path])
+            # The name gone from snapshots/, then (for a file system that does not journal
+            # its folders) its new one in .staging/: a power cut leaves the folder where
+            # gc finds it, not without a name.
+            fsync_paths([self.snapshots_path, self.staging_path])
             # Invisible from here on: the snapshot is deleted whatever happens to its files.
             if self.keep_as_spare(str(doomed)):
                 return True

@@ -248,19 +248,15 @@ class LocalSnapshotWriter(SnapshotWriter):
         os.rename(self._folder, f"{self._backend.snapshots_path}/{self._snapshot_id}")
 
     def _renames_durable_sync(self) -> None:
-        """Make the rename of this snapshot's folder out of ``.staging/`` durable (and those
-        of snapshots renamed with it): fsync the folder (its ``..``), ``snapshots/``, where
-        its name now is, and ``.staging/``, where it no longer is.
+        """Make the renames out of ``.staging/`` durable: fsync ``snapshots/``, where the
+        snapshots' names now are, then ``.staging/``, where they no longer are.
 
         A file system that does not journal its folders (ext4 without a journal) writes
         each folder's change on that folder's own fsync: with ``snapshots/`` alone, a power
         cut could leave a committed snapshot's folder with its old name in ``.staging/``
-        too, which gc would take for an abandoned write and empty; and with its ``..``
-        still naming ``.staging/``, the check at boot (``e2fsck -p``) stops for a manual
-        one instead of repairing the rest by itself.
+        too, which gc would take for an abandoned write and empty.
         """
-        moved = f"{self._backend.snapshots_path}/{self._snapshot_id}"
-        fsync_paths([moved, self._backend.snapshots_path, self._backend.staging_path])
+        fsync_paths([self._backend.snapshots_path, self._backend.staging_path])
 
     def _fsync_staged_in_order(self, paths: list[str]) -> None:
         """fsync ``paths`` of the staging folder one after the other (reported as
@@ -557,9 +553,8 @@ class LocalShardWriter(LocalSnapshotWriter, ShardWriter, ShardSteps):
             if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 return False
             raise
-        # its ``..``, its new name, its old one gone (``_renames_durable_sync``)
-        placed = os.path.join(self._ranks, str(self._rank))
-        fsync_paths([placed, self._ranks, self._backend.staging_path])
+        # its new name, then its old one gone (``_renames_durable_sync``)
+        fsync_paths([self._ranks, self._backend.staging_path])
         return True
 
     async def place_shard(self, shard_document: bytes) -> bool:

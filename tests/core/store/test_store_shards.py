@@ -374,10 +374,10 @@ async def test_every_rename_out_of_staging_is_made_durable_in_both_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A rank's shard moves from its private folder in .staging/ to the set's ranks/, and
-    the set from .staging/ to snapshots/: after each rename, the folder moved (its
-    ``..``), the folder the name went to and .staging/, where it was, are fsynced before
-    the write returns. On a file system that does not journal its folders, a stale name in
-    .staging/ for a committed folder would be emptied by gc as an abandoned write."""
+    the set from .staging/ to snapshots/: after each rename, the folder the name went to
+    and .staging/, where it was, are fsynced before the write returns. On a file system
+    that does not journal its folders, a stale name in .staging/ for a committed folder
+    would be emptied by gc as an abandoned write."""
     root = tmp_path.resolve() / "store"
     store = open_store(root)
     await store.write_snapshot(_record(0), run="r", step=0)  # the store's own folders exist
@@ -390,13 +390,12 @@ async def test_every_rename_out_of_staging_is_made_durable_in_both_folders(
         renames = [i for i, (kind, path) in enumerate(events) if kind == "rename"]
         placed = next(i for i in renames if f"{snapshot_id}.rank{rank}-" in events[i][1])
         ranks = os.path.join(staging, snapshot_id, "ranks")
-        for folder in (os.path.join(ranks, str(rank)), ranks, staging):
+        for folder in (ranks, staging):
             assert ("fsync", folder) in events[placed + 1 :], folder
         if rank == 1:  # the last rank commits the set
             assert written.committed
             moved = events.index(("rename", os.path.join(staging, snapshot_id)))
             assert events[moved + 1 :] == [
-                ("fsync", committed),
                 ("fsync", str(root / "snapshots")),
                 ("fsync", staging),
             ]
