@@ -17,6 +17,7 @@ gone and fails; its final rename can no longer move half-removed files into
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -168,6 +169,19 @@ class LocalBackend(StoreBackend):
             except OSError:  # collected by gc, or unusable: gc removes what is left
                 continue
             return True
+
+    def make_moves_durable(self) -> None:
+        """Make the renames of folders between ``snapshots/`` and ``.staging/`` durable
+        (a commit's into ``snapshots/``, a delete's out of it): fsync ``snapshots/``, then
+        ``.staging/``.
+
+        A file system that does not journal its folders (ext4 without a journal) writes
+        each folder's change on that folder's own fsync: with ``snapshots/`` alone, a power
+        cut could leave a committed snapshot's folder with its old name in ``.staging/``
+        too, which gc would take for an abandoned write and empty, or a deleted one's with
+        no name at all.
+        """
+        fsync_paths([self.snapshots_path, self.staging_path])
 
     def _remove_spares_sync(self) -> None:
         with self._spares_lock:
@@ -394,10 +408,7 @@ class LocalBackend(StoreBackend):
                 os.rename(self.snapshots_dir / snapshot_id, doomed)
             except FileNotFoundError:
                 return False
-            # The name gone from snapshots/, then (for a file system that does not journal
-            # its folders) its new one in .staging/: a power cut leaves the folder where
-            # gc finds it, not without a name.
-            fsync_paths([self.snapshots_path, self.staging_path])
+            self.make_moves_durable()  # a power cut leaves it where gc finds it
             # Invisible from here on: the snapshot is deleted whatever happens to its files.
             if self.keep_as_spare(str(doomed)):
                 return True
@@ -436,7 +447,8 @@ class LocalBackend(StoreBackend):
         except FileNotFoundError:
             return []
         cutoff = time.time() - grace_seconds
-        committed = self._committed_folders_sync() if entries else {}
+        # listed once, and only if a folder old enough to be collected is found
+        committed = functools.cache(self._committed_folders_sync)
         return sorted(
             entry.name for entry in entries if self._collect_entry(entry, cutoff, committed)
         )
@@ -467,12 +479,15 @@ class LocalBackend(StoreBackend):
         return folders
 
     def _collect_entry(
-        self, entry: os.DirEntry[str], cutoff: float, committed: dict[tuple[int, int], str]
+        self,
+        entry: os.DirEntry[str],
+        cutoff: float,
+        committed: Callable[[], dict[tuple[int, int], str]],
     ) -> bool:
         """Claim one ``.staging/`` entry untouched since ``cutoff`` and remove it.
 
         False if it is fresh, or gone, or someone else (a live delete or gc) has it, or if
-        it is another name of a folder in ``committed`` (left by a power cut on a file
+        it is another name of a folder in ``committed()`` (left by a power cut on a file
         system that does not journal its folders, docs/FORMAT.md "Commit protocol"):
         emptying it would empty that snapshot.
         """
@@ -497,7 +512,7 @@ class LocalBackend(StoreBackend):
                 locked = os.fstat(fd)
                 if not os.path.samestat(locked, os.lstat(entry.path)):
                     return False  # the name was reused since it was locked
-                also = committed.get((locked.st_dev, locked.st_ino))
+                also = committed().get((locked.st_dev, locked.st_ino))
                 if also is not None:
                     _log.warning(
                         "store %s: gc leaves %s: it is another name of the committed folder "

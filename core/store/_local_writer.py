@@ -74,6 +74,8 @@ class LocalStore(Protocol):
 
     def take_spare(self, folder: str) -> bool: ...
 
+    def make_moves_durable(self) -> None: ...
+
 
 class LocalSnapshotWriter(SnapshotWriter):
     def __init__(self, backend: LocalStore, snapshot_id: str, folder: Path | str) -> None:
@@ -247,17 +249,6 @@ class LocalSnapshotWriter(SnapshotWriter):
         self._check_nothing_missing()
         os.rename(self._folder, f"{self._backend.snapshots_path}/{self._snapshot_id}")
 
-    def _renames_durable_sync(self) -> None:
-        """Make the renames out of ``.staging/`` durable: fsync ``snapshots/``, where the
-        snapshots' names now are, then ``.staging/``, where they no longer are.
-
-        A file system that does not journal its folders (ext4 without a journal) writes
-        each folder's change on that folder's own fsync: with ``snapshots/`` alone, a power
-        cut could leave a committed snapshot's folder with its old name in ``.staging/``
-        too, which gc would take for an abandoned write and empty.
-        """
-        fsync_paths([self._backend.snapshots_path, self._backend.staging_path])
-
     def _fsync_staged_in_order(self, paths: list[str]) -> None:
         """fsync ``paths`` of the staging folder one after the other (reported as
         :meth:`_fsync_staged` reports a file gone)."""
@@ -328,7 +319,7 @@ class LocalSnapshotWriter(SnapshotWriter):
         if turn is not None and not turn.is_open():
             return False
         self._rename_into_place_sync()
-        self._renames_durable_sync()
+        self._backend.make_moves_durable()
         return True
 
     async def commit(self, group_metadata: bytes) -> None:
@@ -432,7 +423,7 @@ class LocalSnapshotWriter(SnapshotWriter):
             await self._run(action, self._rename_into_place_sync)
         # Renames of snapshots in flight together are made durable by one fsync of each
         # folder, or by fsyncs that run at once and share a journal commit.
-        await self._run(action, self._renames_durable_sync)
+        await self._run(action, self._backend.make_moves_durable)
 
     async def abort(self) -> None:
         try:
@@ -553,7 +544,7 @@ class LocalShardWriter(LocalSnapshotWriter, ShardWriter, ShardSteps):
             if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 return False
             raise
-        # its new name, then its old one gone (``_renames_durable_sync``)
+        # its new name, then its old one gone (``LocalBackend.make_moves_durable``)
         fsync_paths([self._ranks, self._backend.staging_path])
         return True
 
@@ -576,7 +567,7 @@ class LocalShardWriter(LocalSnapshotWriter, ShardWriter, ShardSteps):
         except FileNotFoundError:
             # only where flock is missing: another rank committed first
             return read_file(self._committed, MANIFEST_NAME).tobytes()
-        self._renames_durable_sync()
+        self._backend.make_moves_durable()
         return document
 
     async def commit_shard_set(self, document: bytes) -> bytes | Taken | None:
