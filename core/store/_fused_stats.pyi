@@ -20,9 +20,21 @@ def crc32c_min_max_sum_squares(
     values: np.ndarray | memoryview, crc: int, /
 ) -> tuple[int, float, float, float]:
     """(crc32c, min, max, sum of squares): the crc32c of the values' bytes continued from
-    ``crc`` (0: none before), and :func:`min_max_sum_squares`, in one pass. Present only
-    where the CPU has SSE4.2, PCLMULQDQ and AVX2 with VPCLMULQDQ (256-bit carry-less
-    multiplies); OverflowError for a crc over 32 bits."""
+    ``crc`` (0: none before), and :func:`min_max_sum_squares`, in one pass by the kernel
+    :data:`CHECKSUM_KERNEL` names. Present only where the CPU has SSE4.2, PCLMULQDQ and
+    AVX2 with VPCLMULQDQ (256-bit carry-less multiplies); OverflowError for a crc over 32
+    bits."""
+
+def crc32c_min_max_sum_squares_256(
+    values: np.ndarray | memoryview, crc: int, /
+) -> tuple[int, float, float, float]:
+    """The same by the 256-bit kernel (tests check it where the CPU gets the 512-bit one).
+    Present where :func:`crc32c_min_max_sum_squares` is."""
+
+#: Which kernel takes the crc32c with the stats: "512-bit carry-less multiplies (AVX-512)"
+#: where the CPU has AVX-512F, "256-bit carry-less multiplies" otherwise. Present where
+#: :func:`crc32c_min_max_sum_squares` is.
+CHECKSUM_KERNEL: str
 
 def crc32c_parts(
     parts: Sequence[memoryview | bytes | np.ndarray], stats: Sequence[bool], /

@@ -1,11 +1,12 @@
 """The C extension that takes a float32 gradient's min, max and sum of squares in one pass.
 
 Its kernels (the one the CPU gets, the portable 128-bit one every CPU runs, and, where
-the CPU has carry-less multiplies on 256-bit vectors, the one that takes the crc32c in
-the same pass) are checked against NumPy on sizes around their vector and block widths
-and on every kind of special value, and the last one's crc32c against crc32c-rs on every
-count of 1 to 299 values and of 1,019 to 1,093, from unaligned starts and running values; the
-stats a commit writes are checked to be the same, within the sum of squares' rounding,
+the CPU has carry-less multiplies on 256-bit vectors, the ones that take the crc32c in
+the same pass: the 256-bit one, and the 512-bit one where the CPU has AVX-512F) are
+checked against NumPy on sizes around their vector and block widths and on every kind of
+special value, and the last ones' crc32c against crc32c-rs on every count of 1 to 299
+values and of 1,019 to 1,093, from unaligned starts and running values; the stats a
+commit writes are checked to be the same, within the sum of squares' rounding,
 whether the extension is there or not. Where a C compiler is at hand on Linux, the
 extension must have been built: an install that silently fell back to NumPy would pass
 everything else here.
@@ -13,6 +14,7 @@ everything else here.
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import shutil
@@ -32,12 +34,21 @@ needs_crc32c = pytest.mark.skipif(
     with_crc32c is None, reason="the CPU has no carry-less multiplies on 256-bit vectors"
 )
 
+#: the kernels that take the crc32c with the stats: the one the CPU gets, and the 256-bit
+#: one where that is the 512-bit one
+CHECKSUM_KERNELS = {}
+if with_crc32c is not None:
+    CHECKSUM_KERNELS[fused.CHECKSUM_KERNEL] = with_crc32c
+    CHECKSUM_KERNELS["256-bit carry-less multiplies"] = fused.crc32c_min_max_sum_squares_256
+
 KERNELS = {
     "dispatched": fused.min_max_sum_squares,
     "portable": fused.min_max_sum_squares_portable,
 }
-if with_crc32c is not None:  # its stats, the crc32c checked below
-    KERNELS["with crc32c"] = lambda values: with_crc32c(values, 0)[1:]
+for name, checksum_kernel in CHECKSUM_KERNELS.items():  # their stats, the crc32c below
+    KERNELS[f"with crc32c, {name}"] = functools.partial(
+        lambda run, values: run(values, 0)[1:], checksum_kernel
+    )
 SIZES = [1, 2, 15, 16, 17, 31, 32, 33, 1023, 1024, 1025, 2047, 4101, (1 << 20) + 3]
 
 
@@ -57,6 +68,11 @@ def test_built_where_a_c_compiler_is_at_hand() -> None:
     folding = wide and {"sse4_2", "pclmulqdq", "vpclmulqdq"} <= flags
     assert (with_crc32c is not None) == folding
     assert _stats.CHECKSUM_WITH_STATS == folding
+    if folding:
+        wider = "avx512f" in flags
+        assert fused.CHECKSUM_KERNEL == (
+            "512-bit carry-less multiplies (AVX-512)" if wider else "256-bit carry-less multiplies"
+        )
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -154,10 +170,12 @@ def test_a_gradients_stats_are_the_same_without_the_extension(
 
 
 @needs_crc32c
-def test_the_crc32c_of_every_length_start_and_running_value() -> None:
-    """Every count of 1 to 299 values (the folds take 32 at a time, the stats' blocks
+@pytest.mark.parametrize("kernel", CHECKSUM_KERNELS)
+def test_the_crc32c_of_every_length_start_and_running_value(kernel: str) -> None:
+    """Every count of 1 to 299 values (the folds take 32 or 64 at a time, the stats' blocks
     1,024), of 1,019 to 1,093 and 2,081, from buffers that start 0, 4, 28 and 60 bytes into
     an array, continued from running values 0, 1, 0xFFFFFFFF and one at random."""
+    with_crc32c = CHECKSUM_KERNELS[kernel]
     rng = np.random.default_rng(7)
     memory = rng.standard_normal(4096).astype(np.float32)
     for start in (0, 1, 7, 15):
@@ -170,8 +188,10 @@ def test_the_crc32c_of_every_length_start_and_running_value() -> None:
 
 
 @needs_crc32c
-def test_its_crc32c_on_bytes_of_any_value() -> None:
+@pytest.mark.parametrize("kernel", CHECKSUM_KERNELS)
+def test_its_crc32c_on_bytes_of_any_value(kernel: str) -> None:
     """NaNs, infinities and every bit pattern are bytes to the crc32c like any other."""
+    with_crc32c = CHECKSUM_KERNELS[kernel]
     patterns = np.random.default_rng(8).integers(0, 2**32, size=70_001, dtype=np.uint32)
     values = patterns.view(np.float32)
     crc = with_crc32c(values, 0)[0]
@@ -184,7 +204,9 @@ def test_its_crc32c_on_bytes_of_any_value() -> None:
 
 
 @needs_crc32c
-def test_a_crc_over_32_bits_is_refused() -> None:
+@pytest.mark.parametrize("kernel", CHECKSUM_KERNELS)
+def test_a_crc_over_32_bits_is_refused(kernel: str) -> None:
+    with_crc32c = CHECKSUM_KERNELS[kernel]
     values = np.ones(8, dtype=np.float32)
     with pytest.raises(OverflowError):
         with_crc32c(values, 2**32)
