@@ -336,7 +336,8 @@ def _goes_cached(direct: DirectWrites, path: str, error: OSError) -> bool:
     return error.errno == errno.EFAULT
 
 
-def _set_direct(fd: int, on: bool) -> None:
+def set_direct(fd: int, on: bool) -> None:
+    """Set or clear O_DIRECT on the open file ``fd`` (OSError where refused)."""
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     fcntl.fcntl(fd, fcntl.F_SETFL, flags | O_DIRECT if on else flags & ~O_DIRECT)
 
@@ -409,7 +410,7 @@ class _DirectFile:
         if aligned:
             self._write(self._buffer[:aligned])
         if self._filled > aligned:
-            _set_direct(self._fd, False)
+            set_direct(self._fd, False)
             write_all(self._fd, [self._buffer[aligned : self._filled]])
 
     def _write(self, view: memoryview) -> None:
@@ -421,7 +422,7 @@ class _DirectFile:
                 raise
             written = 0
         if written < len(view):  # refused, or short: the rest through the cache
-            _set_direct(self._fd, False)
+            set_direct(self._fd, False)
             write_all(self._fd, [view[written:]])
 
 
@@ -623,7 +624,7 @@ class _FileImage:
                     raise
                 written = 0
             if written < length:
-                _set_direct(self._fd, False)
+                set_direct(self._fd, False)
                 _pwritev_all(self._fd, _after(batch, written), start + written)
             start += length
 
@@ -632,7 +633,7 @@ class _FileImage:
         self._wait(raising=True)
         tail = self._buffer[self._aligned_end : self._length]
         if len(tail) or trailer:
-            _set_direct(self._fd, False)
+            set_direct(self._fd, False)
             _pwritev_all(self._fd, [tail, memoryview(trailer)], self._aligned_end)
 
     def abandon(self) -> None:
@@ -750,7 +751,7 @@ def _write_image(
 def _try_direct(fd: int, path: str, direct: DirectWrites) -> bool:
     """Set O_DIRECT on ``fd``; False (and the store stops trying) where it is refused."""
     try:
-        _set_direct(fd, True)
+        set_direct(fd, True)
     except OSError as error:
         if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
             raise

@@ -1,6 +1,7 @@
 """A local store's files, a system call or a few at a time.
 
-Reading one (a regular file only, no symbolic link followed, into memory of its own), the
+Reading one (a regular file only, no symbolic link followed, into memory of its own: from
+the page cache where its first page is there, with O_DIRECT where it is not), the
 sizes of the files under a folder, the locks that claim a folder for its removal or for a
 shard's publication, removing a folder and what it holds, and replacing a file whole.
 """
@@ -21,7 +22,7 @@ import numpy as np
 
 from ._backend import UnexpectedObjectError
 from ._checksums import SLICE_BYTES, crc32c
-from ._file_writes import is_own_file, write_file
+from ._file_writes import DIRECT_ALIGNMENT, O_DIRECT, is_own_file, set_direct, write_file
 
 #: How many passes a removal makes when files keep appearing in what it removes.
 _REMOVAL_PASSES = 3
@@ -95,32 +96,118 @@ def _open_regular(root: str, key: str) -> tuple[int, int]:
     return fd, status.st_size
 
 
+#: A first buffer at least this long (4 KiB-aligned in address) is read with O_DIRECT where
+#: the file's first page is not in the page cache (:func:`_read_uncached`).
+DIRECT_READ_MIN_BYTES = 1 << 20
+#: The bytes after the first buffer (a chunk's padding and crc32c) that come in the same
+#: direct read, through a scratch buffer; where there are more, they are read as before.
+_DIRECT_TAIL_BYTES = 64 << 10
+#: preadv2's flag that reads only what the page cache holds (0 where there is none)
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+#: What a refused probe or direct read raises: the flag, O_DIRECT or the buffer not taken
+_DIRECT_REFUSALS = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EFAULT}
+
+
+def _aligned_scratch(nbytes: int) -> memoryview:
+    block = np.empty(nbytes + DIRECT_ALIGNMENT, dtype=np.uint8)
+    start = -block.ctypes.data % DIRECT_ALIGNMENT
+    return block[start : start + nbytes].data
+
+
+def _read_uncached(fd: int, buffers: list[memoryview], size: int) -> int:
+    """Read the ``size``-byte file's first bytes into ``buffers`` with O_DIRECT if its first
+    page is not in the page cache; how many are in place (from offset 0, buffer after
+    buffer). 0 where it is cached, the first buffer is too short or not aligned, or the
+    platform or file system refuses: the caller then reads every byte through the cache.
+
+    A restore from a cold cache spent most of its CPU on the page cache: each page
+    allocated and filled by the device, then copied into the gradient's buffer. A direct
+    read has the device fill the buffer itself and leaves the cache as it was. The first
+    buffer's aligned bytes and the file's last bytes (its padding and crc32c, up to
+    _DIRECT_TAIL_BYTES, through an aligned scratch buffer) go in one request. The probe is
+    one ``preadv2`` of the first 4 KiB with RWF_NOWAIT, which reads only what is cached
+    (EAGAIN otherwise, having started the read of the first few pages, 16 KiB here, into
+    the cache): a file just written or read is read from the cache as before.
+    """
+    if not (O_DIRECT and _RWF_NOWAIT and buffers):
+        return 0
+    first = buffers[0]
+    aligned = len(first) - len(first) % DIRECT_ALIGNMENT
+    if (
+        aligned < DIRECT_READ_MIN_BYTES
+        or np.frombuffer(first, np.uint8).ctypes.data % DIRECT_ALIGNMENT
+    ):
+        return 0
+    try:
+        if os.preadv(fd, [first[:DIRECT_ALIGNMENT]], 0, _RWF_NOWAIT) == DIRECT_ALIGNMENT:
+            return 0  # cached
+    except BlockingIOError:
+        pass  # not cached
+    except OSError as error:
+        if error.errno in _DIRECT_REFUSALS:
+            return 0
+        raise
+    rest = size - aligned
+    views = [first[:aligned]]
+    if 0 < rest <= _DIRECT_TAIL_BYTES:
+        views.append(_aligned_scratch(-(-rest // DIRECT_ALIGNMENT) * DIRECT_ALIGNMENT))
+    try:
+        set_direct(fd, True)
+    except OSError as error:
+        if error.errno in _DIRECT_REFUSALS:
+            return 0
+        raise
+    try:
+        count = os.preadv(fd, views, 0)
+    except OSError as error:
+        if error.errno not in _DIRECT_REFUSALS:
+            raise
+        count = 0
+    finally:
+        set_direct(fd, False)
+    if count < aligned:  # shorter than expected: the caller's reads say so
+        return count - count % DIRECT_ALIGNMENT
+    tail = views[-1][: min(count - aligned, rest)] if len(views) > 1 else memoryview(b"")
+    placed = aligned
+    for target in [first[aligned:], *buffers[1:]]:  # the tail's bytes where they belong
+        take = min(len(target), len(tail))
+        target[:take] = tail[:take]
+        tail = tail[take:]
+        placed += take
+    return placed
+
+
 def _fill(fd: int, buffers: list[memoryview], size: int, checksum: bool = False) -> list[int]:
     """Read exactly ``size`` bytes into ``buffers``; refuse a file that changed length.
 
     With ``checksum``, the running crc32c after each buffer, each slice of SLICE_BYTES
-    checksummed as soon as it is read (while in cache); else an empty list.
+    checksummed as soon as it is read (while in cache); else an empty list. Where the file
+    is not cached, its bytes are read with O_DIRECT first (:func:`_read_uncached`) and
+    checksummed once read.
     """
     crcs: list[int] = []
     crc = 0
-    filled = 0
+    done = _read_uncached(fd, buffers, size)
+    offset = 0  # the file offset of the buffer's first byte
     for buffer in buffers:
-        for start in range(0, len(buffer), SLICE_BYTES):
+        ready = min(len(buffer), max(0, done - offset))
+        if checksum and ready:
+            crc = crc32c(buffer[:ready], crc)
+        for start in range(ready, len(buffer), SLICE_BYTES):
             piece = buffer[start : start + SLICE_BYTES]
-            view = piece
+            view, at = piece, offset + start
             while len(view):
-                count = os.readv(fd, [view])
+                count = os.preadv(fd, [view], at)
                 if not count:
-                    raise UnexpectedObjectError(
-                        f"shrank to {filled} bytes while read; it had {size}"
-                    )
-                filled += count
+                    raise UnexpectedObjectError(f"shrank to {at} bytes while read; it had {size}")
+                at += count
                 view = view[count:]
             if checksum:
                 crc = crc32c(piece, crc)
+        offset += len(buffer)
         if checksum:
             crcs.append(crc)
-    if os.read(fd, 1):
+    if os.pread(fd, 1, offset):
         raise UnexpectedObjectError(f"grew while read; it had {size} bytes")
     return crcs
 

@@ -9,6 +9,7 @@ and that a damaged chunk is still named, the first in read order.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 from pathlib import Path
@@ -18,7 +19,7 @@ import google_crc32c
 import numpy as np
 import pytest
 
-from gradvault.core.errors import ChecksumMismatchError
+from gradvault.core.errors import ChecksumMismatchError, ManifestError
 from gradvault.core.records.param_id import ParamId
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
 from gradvault.core.store import SnapshotStore, open_store
@@ -205,6 +206,34 @@ async def test_the_first_damaged_chunk_in_read_order_is_named(tmp_path: Path) ->
         else:
             got = await store.read_gradient(info.id, entry.param_id)
             assert got.array.tobytes() == entry.array.tobytes()
+    await store.close()
+
+
+async def test_a_damaged_array_document_is_named_before_the_chunks_read_beside_it(
+    tmp_path: Path,
+) -> None:
+    """The documents are checked while the chunks are read: a document that says other
+    than the manifest is named, whether the chunks read well or one of them fails."""
+    store = open_store(tmp_path, chunk_bytes=4096, pack_threshold=1024)
+    record = make_record(many_arrays(5, seed=6))
+    info = await store.write_snapshot(record, run="r", step=1)
+    folder = tmp_path / "snapshots" / info.id
+    entries = list(record)
+    document = folder / str(entries[3].param_id) / "zarr.json"
+    edited = json.loads(document.read_bytes())
+    edited["data_type"] = "int32"
+    document.write_text(json.dumps(edited))
+    for damaged_chunk in (False, True):
+        if damaged_chunk:  # an earlier gradient's chunk, read before the fourth's
+            path = sorted((folder / str(entries[0].param_id)).glob("c.*"))[0]
+            data = bytearray(path.read_bytes())
+            data[1] ^= 0x10
+            path.write_bytes(bytes(data))
+        with pytest.raises(ManifestError) as caught:
+            await store.read_snapshot(info.id)
+        message = str(caught.value)
+        assert entries[3].name in message and "data_type" in message
+        assert str(entries[0].param_id) not in message
     await store.close()
 
 
