@@ -1,9 +1,10 @@
 """A local store reads a file that is not in the page cache with O_DIRECT.
 
 A gradient's first buffer (4 KiB-aligned, at least 1 MiB) is filled by the device itself
-where the file's first page is not cached, and the file's last bytes (an edge chunk's
-padding and its crc32c) come in the same request; a cached file is read through the cache
-as before. These read real files on this machine's file system, their pages dropped from
+where the file's first page is not cached (asked with ``cachestat``, or ``mincore`` where
+the kernel has no ``cachestat``: both are checked), and the file's last bytes (an edge
+chunk's padding and its crc32c) come in the same request; a cached file is read through
+the cache as before. These read real files on this machine's file system, their pages dropped from
 the cache with ``posix_fadvise(DONTNEED)``: the bytes and running crc32cs are checked, and
 whether the read left the file out of the cache (what a direct read does, and a read
 through the cache does not). Where the file system takes no direct reads (or the platform
@@ -79,6 +80,14 @@ def cold_file(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.fixture(params=["cachestat", "mincore"])
+def probe(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the read asks whether a file is cached: each of the two ways."""
+    if request.param == "mincore":
+        monkeypatch.setattr(_local_files, "_has_cachestat", False)
+    return request.param
+
+
 def direct_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Every O_DIRECT switch a read makes, recorded (and made)."""
     calls: list[bool] = []
@@ -118,7 +127,11 @@ def running_crcs(data: bytes, lengths: list[int]) -> list[int]:
     ],
 )
 def test_a_cold_file_is_read_by_the_device_into_the_buffers(
-    cold_file: Path, monkeypatch: pytest.MonkeyPatch, data_bytes: int, tail_bytes: int
+    cold_file: Path,
+    probe: str,
+    monkeypatch: pytest.MonkeyPatch,
+    data_bytes: int,
+    tail_bytes: int,
 ) -> None:
     data = chunk_file(cold_file, data_bytes, tail_bytes)
     drop_from_cache(cold_file / "c.0")
@@ -133,7 +146,7 @@ def test_a_cold_file_is_read_by_the_device_into_the_buffers(
 
 
 def test_a_cached_file_is_read_through_the_cache(
-    cold_file: Path, monkeypatch: pytest.MonkeyPatch
+    cold_file: Path, probe: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = chunk_file(cold_file, 2 << 20, 4)
     (cold_file / "c.0").read_bytes()  # every page in the cache
