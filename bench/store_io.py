@@ -2,8 +2,11 @@
 
 Two shapes of gradients: 1 GiB of float32 in 256 parameters, and 10,000 parameters of
 1 KiB. Every writer ends with its bytes fsynced, starting after ``os.sync()`` into a
-fresh folder. Restores are measured with the page cache warm (every file just read) and
-cold (``posix_fadvise(DONTNEED)`` on every file of each side first); the raw read reads
+fresh folder. Restores are measured with the page cache warm (every file of each side
+read through the cache first: :func:`warm_cache`; a local restore reads a file that is
+not cached with O_DIRECT and leaves it out of the cache, docs/FORMAT.md "Reads", so a
+restore before the timed one would not warm gradvault's side) and cold
+(``posix_fadvise(DONTNEED)`` on every file of each side first); the raw read reads
 into memory new to the process, as a restore's buffers are (:func:`fresh_memory`). Sides
 run interleaved; rows carry medians and the spread of the per-pair ratios.
 """
@@ -36,6 +39,17 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def warm_cache(path: Path) -> None:
+    """Read every file at or under ``path`` through the page cache, so that all its pages
+    are cached."""
+    paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    scratch = bytearray(1 << 20)
+    for file in paths:
+        with open(file, "rb", buffering=0) as f:
+            while f.readinto(scratch):
+                pass
 
 
 def drop_cache(path: Path) -> None:
@@ -103,7 +117,7 @@ def _read(fn: Callable[[], object], files: Path, cold: bool) -> Callable[[], flo
         if cold:
             drop_cache(files)
         else:
-            fn()  # warm: the same bytes just read
+            warm_cache(files)
         start = time.perf_counter()
         fn()
         return time.perf_counter() - start
