@@ -12,20 +12,9 @@ import pytest
 
 from bench.store_io import drop_cache, warm_cache
 
+from ..core.os_probes import page_cached
+
 PAGE = 4096
-
-
-def cached(path: Path, offset: int) -> bool:
-    """Whether the page at ``offset`` is in the page cache (a miss starts reading it and
-    a few pages after it: ask once per page)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.preadv(fd, [bytearray(PAGE)], offset, os.RWF_NOWAIT)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def test_files_dropped_from_the_cache_then_warmed_have_every_page_cached(
@@ -42,10 +31,10 @@ def test_files_dropped_from_the_cache_then_warmed_have_every_page_cached(
             file.flush()
             os.fsync(file.fileno())
     drop_cache(folder)
-    if cached(files[0], 2 << 20):
+    if page_cached(files[0], 2 << 20):
         pytest.skip("this file system keeps its pages in the cache (tmpfs?)")
-    assert not cached(files[1], 0)
+    assert not page_cached(files[1], 0)
     warm_cache(folder)
     for path in files:
         for offset in range(0, path.stat().st_size, PAGE):
-            assert cached(path, offset), (path, offset)
+            assert page_cached(path, offset), (path, offset)

@@ -1,4 +1,5 @@
-"""What the kernel sees of a test: mapped file pages resident, and the fsync/rename order."""
+"""What the kernel sees of a test: mapped file pages resident, a file's pages in the page
+cache, and the fsync/rename order."""
 
 from __future__ import annotations
 
@@ -6,6 +7,20 @@ import os
 from pathlib import Path
 
 import pytest
+
+
+def page_cached(path: Path, offset: int) -> bool:
+    """Whether the page of ``path`` at ``offset`` is in the page cache: a read with
+    RWF_NOWAIT, which reads only what is cached (a miss starts reading that page and a few
+    after it: ask once per page)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(4096)], offset, os.RWF_NOWAIT)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def mapped_rss(path: Path) -> int:

@@ -25,6 +25,7 @@ from gradvault.core.store import _local_files, open_store
 from gradvault.core.store._backend import UnexpectedObjectError
 from gradvault.core.store._local_files import DIRECT_READ_MIN_BYTES, read_file_into
 
+from ..os_probes import page_cached
 from .test_store_bulk_reads import make_record
 
 PAGE = 4096
@@ -50,18 +51,6 @@ def drop_from_cache(path: Path) -> None:
         os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def cached(path: Path, offset: int) -> bool:
-    """Whether the page at ``offset`` of ``path`` is in the page cache."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.preadv(fd, [bytearray(PAGE)], offset, os.RWF_NOWAIT)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
 @pytest.fixture
 def cold_file(tmp_path: Path) -> Path:
     """A folder whose files can be dropped from the cache and read with O_DIRECT here."""
@@ -70,7 +59,7 @@ def cold_file(tmp_path: Path) -> Path:
     probe = tmp_path / "probe"
     write(probe, bytes(3 * PAGE))
     drop_from_cache(probe)
-    if cached(probe, PAGE):
+    if page_cached(probe, PAGE):
         pytest.skip("this file system keeps its pages in the cache (tmpfs?)")
     try:
         fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
@@ -142,7 +131,7 @@ def test_a_cold_file_is_read_by_the_device_into_the_buffers(
     assert b"".join(bytes(b) for b in buffers) == data
     assert crcs == running_crcs(data, lengths)
     assert calls == [True, False]  # O_DIRECT for the read, then off again
-    assert not cached(cold_file / "c.0", data_bytes // 2 // PAGE * PAGE)  # the device's
+    assert not page_cached(cold_file / "c.0", data_bytes // 2 // PAGE * PAGE)  # the device's
 
 
 def test_a_cached_file_is_read_through_the_cache(
@@ -251,4 +240,4 @@ async def test_a_restore_from_a_cold_cache_gives_the_gradients_back_and_leaves_t
         assert got.array.tobytes() == want.array.tobytes()
     assert calls.count(True) == 2  # the big gradient's two whole chunks
     first_chunk = max(files, key=lambda path: path.stat().st_size)
-    assert not cached(first_chunk, 1 << 20)
+    assert not page_cached(first_chunk, 1 << 20)
