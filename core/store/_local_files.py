@@ -138,7 +138,8 @@ def _libc_functions() -> tuple[Any, Any]:
 
 
 _syscall, _mincore = _libc_functions()
-#: whether the kernel has cachestat (until a call says ENOSYS)
+#: whether the kernel has cachestat (until a call says ENOSYS, or EPERM: a container's
+#: seccomp filter that does not know it)
 _has_cachestat = _syscall is not None
 
 
@@ -155,9 +156,9 @@ def _first_page_cached(fd: int) -> bool:
         span, state = _CachestatRange(0, DIRECT_ALIGNMENT), _Cachestat()
         if _syscall(_CACHESTAT, fd, ctypes.byref(span), ctypes.byref(state), 0) == 0:
             return state.cached > 0
-        if ctypes.get_errno() != errno.ENOSYS:
+        if ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM):
             return True
-        _has_cachestat = False
+        _has_cachestat = False  # not in this kernel, or refused by a seccomp filter
     if _mincore is None:
         return True
     try:

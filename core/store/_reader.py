@@ -406,9 +406,9 @@ class SnapshotReader:
         and all chunks are read at once, each straight into its place
         (:meth:`_read_chunks`; zstd chunks ``max_concurrency`` at a time). Nothing is
         returned unless every document says what the manifest says, and a document at
-        fault is named before any chunk (the chunks' places come from the manifest, so
-        the documents need not be read first: a restore from a cold cache waited 8 ms of
-        its 1 GiB's 240 for them). A gradient's checksum is combined from its chunks'
+        fault is named before any chunk and stops the reads (the chunks' places come from
+        the manifest, so the documents need not be read first: a restore from a cold cache
+        waited 8 ms of its 1 GiB's 240 for them). A gradient's checksum is combined from its chunks'
         crc32cs, so each byte is read once and checksummed once.
         """
         manifest = self._manifest
@@ -416,20 +416,21 @@ class SnapshotReader:
         documents = asyncio.ensure_future(
             self._check_documents([(arrays[p], self._own_claim(p)) for p in positions])
         )
+        chunks = asyncio.ensure_future(self._read_own_chunks(positions, objects, max_concurrency))
+        both = [documents, chunks]
         try:
-            spans_of, buffers, crcs = await self._read_own_chunks(
-                positions, objects, max_concurrency
-            )
-        except asyncio.CancelledError:
-            documents.cancel()
+            await asyncio.wait(both, return_when=asyncio.FIRST_EXCEPTION)
+            if _failure(documents) is not None:
+                chunks.cancel()  # its threads start no other file
+            await asyncio.wait(both)
+        except BaseException:
+            for task in both:
+                task.cancel()
             raise
-        except Exception:
-            await asyncio.wait([documents])
-            fault = None if documents.cancelled() else documents.exception()
-            if fault is not None:
-                raise fault from None
-            raise
-        await documents
+        fault = _failure(documents) or _failure(chunks)
+        if fault is not None:
+            raise fault
+        spans_of, buffers, crcs = chunks.result()
         payload_crcs = iter(crcs)
         entries = []
         for position, spans, data in zip(positions, spans_of, buffers, strict=True):
@@ -691,6 +692,11 @@ class SnapshotReader:
         if span.padded_length >= THREAD_DECODE_BYTES:
             return await self._threads.run(check)
         return check()
+
+
+def _failure(task: asyncio.Future[Any]) -> BaseException | None:
+    """What ``task`` raised; None while it runs, and once it has returned or was cancelled."""
+    return None if not task.done() or task.cancelled() else task.exception()
 
 
 def _padding_bounded(reads: list[_ChunkRead]) -> Iterator[list[_ChunkRead]]:

@@ -13,6 +13,7 @@ has none) they are skipped; a refusal is injected where they are not.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 from pathlib import Path
@@ -69,11 +70,20 @@ def cold_file(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture(params=["cachestat", "mincore"])
+@pytest.fixture(params=["cachestat", "mincore", "cachestat refused"])
 def probe(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How the read asks whether a file is cached: each of the two ways."""
+    """How the read asks whether a file is cached: each of the two ways, and ``mincore``
+    once a seccomp filter that does not know ``cachestat`` refuses it (EPERM)."""
     if request.param == "mincore":
         monkeypatch.setattr(_local_files, "_has_cachestat", False)
+    if request.param == "cachestat refused":
+
+        def refused(*args: object) -> int:
+            ctypes.set_errno(errno.EPERM)
+            return -1
+
+        monkeypatch.setattr(_local_files, "_has_cachestat", True)
+        monkeypatch.setattr(_local_files, "_syscall", refused)
     return request.param
 
 

@@ -237,6 +237,34 @@ async def test_a_damaged_array_document_is_named_before_the_chunks_read_beside_i
     await store.close()
 
 
+async def test_a_damaged_array_document_stops_the_chunk_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document found at fault while the chunks are read cancels their read (which then
+    starts no other file) instead of waiting for every chunk."""
+    store = open_store(tmp_path, chunk_bytes=4096, pack_threshold=1024)
+    record = make_record(many_arrays(4, seed=7))
+    info = await store.write_snapshot(record, run="r", step=1)
+    document = tmp_path / "snapshots" / info.id / str(list(record)[2].param_id) / "zarr.json"
+    edited = json.loads(document.read_bytes())
+    edited["shape"] = [1, 1]
+    document.write_text(json.dumps(edited))
+    cancelled = asyncio.Event()
+
+    async def never_done(requests: Any) -> Any:
+        try:
+            await asyncio.Event().wait()  # chunks that take forever to read
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    monkeypatch.setattr(store.backend, "read_many_into_checked", never_done)
+    with pytest.raises(ManifestError, match="shape"):
+        await asyncio.wait_for(store.read_snapshot(info.id), timeout=30)
+    assert cancelled.is_set()
+    await store.close()
+
+
 async def test_a_cancelled_bulk_read_starts_no_other_file(tmp_path: Path) -> None:
     """The reading threads cannot be interrupted, but once the call is cancelled they take
     no further file: a restore given up (a client gone) does not go on reading a GiB."""
