@@ -49,6 +49,25 @@ ALLOWED = {
     ("core/store/test_file_writes.py", "_exit"): (
         "os._exit: a forked child leaves without running the parent's clean-up"
     ),
+    ("core/store/test_cold_reads.py", "gradvault.core.store._local_files"): (
+        "unit tests of core/store/_local_files.py's reads: O_DIRECT reads of files not in "
+        "the page cache and their fallbacks, refusals injected on set_direct and os.preadv"
+    ),
+    ("core/store/test_cold_reads.py", "_has_cachestat"): (
+        "which of the two cache probes answers (cachestat, or mincore where the kernel has "
+        "none): no setting chooses it, and this kernel has cachestat"
+    ),
+    ("core/store/test_cold_reads.py", "_syscall"): (
+        "cachestat refused with EPERM, as a container's seccomp filter refuses it"
+    ),
+    ("core/store/test_cold_reads.py", "_fill"): (
+        "a file that changed length between its fstat and its read, a moment no public "
+        "call can be stopped at"
+    ),
+    ("core/store/test_cold_reads.py", "gradvault.core.store._backend"): (
+        "UnexpectedObjectError, what _fill raises for that file (the store turns it into "
+        "its own errors before any public call returns)"
+    ),
     ("core/store/test_recorder.py", "_HANDBACK_SECONDS"): (
         "the recorder's hand-back delay made an hour, so that only a caller waiting on the "
         "handle can start the commit; no setting changes that delay"
