@@ -6,8 +6,11 @@ fresh folder. Restores are measured with the page cache warm (every file of each
 read through the cache first: :func:`warm_cache`; a local restore reads a file that is
 not cached with O_DIRECT and leaves it out of the cache, docs/FORMAT.md "Reads", so a
 restore before the timed one would not warm gradvault's side) and cold
-(``posix_fadvise(DONTNEED)`` on every file of each side first); the raw read reads
-into memory new to the process, as a restore's buffers are (:func:`fresh_memory`). Sides
+(``posix_fadvise(DONTNEED)`` on every file of each side first), after one round of each
+whose samples are dropped (the first restore after the commits, gradvault's side in each
+of three runs, took 1.24-1.28 s warm against 0.11-0.36 s for the next four; on this VM
+memory the host has taken back is slow to touch first, docs/FORMAT.md "Local I/O"); the
+raw read reads into memory new to the process, as a restore's buffers are (:func:`fresh_memory`). Sides
 run interleaved; rows carry medians and the spread of the per-pair ratios.
 """
 
@@ -212,6 +215,7 @@ def run_case(label: str, count: int, length: int, root: Path, repeat: int) -> li
                 "safetensors load": _read(safetensors_read, keep / "g.safetensors", cold),
             },
             repeat,
+            warmup=1,  # dropped: whichever side first touches 1 GiB after the commits pays
         )
         if big:
             rows.append(
