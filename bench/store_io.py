@@ -10,8 +10,9 @@ restore before the timed one would not warm gradvault's side) and cold
 whose samples are dropped (the first restore after the commits, gradvault's side in each
 of three runs, took 1.24-1.28 s warm against 0.11-0.36 s for the next four; on this VM
 memory the host has taken back is slow to touch first, docs/FORMAT.md "Local I/O"); the
-raw read reads into memory new to the process, as a restore's buffers are (:func:`fresh_memory`). Sides
-run interleaved; rows carry medians and the spread of the per-pair ratios.
+raw read reads into memory new to the process, as a restore's buffers are
+(:func:`fresh_memory`). Sides run interleaved; rows carry medians and the spread of the
+per-pair ratios.
 """
 
 from __future__ import annotations
