@@ -45,12 +45,16 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def _files_at(path: Path) -> list[Path]:
+    """The file ``path``, or every file under the folder ``path``."""
+    return [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+
+
 def warm_cache(path: Path) -> None:
     """Read every file at or under ``path`` through the page cache, so that all its pages
     are cached."""
-    paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     scratch = bytearray(1 << 20)
-    for file in paths:
+    for file in _files_at(path):
         with open(file, "rb", buffering=0) as f:
             while f.readinto(scratch):
                 pass
@@ -58,8 +62,7 @@ def warm_cache(path: Path) -> None:
 
 def drop_cache(path: Path) -> None:
     """Drop the page cache of every file at or under ``path`` (posix_fadvise DONTNEED)."""
-    paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    for file in paths:
+    for file in _files_at(path):
         fd = os.open(file, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

@@ -372,7 +372,7 @@ class _DirectFile:
         still takes their crc32c, and :meth:`add` the rest."""
         if len(view) < DIRECT_ALIGNMENT or self._filled % DIRECT_ALIGNMENT:
             return 0
-        if np.frombuffer(view, np.uint8).ctypes.data % DIRECT_ALIGNMENT:
+        if address_of(view) % DIRECT_ALIGNMENT:
             return 0
         length = len(view) - len(view) % DIRECT_ALIGNMENT
         self._write_from_memory(view[:length])
@@ -538,7 +538,9 @@ def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> None:
         views = _after(views, written)
 
 
-def _address(view: memoryview) -> int:
+def address_of(view: memoryview) -> int:
+    """The address of ``view``'s first byte (0 for an empty one): direct I/O wants it
+    aligned to DIRECT_ALIGNMENT."""
     return np.frombuffer(view, np.uint8).ctypes.data if len(view) else 0
 
 
@@ -575,7 +577,7 @@ class _FileImage:
         """Place ``view`` after the parts before it: from its own memory, or copied."""
         offset, end = self._offset, self._offset + len(view)
         own = 0
-        if not offset % DIRECT_ALIGNMENT and not _address(view) % DIRECT_ALIGNMENT:
+        if not offset % DIRECT_ALIGNMENT and not address_of(view) % DIRECT_ALIGNMENT:
             own = max(0, min(end, self._aligned_end) - offset)
             own -= own % DIRECT_ALIGNMENT
         if own:

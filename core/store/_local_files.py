@@ -24,7 +24,14 @@ import numpy as np
 
 from ._backend import UnexpectedObjectError
 from ._checksums import SLICE_BYTES, crc32c
-from ._file_writes import DIRECT_ALIGNMENT, O_DIRECT, is_own_file, set_direct, write_file
+from ._file_writes import (
+    DIRECT_ALIGNMENT,
+    O_DIRECT,
+    address_of,
+    is_own_file,
+    set_direct,
+    write_file,
+)
 
 #: How many passes a removal makes when files keep appearing in what it removes.
 _REMOVAL_PASSES = 3
@@ -166,10 +173,9 @@ def _first_page_cached(fd: int) -> bool:
     except (OSError, ValueError):
         return True
     try:
-        page = np.frombuffer(mapping, np.uint8)
         resident = (ctypes.c_ubyte * 1)()
-        failed = _mincore(page.ctypes.data, DIRECT_ALIGNMENT, resident)
-        del page  # the mapping closes only once nothing holds its buffer
+        with memoryview(mapping) as page:  # the mapping closes once nothing holds it
+            failed = _mincore(address_of(page), DIRECT_ALIGNMENT, resident)
         return failed != 0 or bool(resident[0] & 1)
     finally:
         mapping.close()
@@ -199,10 +205,7 @@ def _read_uncached(fd: int, buffers: list[memoryview], size: int) -> int:
         return 0
     first = buffers[0]
     aligned = len(first) - len(first) % DIRECT_ALIGNMENT
-    if (
-        aligned < DIRECT_READ_MIN_BYTES
-        or np.frombuffer(first, np.uint8).ctypes.data % DIRECT_ALIGNMENT
-    ):
+    if aligned < DIRECT_READ_MIN_BYTES or address_of(first) % DIRECT_ALIGNMENT:
         return 0
     if _first_page_cached(fd):
         return 0
