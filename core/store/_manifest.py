@@ -129,11 +129,6 @@ def lay_out(
     return b"".join(pieces)
 
 
-def packed_checksums(entries: list[GradientRecordEntry]) -> list[int]:
-    """The crc32c of each packed gradient (taken once its array is being written)."""
-    return [crc32c(entry.array) for entry in entries]
-
-
 def _param_id_texts(
     entries: tuple[GradientRecordEntry, ...] | tuple[DeviceGradient, ...],
 ) -> list[str]:

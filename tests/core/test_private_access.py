@@ -68,6 +68,13 @@ ALLOWED = {
         "UnexpectedObjectError, what _fill raises for that file (the store turns it into "
         "its own errors before any public call returns)"
     ),
+    ("core/store/test_gradient_stats.py", "gradvault.core.store._stats"): (
+        "packed_columns with and without the C extension's one pass (crc32c_parts set to "
+        "None, as on a CPU without it): no setting chooses it"
+    ),
+    ("core/store/test_gradient_stats.py", "gradvault.core.store._manifest"): (
+        "pack: the packed buffer packed_columns takes, as a write lays it out"
+    ),
     ("core/store/test_recorder.py", "_HANDBACK_SECONDS"): (
         "the recorder's hand-back delay made an hour, so that only a caller waiting on the "
         "handle can start the commit; no setting changes that delay"

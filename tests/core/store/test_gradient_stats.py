@@ -19,7 +19,8 @@ import pytest
 
 from gradvault.core.records.param_id import ParamId
 from gradvault.core.records.record import GradientRecordEntry, GradientsParamsRecord
-from gradvault.core.store import open_store
+from gradvault.core.store import _stats, open_store
+from gradvault.core.store._manifest import pack
 
 TINY64 = np.float64(5e-324)  # the smallest float64 subnormal
 TINY32 = np.float32(1e-45)  # the smallest float32 subnormal
@@ -133,3 +134,95 @@ async def test_stats_and_checksums_of_a_snapshot_of_one_chunk(tmp_path: Path) ->
             restored = await store.read_snapshot(info.id)
             for entry in restored:
                 assert entry.array.tobytes() == arrays[entry.name].tobytes(), entry.name
+
+
+def _small(array: np.ndarray, count: int = 256) -> np.ndarray:
+    """``array``'s first ``count`` values: a gradient below the pack threshold."""
+    return np.ascontiguousarray(array.reshape(-1)[:count])
+
+
+#: the edges above as small gradients, with other dtypes and an empty one between them
+PACKED_CASES = {
+    **{name: _small(array) for name, array in ONE_CHUNK_CASES.items()},
+    **{f"{name} (whole)": array for name, array in CASES.items() if array.nbytes < 16 << 10},
+    "bf16": np.full(300, -0.75, np.float32).astype(ml_dtypes.bfloat16),
+    "int8": np.arange(-50, 50, dtype=np.int8),
+    "bool": np.array([True, False, True]),
+    "empty": np.zeros(0, np.float32),
+    "one value": np.array([-3.5], np.float32),
+}
+
+
+def _check_columns(table: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Each gradient's crc32c is that of its bytes, and its stats those of its values."""
+    assert table["name"] == list(arrays)
+    for i, name in enumerate(table["name"]):
+        array = arrays[name]
+        want_sum = crc32c_rs.crc32c(array.tobytes())
+        assert table["checksum"][i] == f"crc32c:{want_sum:08x}", name
+        stats = {key: column[i] for key, column in table["stats"].items()}
+        wide = array.astype(np.float64)
+        assert stats["nan_count"] == int(np.isnan(wide).sum()), name
+        assert stats["inf_count"] == int(np.isinf(wide).sum()), name
+        finite = wide[np.isfinite(wide)]
+        assert stats["max_abs"] == (float(np.abs(finite).max()) if finite.size else 0.0), name
+        assert math.copysign(1.0, stats["max_abs"]) == 1.0, (name, stats)
+        want = exact_norm(array)
+        assert stats["l2_norm"] == pytest.approx(want, rel=1e-7, abs=1e-323), (name, stats)
+
+
+@pytest.mark.parametrize("one_chunk", [True, False], ids=["one chunk", "packed buffer"])
+async def test_stats_and_checksums_of_packed_small_gradients(
+    tmp_path: Path, one_chunk: bool
+) -> None:
+    """Small gradients packed together, at every edge and of every kind of dtype: in a
+    snapshot of one chunk (a run of them beside a large gradient) and in a packed array
+    of its own (only small ones, over several chunks): their crc32c and stats are taken
+    together (``packed_columns``)."""
+    arrays = dict(PACKED_CASES)
+    if one_chunk:
+        arrays["large"] = ONE_CHUNK_CASES["normal"]
+    chunk_bytes = 32 << 20 if one_chunk else 8 << 10
+    async with open_store(tmp_path, pack_threshold=64 << 10, chunk_bytes=chunk_bytes) as store:
+        info = await store.write_snapshot(record(arrays), run="r", step=1)
+        manifest = await store.info(info.id)
+        restored = await store.read_snapshot(info.id)
+    assert manifest["packed"]["array"] == ("" if one_chunk else "packed")
+    assert (manifest["packed"]["chunk_bytes"] < manifest["packed"]["nbytes"]) != one_chunk
+    _check_columns(manifest["gradients"], arrays)
+    for entry in restored:
+        assert entry.array.tobytes() == arrays[entry.name].tobytes(), entry.name
+
+
+#: only non-empty float32 gradients: every one taken by the one pass where there is one
+FLOAT32_CASES = {
+    name: array for name, array in PACKED_CASES.items() if array.dtype == np.float32 and array.size
+}
+
+
+@pytest.mark.parametrize("cases", [PACKED_CASES, FLOAT32_CASES], ids=["mixed", "float32"])
+@pytest.mark.parametrize("kernel", [True, False], ids=["one pass", "crc32c and NumPy"])
+def test_packed_columns_with_and_without_the_one_pass(
+    monkeypatch: pytest.MonkeyPatch, kernel: bool, cases: dict[str, np.ndarray]
+) -> None:
+    """``packed_columns`` gives the same checksums, and the same stats within the sum's
+    rounding, through the C extension's one pass and without it, for gradients of mixed
+    dtypes and for float32 ones alone."""
+    if kernel and _stats.crc32c_parts is None:
+        pytest.skip("the C extension has no crc32c_parts on this CPU")
+    if not kernel:
+        monkeypatch.setattr(_stats, "crc32c_parts", None)
+    entries = list(record(cases).entries)
+    packed = pack(entries, 1 << 20)
+    checksums, columns = _stats.packed_columns(
+        packed.buffer,
+        packed.offsets,
+        [entry.array.nbytes for entry in entries],
+        [entry.dtype for entry in entries],
+    )
+    table = {
+        "name": list(cases),
+        "checksum": [f"crc32c:{value:08x}" for value in checksums],
+        "stats": columns,
+    }
+    _check_columns(table, cases)

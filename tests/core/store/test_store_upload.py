@@ -75,7 +75,9 @@ async def test_packed_stats_are_right_across_the_whole_packed_array(tmp_path: Pa
         values = gradient.array.astype(np.float64).reshape(-1)
         expected_norm = math.sqrt(float(np.dot(values, values)))
         expected_max = float(np.abs(values).max()) if values.size else 0.0
-        assert math.isclose(stats["l2_norm"][i], expected_norm, rel_tol=1e-9), gradient.name
+        # float32 squares added in blocks, the blocks in float64 (docs/FORMAT.md, "Gradient
+        # stats"): within the sum's rounding, as for every other gradient's norm
+        assert math.isclose(stats["l2_norm"][i], expected_norm, rel_tol=1e-7), gradient.name
         assert stats["max_abs"][i] == expected_max, gradient.name
 
 
