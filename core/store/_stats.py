@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -349,7 +350,8 @@ def packed_columns(
         "inf_count": [0] * count,
     }
     if kernel:
-        found = [taken[index] for index in kernel] if others else taken
+        # (running, own, min, max, sum of squares) of each gradient the pass took stats of
+        found: list[Any] = [taken[index] for index in kernel] if others else taken
         low = np.array([part[2] for part in found])
         high = np.array([part[3] for part in found])
         sum_squares = np.array([part[4] for part in found])
