@@ -36,13 +36,15 @@ from bench._timing import Row, interleaved, print_rows, timed
 
 WIDTH, BATCH, CLASSES = 1024, 256, 10
 LOOP_STEPS = 30
-#: Rounds of the seven training loops: one Williams design of seven (``round_orders``), so
+#: Rounds of the seven training loops: two Williams designs of seven (``round_orders``), so
 #: that each loop runs in each place of a round, and right after each of the others,
 #: equally often. On this 2-core machine one round's ratio of a loop to the loop without
 #: snapshots swings by 0.8-1.5x while the snapshots of the every-10-steps loop cost about
 #: 2%: with 5 rounds that row's median moved between 0.96 and 1.18 over fifteen ``make
-#: bench`` runs; over 16 alternated rounds in one process it was 1.017.
-LOOP_ROUNDS = 14
+#: bench`` runs; with 14, between 0.994 and 1.065 over nine, around a median of 1.017 of
+#: their 126 rounds (drawn again from those rounds, 22% of medians of 14 are above the
+#: row's 1.03, 13% of medians of 28).
+LOOP_ROUNDS = 28
 
 
 def _gradvault_model() -> tuple[object, object]:
