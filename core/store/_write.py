@@ -130,16 +130,18 @@ class SnapshotWrite:
         #: consolidated metadata
         self._array_documents: dict[str, dict[str, Any]] = {}
 
+    def _fits_one_chunk(self, record: GradientsParamsRecord | DeviceSnapshot) -> bool:
+        """Whether ``record``'s snapshot is one chunk of the packed array: where packing is
+        on and it is no longer than a chunk (one file and one folder to write and fsync,
+        not a folder tree per gradient)."""
+        return bool(self._pack_threshold) and record.nbytes <= self._chunk_bytes
+
     def _packed_and_own(
         self, record: GradientsParamsRecord | DeviceSnapshot
     ) -> tuple[list[int], list[int]]:
         """The record positions of the packed gradients and of those with arrays of their own."""
         entries: tuple[Any, ...] = record.entries
-        threshold: float = self._pack_threshold
-        if threshold and record.nbytes <= self._chunk_bytes:
-            # a snapshot no longer than a chunk is one chunk of the packed array: one file
-            # and one folder to write and fsync, not a folder tree per gradient
-            threshold = math.inf
+        threshold = math.inf if self._fits_one_chunk(record) else self._pack_threshold
         packed = [i for i, entry in enumerate(entries) if entry.array.nbytes < threshold]
         own = [i for i, entry in enumerate(entries) if entry.array.nbytes >= threshold]
         return packed, own
@@ -156,16 +158,11 @@ class SnapshotWrite:
         :meth:`_packed_and_own`, where known already."""
         if self._shard is not None or isinstance(record, DeviceSnapshot):
             return None
-        if self._compression is not None or not self._pack_threshold:
+        if self._compression is not None or not self._fits_one_chunk(record):
             return None
-        threshold = self._pack_threshold
-        if record.nbytes > self._chunk_bytes or all(
-            entry.array.nbytes < threshold for entry in record.entries
-        ):
-            # one chunk only where no longer than a chunk (else ``_packed_and_own`` gives
-            # its large gradients arrays of their own) and holding a large gradient (else
-            # ``_one_chunk_layout`` packs it into one buffer): no plan, and the record's
-            # structure is not worked out (1.2 ms for 10,000 gradients)
+        if all(entry.array.nbytes < self._pack_threshold for entry in record.entries):
+            # no large gradient: ``_one_chunk_layout`` packs it into one buffer; no plan,
+            # and the record's structure is not worked out (1.2 ms for 10,000 gradients)
             return None
         key = (structure(record), self._pack_threshold, self._chunk_bytes)
         return self._plans.get(key, lambda: self._new_plan(record, positions))
