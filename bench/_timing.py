@@ -26,7 +26,16 @@ def round_orders(count: int) -> list[list[int]]:
     """The orders in which :func:`interleaved` runs ``count`` sides, one per round: a
     Williams design, in which each side runs in each place of a round, and right after
     each other side, equally often over the design's rounds (``count`` of them, twice
-    that for an odd count). Two sides: A B, then B A."""
+    that for an odd count). Two sides: A B, then B A.
+
+    For an odd count the reversed orders follow in an order of their own, so that from
+    one round to the next, designs repeated included, no side (of three or more) runs
+    last in one round and first in the next, and no two sides meet there twice in a
+    design: taken in the plain order, with three sides two of them ran twice in a row
+    once every six rounds (the last of one round, the first of the next), and the third
+    never, which put a side, twice a design, right after its own run or after two of
+    another side's, the only side so placed (a 1 GiB write right after two others is
+    slower on a disk still writing theirs back)."""
     first = [0]
     low, high = 1, count - 1
     while len(first) < count:  # 0, 1, n-1, 2, n-2, ...
@@ -38,7 +47,8 @@ def round_orders(count: int) -> list[list[int]]:
             high -= 1
     orders = [[(side + shift) % count for side in first] for shift in range(count)]
     if count % 2:
-        orders += [order[::-1] for order in orders]
+        reversed_orders = [order[::-1] for order in orders]
+        orders += reversed_orders[:1] + reversed_orders[:0:-1]
     return orders
 
 

@@ -122,6 +122,21 @@ def test_round_orders_balance_places_and_predecessors(count: int) -> None:
         assert set(after.values()) == {len(orders) // count}
 
 
+@pytest.mark.parametrize("count", range(3, 10))
+def test_round_orders_never_run_a_side_twice_in_a_row_across_rounds(count: int) -> None:
+    orders = round_orders(count)
+    # the last side of each round and the first of the next, the design run again after
+    boundaries = [(orders[i][-1], orders[(i + 1) % len(orders)][0]) for i in range(len(orders))]
+    assert all(last != first for last, first in boundaries)
+    assert len(set(boundaries)) == len(boundaries)
+
+
+def test_round_orders_of_three_sides_meet_each_pair_once_across_rounds() -> None:
+    orders = round_orders(3)
+    boundaries = {(orders[i][-1], orders[(i + 1) % 6][0]) for i in range(6)}
+    assert boundaries == {(a, b) for a in range(3) for b in range(3) if a != b}
+
+
 def test_interleaved_runs_the_rounds_in_round_orders() -> None:
     ran: list[str] = []
     sides = {name: (lambda name=name: ran.append(name) or 0.0) for name in "ABCDE"}
