@@ -31,11 +31,9 @@ def round_orders(count: int) -> list[list[int]]:
     For an odd count the reversed orders follow in an order of their own, so that from
     one round to the next, designs repeated included, no side (of three or more) runs
     last in one round and first in the next, and no two sides meet there twice in a
-    design: taken in the plain order, with three sides two of them ran twice in a row
-    once every six rounds (the last of one round, the first of the next), and the third
-    never, which put a side, twice a design, right after its own run or after two of
-    another side's, the only side so placed (a 1 GiB write right after two others is
-    slower on a disk still writing theirs back)."""
+    design. Taken in the plain order, with three sides, two of them ran twice in a row
+    (the last of one round, the first of the next) once every six rounds each, and the
+    third never."""
     first = [0]
     low, high = 1, count - 1
     while len(first) < count:  # 0, 1, n-1, 2, n-2, ...

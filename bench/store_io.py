@@ -18,6 +18,7 @@ per-pair ratios.
 from __future__ import annotations
 
 import contextlib
+import gc
 import mmap
 import os
 import shutil
@@ -37,11 +38,8 @@ from bench._timing import Row, interleaved, print_rows
 #: the README's table, a median of 0.95 and 30 of 120 rounds above 1.0 (24 runs of 5
 #: rounds), and the median of 5 came out above 1.0 in 4 of those runs; drawn again from
 #: those rounds, one in 10 medians of 6 is above 1.0, one in 28 of 12. From one round to
-#: the next no side runs twice in a row (``round_orders``): in the rounds' earlier order
-#: gradvault's commit ran, twice a design, right after its own or right after two raw
-#: writes in a row, and no other side did; over 19 runs of 12 rounds the ratio's median was
-#: 1.071 in the rounds after two raw writes and 1.008 after its own, against 0.971 in the
-#: others, and gradvault's slowest commit of a run was the one after two raw writes in 15.
+#: the next no side runs twice in a row (``round_orders``; in the rounds' earlier order
+#: gradvault's commit and the raw write each did once a design, and safetensors never).
 CASES = {
     "1 GiB / 256 params": (256, (1 << 30) // 256 // 4, 12),
     "10,000 params x 1 KiB": (10_000, 256, 6),
@@ -118,15 +116,19 @@ def _raw_write(arrays: list[np.ndarray], path: Path) -> None:
 def _fresh_write(
     root: Path, run: Callable[[Path], object], remove: Callable[[], object] | None = None
 ) -> Callable[[], float]:
-    """A measurement of ``run(folder)`` into a fresh folder, after os.sync(); what it wrote
-    is removed once timed (the folder, and ``remove()`` where given), so that no side
-    leaves the next one a fuller disk or skips the cost its removal leaves the next side
-    (the bench's file system may discard the freed blocks)."""
+    """A measurement of ``run(folder)`` into a fresh folder, after os.sync() and a garbage
+    collection, as :func:`~bench._timing.timed` makes: in a bench process whose earlier
+    benchmarks left a large heap a full collection took 80-160 ms, and one came due
+    during a gradvault 1 GiB commit (the side that makes the most Python objects). What
+    it wrote is removed once timed (the folder, and ``remove()`` where given), so that no
+    side leaves the next one a fuller disk or skips the cost its removal leaves the next
+    side (the bench's file system may discard the freed blocks)."""
 
     def measure() -> float:
         folder = root / f"w-{time.monotonic_ns()}"
         folder.mkdir()
         os.sync()
+        gc.collect()  # as timed() does: no side's sample collects the garbage made before it
         start = time.perf_counter()
         run(folder)
         elapsed = time.perf_counter() - start
@@ -144,6 +146,7 @@ def _read(fn: Callable[[], object], files: Path, cold: bool) -> Callable[[], flo
             drop_cache(files)
         else:
             warm_cache(files)
+        gc.collect()
         start = time.perf_counter()
         fn()
         return time.perf_counter() - start
