@@ -120,10 +120,10 @@ def _fresh_write(
     collection, as :func:`~bench._timing.timed` makes: in a bench process whose earlier
     benchmarks left a large heap a full collection took 80-160 ms, and one came due
     during a gradvault 1 GiB commit (the side that makes the most Python objects); its
-    last of 12 commits, its slowest in most runs before, was not in any of three since. What
-    it wrote is removed once timed (the folder, and ``remove()`` where given), so that no
-    side leaves the next one a fuller disk or skips the cost its removal leaves the next
-    side (the bench's file system may discard the freed blocks)."""
+    last of 12 commits, its slowest in most runs before, was not in any of three since.
+    What it wrote is removed once timed (the folder, and ``remove()`` where given), so that
+    no side leaves the next one a fuller disk or skips the cost its removal leaves the
+    next side (the bench's file system may discard the freed blocks)."""
 
     def measure() -> float:
         folder = root / f"w-{time.monotonic_ns()}"
