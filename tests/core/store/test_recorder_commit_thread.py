@@ -224,6 +224,30 @@ def test_a_first_snapshot_that_cannot_make_the_store_folders_names_them(
         assert _bytes(recorder.sync.restore(info.id, "cpu")) == _bytes(grads)
 
 
+def test_the_commit_thread_runs_from_the_recorders_construction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread's start waits for the new thread to run: the recorder starts its commit
+    thread when made, so that the first ``start_snapshot`` of a training loop starts none."""
+    with Recorder(tmp_path / "store") as recorder:
+        running = [t.name for t in threading.enumerate() if t.name.startswith("gradvault-commit")]
+        assert len(running) == 1
+        recorder.store.backend.fsyncs.IN_LINE_BELOW = float("inf")  # no fsync thread either
+        started: list[str] = []
+        real_start = threading.Thread.start
+
+        def start(thread: threading.Thread) -> None:
+            started.append(thread.name)
+            real_start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", start)
+        handle = recorder.start_snapshot(_grads(0, SMALL), run="r", step=0)
+        info = handle.result(timeout=60)
+        monkeypatch.undo()
+        assert started == []
+        assert [s.id for s in recorder.sync.list()] == [info.id]
+
+
 def test_closing_a_recorder_whose_store_started_no_thread_starts_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
