@@ -228,23 +228,28 @@ def test_the_commit_thread_runs_from_the_recorders_construction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A thread's start waits for the new thread to run: the recorder starts its commit
-    thread when made, so that the first ``start_snapshot`` of a training loop starts none."""
+    thread when made, so that the first ``start_snapshot`` of a training loop starts no
+    thread in the caller's (the process's one direct-write thread, started by the first
+    direct write of the process, starts in the commit thread)."""
+    before = set(threading.enumerate())
     with Recorder(tmp_path / "store") as recorder:
-        running = [t.name for t in threading.enumerate() if t.name.startswith("gradvault-commit")]
-        assert len(running) == 1
+        made = set(threading.enumerate()) - before
+        assert len([t for t in made if t.name.startswith("gradvault-commit")]) == 1
         recorder.store.backend.fsyncs.IN_LINE_BELOW = float("inf")  # no fsync thread either
-        started: list[str] = []
+        started: list[tuple[str, str]] = []  # (thread started, thread that started it)
         real_start = threading.Thread.start
 
         def start(thread: threading.Thread) -> None:
-            started.append(thread.name)
+            started.append((thread.name, threading.current_thread().name))
             real_start(thread)
 
         monkeypatch.setattr(threading.Thread, "start", start)
+        caller = threading.current_thread().name
         handle = recorder.start_snapshot(_grads(0, SMALL), run="r", step=0)
         info = handle.result(timeout=60)
         monkeypatch.undo()
-        assert started == []
+        assert [name for name, by in started if by == caller] == []
+        assert [name for name, _ in started if name.startswith("gradvault-commit")] == []
         assert [s.id for s in recorder.sync.list()] == [info.id]
 
 
