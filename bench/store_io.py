@@ -18,7 +18,6 @@ per-pair ratios.
 from __future__ import annotations
 
 import contextlib
-import gc
 import mmap
 import os
 import shutil
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._timing import Row, interleaved, print_rows
+from bench._timing import Row, interleaved, print_rows, timed
 
 #: Per case: gradients, float32 values per gradient, rounds. The rounds are whole Williams
 #: designs of the three sides (six rounds each, ``round_orders``), so that each side runs
@@ -116,8 +115,8 @@ def _raw_write(arrays: list[np.ndarray], path: Path) -> None:
 def _fresh_write(
     root: Path, run: Callable[[Path], object], remove: Callable[[], object] | None = None
 ) -> Callable[[], float]:
-    """A measurement of ``run(folder)`` into a fresh folder, after os.sync() and a garbage
-    collection, as :func:`~bench._timing.timed` makes: in a bench process whose earlier
+    """A measurement of ``run(folder)`` into a fresh folder, after os.sync(), by
+    :func:`~bench._timing.timed` (a garbage collection first): in a bench process whose earlier
     benchmarks left a large heap a full collection took 80-160 ms, and one came due
     during a gradvault 1 GiB commit (the side that makes the most Python objects); its
     last of 12 commits, its slowest in most runs before, was not in any of three since.
@@ -129,10 +128,8 @@ def _fresh_write(
         folder = root / f"w-{time.monotonic_ns()}"
         folder.mkdir()
         os.sync()
-        gc.collect()  # as timed() does: no side's sample collects the garbage made before it
-        start = time.perf_counter()
-        run(folder)
-        elapsed = time.perf_counter() - start
+        # timed() collects first: no side's sample collects the garbage made before it
+        elapsed = timed(lambda: run(folder))
         shutil.rmtree(folder, ignore_errors=True)
         if remove is not None:
             remove()
@@ -147,10 +144,7 @@ def _read(fn: Callable[[], object], files: Path, cold: bool) -> Callable[[], flo
             drop_cache(files)
         else:
             warm_cache(files)
-        gc.collect()
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
+        return timed(fn)
 
     return measure
 
