@@ -116,8 +116,8 @@ def _fresh_write(
     root: Path, run: Callable[[Path], object], remove: Callable[[], object] | None = None
 ) -> Callable[[], float]:
     """A measurement of ``run(folder)`` into a fresh folder, after os.sync(), by
-    :func:`~bench._timing.timed` (a garbage collection first): in a bench process whose earlier
-    benchmarks left a large heap a full collection took 80-160 ms, and one came due
+    :func:`~bench._timing.timed` (a garbage collection first): in a bench process whose
+    earlier benchmarks left a large heap a full collection took 80-160 ms, and one came due
     during a gradvault 1 GiB commit (the side that makes the most Python objects); its
     last of 12 commits, its slowest in most runs before, was not in any of three since.
     What it wrote is removed once timed (the folder, and ``remove()`` where given), so that
