@@ -6,8 +6,9 @@ fresh folder. Restores are measured with the page cache warm (every file of each
 read through the cache first: :func:`warm_cache`; a local restore reads a file that is
 not cached with O_DIRECT and leaves it out of the cache, docs/FORMAT.md "Reads", so a
 restore before the timed one would not warm gradvault's side) and cold
-(``posix_fadvise(DONTNEED)`` on every file of each side first), after one round of each
-whose samples are dropped (the first restore after the commits, gradvault's side in each
+(``posix_fadvise(DONTNEED)`` on every file of each side first, given again while
+``mincore`` finds pages of it: :func:`drop_cache`), after one round of each whose samples
+are dropped (the first restore after the commits, gradvault's side in each
 of three runs, took 1.24-1.28 s warm against 0.11-0.36 s for the next four; on this VM
 memory the host has taken back is slow to touch first, docs/FORMAT.md "Local I/O"); the
 raw read reads into memory new to the process, as a restore's buffers are
@@ -18,6 +19,7 @@ per-pair ratios.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import shutil
@@ -69,12 +71,55 @@ def warm_cache(path: Path) -> None:
                 pass
 
 
+def cached_pages(path: Path) -> int:
+    """How many pages of the file ``path`` are in the page cache: ``mincore`` of a mapping
+    of the whole file, which reads nothing. The file must be one this process may write:
+    Linux reports any other's pages as cached."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size = os.stat(path).st_size
+    if size == 0:
+        return 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {path}")
+        try:
+            resident = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
+            if libc.mincore(ctypes.c_void_p(address), size, resident) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path}")
+            return sum(byte & 1 for byte in resident)
+        finally:
+            libc.munmap(ctypes.c_void_p(address), size)
+    finally:
+        os.close(fd)
+
+
+#: How many times :func:`drop_cache` gives its advice to a file that keeps pages
+DROP_TRIES = 100
+
+
 def drop_cache(path: Path) -> None:
-    """Drop the page cache of every file at or under ``path`` (posix_fadvise DONTNEED)."""
+    """Drop the page cache of every file at or under ``path`` (posix_fadvise DONTNEED).
+
+    The advice is given again, 10 ms apart, to a file that :func:`cached_pages` finds pages
+    of still (a page another CPU's batch held when it was given stays cached), up to
+    ``DROP_TRIES`` times: a file system that keeps its pages (tmpfs) keeps them.
+    """
     for file in _files_at(path):
         fd = os.open(file, os.O_RDONLY)
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            for attempt in range(DROP_TRIES):
+                if attempt:
+                    time.sleep(0.01)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                if cached_pages(file) == 0:
+                    break
         finally:
             os.close(fd)
 

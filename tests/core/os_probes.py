@@ -3,8 +3,6 @@ cache, and the fsync/rename order."""
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 from pathlib import Path
 
@@ -21,35 +19,6 @@ def page_cached(path: Path, offset: int) -> bool:
         return True
     except BlockingIOError:
         return False
-    finally:
-        os.close(fd)
-
-
-def cached_pages(path: Path) -> int:
-    """How many pages of ``path`` are in the page cache: ``mincore`` of a mapping of the
-    whole file, which reads nothing (a miss of :func:`page_cached` starts a read). The file
-    must be one this process may write: Linux reports any other's pages as cached."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
-    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    size = os.stat(path).st_size
-    if size == 0:
-        return 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if address in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), f"mmap of {path}")
-        try:
-            resident = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
-            if libc.mincore(ctypes.c_void_p(address), size, resident) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore of {path}")
-            return sum(byte & 1 for byte in resident)
-        finally:
-            libc.munmap(ctypes.c_void_p(address), size)
     finally:
         os.close(fd)
 

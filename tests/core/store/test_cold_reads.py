@@ -17,18 +17,18 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import time
 from pathlib import Path
 
 import crc32c_rs
 import numpy as np
 import pytest
 
+from bench.store_io import cached_pages, drop_cache
 from gradvault.core.store import _local_files, open_store
 from gradvault.core.store._backend import UnexpectedObjectError
 from gradvault.core.store._local_files import DIRECT_READ_MIN_BYTES, read_file_into
 
-from ..os_probes import cached_pages, page_cached
+from ..os_probes import page_cached
 from .test_store_bulk_reads import make_record
 
 PAGE = 4096
@@ -50,16 +50,12 @@ def write(path: Path, data: bytes) -> None:
 
 
 def drop_from_cache(path: Path) -> None:
-    """Every page of ``path`` out of the page cache. ``POSIX_FADV_DONTNEED`` is advice: a
-    page that another CPU's batch still holds stays, so it is given again until none is
-    left (or the test skipped: nothing here can tell a direct read from a cached one)."""
-    with open(path, "rb") as file:
-        for _ in range(100):
-            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            if cached_pages(path) == 0:
-                return
-            time.sleep(0.01)
-    pytest.skip(f"the kernel keeps pages of {path} in the cache (tmpfs?)")
+    """Every page of ``path`` out of the page cache (the bench's ``drop_cache``, which gives
+    its advice again while ``mincore`` finds pages), or the test skipped: nothing here could
+    tell a direct read from a cached one."""
+    drop_cache(path)
+    if cached_pages(path):
+        pytest.skip(f"the kernel keeps pages of {path} in the cache (tmpfs?)")
 
 
 @pytest.fixture
