@@ -1,13 +1,19 @@
 """An MLP training step: gradvault's core against PyTorch CPU, and the cost of snapshots.
 
-The step is one SGD step of an MLP with 1024-wide layers on a batch of 256. Both sides
-run interleaved in the same process, each under the BLAS its library ships (the BLAS
-configuration of both is reported, from threadpoolctl). Training overhead: steps per
-second of the same loop with ``recorder.start_snapshot`` every step and every 10 steps
-(into a local store, default Recorder settings) against none, timed until the recorder has
-closed, so every snapshot started is durable when the clock stops. The every-step loop is
-also run with the BLAS limited to one thread (threadpoolctl), for both sides: a core the
-training step leaves free, to tell the snapshot's own cost from competition for the cores.
+The step is one SGD step of an MLP with 1024-wide layers on a batch of 256. Both sides run
+interleaved in the same process, each under the BLAS its library ships (the BLAS
+configuration of both is reported, from threadpoolctl). Training overhead: steps per second
+of the same loop with ``recorder.start_snapshot`` every step and every 10 steps (into a
+local store, default Recorder settings) against none, timed until the recorder has closed,
+so every snapshot started is durable when the clock stops. Each loop's store is a new one
+that already holds one snapshot, committed before the clock starts: a trainer snapshots into
+a store it has open (as ``bench/store_io.py``'s rows do, and as the floors below write into
+folders made before their clocks start), where a new store's first snapshot also makes its
+folders and group documents durably (five more fsyncs), once per store, which in a loop of
+30 steps would be one snapshot in three of the every-10 row (0.4% of the loop, 24 alternated
+rounds). The every-step loop is also run with the BLAS limited to one thread
+(threadpoolctl), for both sides: a core the training step leaves free, to tell the
+snapshot's own cost from competition for the cores.
 
 The floor of that cost: the same loop with each step's gradients committed by no
 gradvault code at all, in a plain thread, one commit after the other as the recorder
@@ -121,7 +127,7 @@ def _loop(every: int | None, root: Path, blas_threads: int | None = None) -> flo
     store = root / f"store-{time.monotonic_ns()}"
     # leaving the block closes the recorder: every snapshot is durable before the clock stops
     with threadpool_limits(blas_threads), gv.Recorder(store) as recorder:
-        step()
+        recorder.start_snapshot(step(), run="warm-up", step=0).result()  # the store made
         start = time.perf_counter()
         for i in range(LOOP_STEPS):
             grads = step()
@@ -160,6 +166,7 @@ def _floor_loop(root: Path, layout: bool = True) -> float:
             _floor_commit(folder / "snapshots" / str(i), arrays, aligned, False)
 
     with ThreadPoolExecutor(1) as committer:  # leaving the block waits for the last commit
+        committer.submit(int).result()  # its thread started, as a recorder's is when made
         start = time.perf_counter()
         for i in range(LOOP_STEPS):
             grads = step()
