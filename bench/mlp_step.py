@@ -116,7 +116,7 @@ def _torch_blas(torch: object) -> str:
     )
 
 
-def _loop(every: int | None, root: Path, blas_threads: int | None = None) -> float:
+def training_loop(every: int | None, root: Path, blas_threads: int | None = None) -> float:
     """Seconds for LOOP_STEPS training steps, snapshotting every ``every`` steps, until
     every snapshot is durable (the recorder closed); the BLAS limited to ``blas_threads``."""
     from threadpoolctl import threadpool_limits
@@ -136,7 +136,7 @@ def _loop(every: int | None, root: Path, blas_threads: int | None = None) -> flo
     return time.perf_counter() - start
 
 
-def _floor_loop(root: Path, layout: bool = True) -> float:
+def floor_loop(root: Path, layout: bool = True) -> float:
     """Seconds for LOOP_STEPS training steps, each step's gradients committed in a plain
     thread by the layout floor, or (``layout`` false) by the floor of the bytes alone
     (module docstring), until the last commit is durable."""
@@ -206,13 +206,13 @@ def run() -> list[Row]:
     try:
         loops = interleaved(
             {
-                "none": lambda: _loop(None, root),
-                "every step": lambda: _loop(1, root),
-                "every 10 steps": lambda: _loop(10, root),
-                "none, BLAS 1 thread": lambda: _loop(None, root, 1),
-                "every step, BLAS 1 thread": lambda: _loop(1, root, 1),
-                "every step, layout floor": lambda: _floor_loop(root),
-                "every step, bytes floor": lambda: _floor_loop(root, layout=False),
+                "none": lambda: training_loop(None, root),
+                "every step": lambda: training_loop(1, root),
+                "every 10 steps": lambda: training_loop(10, root),
+                "none, BLAS 1 thread": lambda: training_loop(None, root, 1),
+                "every step, BLAS 1 thread": lambda: training_loop(1, root, 1),
+                "every step, layout floor": lambda: floor_loop(root),
+                "every step, bytes floor": lambda: floor_loop(root, layout=False),
             },
             repeat=LOOP_ROUNDS,
         )

@@ -27,7 +27,7 @@ async def snapshots_of(store_folder: Path) -> list[tuple[str, int]]:
 def test_a_loop_snapshots_into_a_store_made_before_its_clock(
     tmp_path: Path, every: int | None, steps: list[int]
 ) -> None:
-    assert mlp_step._loop(every, tmp_path) > 0
+    assert mlp_step.training_loop(every, tmp_path) > 0
     (store_folder,) = tmp_path.iterdir()
     found = asyncio.run(snapshots_of(store_folder))
     assert found == sorted([("warm-up", 0)] + [("bench", step) for step in steps])
@@ -35,7 +35,7 @@ def test_a_loop_snapshots_into_a_store_made_before_its_clock(
 
 @pytest.mark.parametrize("layout", [True, False])
 def test_a_floor_loop_commits_one_snapshot_a_step(tmp_path: Path, layout: bool) -> None:
-    assert mlp_step._floor_loop(tmp_path, layout=layout) > 0
+    assert mlp_step.floor_loop(tmp_path, layout=layout) > 0
     (floor,) = tmp_path.glob("floor-*")
     assert sorted(path.name for path in (floor / "snapshots").iterdir()) == ["0", "1", "2", "3"]
     if layout:
