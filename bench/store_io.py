@@ -75,29 +75,19 @@ def cached_pages(path: Path) -> int:
     """How many pages of the file ``path`` are in the page cache: ``mincore`` of a mapping
     of the whole file, which reads nothing. The file must be one this process may write:
     Linux reports any other's pages as cached."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
-    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     size = os.stat(path).st_size
     if size == 0:
         return 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if address in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), f"mmap of {path}")
-        try:
-            resident = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
-            if libc.mincore(ctypes.c_void_p(address), size, resident) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore of {path}")
-            return sum(byte & 1 for byte in resident)
-        finally:
-            libc.munmap(ctypes.c_void_p(address), size)
-    finally:
-        os.close(fd)
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    resident = np.zeros(-(-size // mmap.PAGESIZE), dtype=np.uint8)
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), size, prot=mmap.PROT_READ) as mapping:
+        pages = np.frombuffer(mapping, np.uint8)
+        failed = mincore(pages.ctypes.data, size, resident.ctypes.data)
+        del pages  # the mapping closes only once nothing holds its buffer
+    if failed:
+        raise OSError(ctypes.get_errno(), f"mincore of {path}")
+    return int(np.count_nonzero(resident & 1))
 
 
 #: How many times :func:`drop_cache` gives its advice to a file that keeps pages
@@ -108,8 +98,8 @@ def drop_cache(path: Path) -> None:
     """Drop the page cache of every file at or under ``path`` (posix_fadvise DONTNEED).
 
     The advice is given again, 10 ms apart, to a file that :func:`cached_pages` finds pages
-    of still (a page another CPU's batch held when it was given stays cached), up to
-    ``DROP_TRIES`` times: a file system that keeps its pages (tmpfs) keeps them.
+    of still (the kernel leaves a page it cannot drop at that moment), up to ``DROP_TRIES``
+    times: a file system that keeps its pages (tmpfs) keeps them.
     """
     for file in _files_at(path):
         fd = os.open(file, os.O_RDONLY)
