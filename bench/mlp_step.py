@@ -26,6 +26,12 @@ Below it, the floor of the bytes alone: the same crc32c and ``O_DIRECT`` write, 
 into one new file, fsynced, and nothing else (no folder, no document, no rename:
 commit_cost's floor, ``stats=False``): what the bytes' own write and checksum cost the
 loop, and, against gradvault's loop, by how much a snapshot costs more than its bytes.
+Between the two, the floor of the bytes made durable: the same, and the folder that holds
+each new file fsynced after it (no document, no rename). A new file's name is durable only
+once its folder is (POSIX; ext4 without a journal makes its new entry durable with the
+file's own fsync, so on this project's machines that second fsync writes nothing and
+flushes the device's cache again): what any commit that makes one new file a snapshot, and
+returns once a power cut would lose nothing, costs the loop whatever its format.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from bench._timing import Row, interleaved, print_rows, timed
 
 WIDTH, BATCH, CLASSES = 1024, 256, 10
 LOOP_STEPS = 30
-#: Rounds of the seven training loops: two Williams designs of seven (``round_orders``), so
+#: Rounds of the eight training loops: four Williams designs of eight (``round_orders``), so
 #: that each loop runs in each place of a round, and right after each of the others,
 #: equally often. On this 2-core machine one round's ratio of a loop to the loop without
 #: snapshots swings by 0.8-1.5x while the snapshots of the every-10-steps loop cost about
@@ -50,7 +56,7 @@ LOOP_STEPS = 30
 #: bench`` runs; with 14, between 0.994 and 1.065 over nine, around a median of 1.017 of
 #: their 126 rounds (drawn again from those rounds, 22% of medians of 14 are above the
 #: row's 1.03, 13% of medians of 28).
-LOOP_ROUNDS = 28
+LOOP_ROUNDS = 32
 
 
 def _gradvault_model() -> tuple[object, object]:
@@ -136,12 +142,21 @@ def training_loop(every: int | None, root: Path, blas_threads: int | None = None
     return time.perf_counter() - start
 
 
-def floor_loop(root: Path, layout: bool = True) -> float:
+#: The floors a floor loop commits with (module docstring): the snapshot layout's, the bytes'
+#: made durable (the file and its folder fsynced), the bytes' alone (the file fsynced).
+FLOORS = ("layout", "durable bytes", "bytes")
+
+
+def floor_loop(root: Path, floor: str = "layout") -> float:
     """Seconds for LOOP_STEPS training steps, each step's gradients committed in a plain
-    thread by the layout floor, or (``layout`` false) by the floor of the bytes alone
-    (module docstring), until the last commit is durable."""
+    thread by ``floor`` (one of FLOORS, module docstring), until the last commit is
+    durable."""
     import gradvault.core as gv
     from bench.commit_cost import _aligned_copy, _floor_commit, _layout_floor_commit
+    from bench.store_io import fsync_path
+
+    if floor not in FLOORS:
+        raise ValueError(f"floor {floor!r} is not one of {FLOORS}")
 
     step, _ = _gradvault_model()
     grads = step()
@@ -150,7 +165,7 @@ def floor_loop(root: Path, layout: bool = True) -> float:
     folder = root / f"floor-{time.monotonic_ns()}"
     (folder / "staging").mkdir(parents=True)
     (folder / "snapshots").mkdir()
-    if layout:
+    if floor == "layout":
         store = root / f"document-{time.monotonic_ns()}"
         with gv.Recorder(store) as recorder:  # a real snapshot document of these gradients
             info = recorder.start_snapshot(grads, run="bench", step=0).result()
@@ -161,9 +176,12 @@ def floor_loop(root: Path, layout: bool = True) -> float:
             _layout_floor_commit(staging, committed, arrays, aligned, document, False)
 
     else:
+        durable = floor == "durable bytes"
 
         def commit(i: int, arrays: list[np.ndarray]) -> None:
             _floor_commit(folder / "snapshots" / str(i), arrays, aligned, False)
+            if durable:
+                fsync_path(folder / "snapshots")
 
     with ThreadPoolExecutor(1) as committer:  # leaving the block waits for the last commit
         committer.submit(int).result()  # its thread started, as a recorder's is when made
@@ -176,7 +194,7 @@ def floor_loop(root: Path, layout: bool = True) -> float:
 
 
 def run() -> list[Row]:
-    """The autodiff row and the three training-overhead rows."""
+    """The autodiff row and the training-overhead rows."""
     import torch
 
     ours_step, _ = _gradvault_model()
@@ -212,7 +230,8 @@ def run() -> list[Row]:
                 "none, BLAS 1 thread": lambda: training_loop(None, root, 1),
                 "every step, BLAS 1 thread": lambda: training_loop(1, root, 1),
                 "every step, layout floor": lambda: floor_loop(root),
-                "every step, bytes floor": lambda: floor_loop(root, layout=False),
+                "every step, durable bytes floor": lambda: floor_loop(root, "durable bytes"),
+                "every step, bytes floor": lambda: floor_loop(root, "bytes"),
             },
             repeat=LOOP_ROUNDS,
         )
@@ -235,6 +254,13 @@ def run() -> list[Row]:
         ),
         ("the layout floor's commit every step", "every step, layout floor", "none", ("", None)),
         ("snapshot every step", "every step", "every step, layout floor", ("", None)),
+        (
+            "the bytes' durable write and crc32c every step",
+            "every step, durable bytes floor",
+            "none",
+            ("", None),
+        ),
+        ("snapshot every step", "every step", "every step, durable bytes floor", ("", None)),
         ("the bytes' write and crc32c every step", "every step, bytes floor", "none", ("", None)),
         ("snapshot every step", "every step", "every step, bytes floor", ("", None)),
     ]
@@ -242,6 +268,7 @@ def run() -> list[Row]:
         "none": "no snapshots",
         "none, BLAS 1 thread": "no snapshots, BLAS 1 thread",
         "every step, layout floor": "the layout floor's commit every step",
+        "every step, durable bytes floor": "the bytes' durable write and crc32c every step",
         "every step, bytes floor": "the bytes' write and crc32c every step",
     }
     for figure, loop, base, (target_text, limit) in overheads:
