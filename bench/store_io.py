@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import mmap
 import os
 import shutil
@@ -27,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -71,6 +73,14 @@ def warm_cache(path: Path) -> None:
                 pass
 
 
+@functools.cache
+def _mincore() -> Any:
+    """libc's ``mincore``, set up once (:func:`drop_cache` asks after every advice)."""
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return mincore
+
+
 def cached_pages(path: Path) -> int:
     """How many pages of the file ``path`` are in the page cache: ``mincore`` of a mapping
     of the whole file, which reads nothing. The file must be one this process may write:
@@ -78,8 +88,7 @@ def cached_pages(path: Path) -> int:
     size = os.stat(path).st_size
     if size == 0:
         return 0
-    mincore = ctypes.CDLL(None, use_errno=True).mincore
-    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    mincore = _mincore()
     resident = np.zeros(-(-size // mmap.PAGESIZE), dtype=np.uint8)
     with open(path, "rb") as file, mmap.mmap(file.fileno(), size, prot=mmap.PROT_READ) as mapping:
         pages = np.frombuffer(mapping, np.uint8)
