@@ -4,17 +4,19 @@ A snapshot is a folder of its own (with a folder per large gradient), made in
 ``.staging/`` and renamed into ``snapshots/``. ext2, ext3 and ext4 place a new folder's
 inode, and the files and blocks under it, in the block group of the folder that holds it,
 unless that folder carries the "top of directory hierarchies" flag (``FS_TOPDIR_FL``,
-``chattr +T``): then each new folder in it goes to a block group of its own choosing,
-spread over the file system, as for folders made at its root. That is what a snapshot
+``chattr +T``): then the group of each new folder in it is chosen afresh, as for a
+folder made at the file system's root (the group with the fewest folders among those
+with more free inodes and blocks than the mean, searched from a point drawn from the
+folder's name): most often another group than the last one's. That is what a snapshot
 is: a hierarchy unrelated to the one before it. So the store sets the flag on
 ``.staging/``.
 
-Why it matters: on ext4 without a journal the kernel passes over every inode freed in
-the last minutes (while its inode table block is dirty) before it hands out a new one in
-that group, so a store that deletes snapshots (retention, or a bench that removes what
-it wrote) made each new snapshot's folders and files where the last deleted one's had
-just been freed, and paid for each new inode a walk over all of them (docs/FORMAT.md,
-"Local I/O").
+Why it matters: on ext4 without a journal the kernel passes over every inode of a group
+freed in the last minute (six, while its inode table block is dirty) before it hands out
+a new one there, so a store that deletes snapshots (retention, or a bench that removes
+what it wrote) makes each new snapshot's folders and files, without the flag, where the
+last deleted one's were just freed, and pays for each new inode a walk over them
+(docs/FORMAT.md, "Local I/O").
 
 The flag is a hint and nothing depends on it: a file system without it (tmpfs, XFS,
 btrfs answer ``ENOTTY``, ``EOPNOTSUPP`` or ``EINVAL``), a folder the process may not
