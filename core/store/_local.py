@@ -58,7 +58,6 @@ from ._local_files import (
     remove_tree,
 )
 from ._local_writer import ONE_CHUNK_FILES, LocalShardWriter, LocalSnapshotWriter
-from ._placement import spread_subfolders
 from ._zarr_format import dump_json, group_metadata
 
 STAGING_FOLDER = ".staging"
@@ -215,15 +214,12 @@ class LocalBackend(StoreBackend):
         """Make the store's folders and group documents where they are missing, durably:
         each folder made has its entry fsynced in its parent (the store folder's own in
         the folder that holds it), each document its folder, before the first snapshot
-        counts on them; and ``.staging/`` flagged so that the folders made in it are
-        placed apart (``spread_subfolders``)."""
+        counts on them."""
         made = [
             folder
             for target in (self.root, self.snapshots_dir, self.staging_dir)
             for folder in make_folders(target)
         ]
-        # each snapshot's folder, made in .staging/, placed apart from the last one's
-        spread_subfolders(self.staging_path)
         synced: set[Path] = set()
         for folder in (self.root, self.snapshots_dir):
             document = folder / MANIFEST_NAME
